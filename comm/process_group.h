@@ -1,0 +1,138 @@
+// Process groups on LibTorch's c10d, created the way torch.distributed.init_process_group does:
+// Gloo on CPU (NCCL when the LibTorch found has CUDA), rendezvous through `env://` (torchrun's
+// MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK), `tcp://host:port` or `file://path`.
+//
+//   dtrain::comm::InitOptions options;            // backend "gloo", init_method "env://"
+//   absl::StatusOr<dtrain::comm::Group> world = dtrain::comm::init_process_group(options);
+//   if (!world.ok()) { std::cerr << world.status() << "\n"; return 1; }
+//   std::vector<at::Tensor> t = {at::ones({4})};
+//   (*world)->allreduce(t)->wait();               // c10d::ProcessGroup API through ->
+//   absl::StatusOr<dtrain::comm::Group> pair = dtrain::comm::new_group(*world, {0, 1});
+#ifndef DTRAIN_COMM_PROCESS_GROUP_H_
+#define DTRAIN_COMM_PROCESS_GROUP_H_
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "absl/status/statusor.h"
+
+namespace dtrain::comm {
+
+// True when this build has the NCCL backend (the LibTorch found at build time ships CUDA).
+bool nccl_available();
+
+struct InitOptions {
+  // "gloo" (CPU tensors) or "nccl" (CUDA tensors; only in builds where nccl_available()).
+  std::string backend = "gloo";
+  // "env://" | "tcp://HOST:PORT" | "file:///PATH". tcp:// and file:// may carry
+  // "?rank=R&world_size=W" as in PyTorch. Ignored when `store` is set.
+  std::string init_method = "env://";
+  // This process's rank and the number of ranks; -1 means "from RANK / WORLD_SIZE" (env://, or
+  // the URL query). Explicit values win over the environment, as in PyTorch.
+  int rank = -1;
+  int world_size = -1;
+  // Rendezvous and collective timeout (PyTorch's default: 30 minutes). A collective that does not
+  // complete in this time throws instead of hanging.
+  std::chrono::milliseconds timeout = std::chrono::minutes(30);
+  // Rendezvous store to use instead of `init_method` (e.g. a c10d::HashStore shared by ranks that
+  // run as threads of one process).
+  c10::intrusive_ptr<c10d::Store> store;
+  // Address Gloo binds to. Empty: GLOO_SOCKET_IFNAME if set, else 127.0.0.1 when the master is on
+  // loopback (or the store is in-process), else this host's resolved address.
+  std::string gloo_hostname;
+  // Gloo worker threads: how many collectives of this group can progress at once.
+  int gloo_threads = 2;
+};
+
+// A c10d process group with what torch.distributed keeps beside it: the store it rendezvoused on,
+// the world ranks of its members and its timeout. Cheap to copy (shared state). Thread safety: the
+// c10d group is thread-safe for issuing collectives; new_group() on one Group must be called from
+// one thread at a time, in the same order on every rank.
+class Group {
+ public:
+  Group() = default;
+
+  // False for a default Group and for the value new_group() returns on ranks outside the group.
+  bool is_member() const { return state_ != nullptr && state_->pg != nullptr; }
+  explicit operator bool() const { return is_member(); }
+
+  // REQUIRES: is_member().
+  const c10::intrusive_ptr<c10d::ProcessGroup>& pg() const;
+  c10d::ProcessGroup* operator->() const { return pg().get(); }
+  int rank() const;  // rank inside this group
+  int size() const;
+
+  // World ranks of this group's members, by group rank (PyTorch's get_process_group_ranks).
+  const std::vector<int>& global_ranks() const;
+  // PyTorch's _get_global_rank(group, group_rank).
+  int global_rank(int group_rank) const;
+  // This process's rank in the world group; LOCAL_RANK (0 when unset).
+  int world_rank() const;
+  int local_rank() const;
+
+  const std::string& backend() const;
+  std::chrono::milliseconds timeout() const;
+  // This group's own namespace of the rendezvous store (for control-plane exchanges that must not
+  // collide with other groups').
+  const c10::intrusive_ptr<c10d::Store>& store() const;
+
+ private:
+  struct State {
+    c10::intrusive_ptr<c10d::ProcessGroup> pg;
+    c10::intrusive_ptr<c10d::Store> root_store;   // unprefixed rendezvous store
+    c10::intrusive_ptr<c10d::Store> store;        // prefixed for this group
+    std::string prefix;
+    std::vector<int> global_ranks;
+    int world_rank = 0;
+    int local_rank = 0;
+    std::string backend;
+    std::chrono::milliseconds timeout{0};
+    std::string gloo_hostname;
+    int gloo_threads = 2;
+    int64_t children = 0;  // subgroups created from this group (names them)
+  };
+  std::shared_ptr<State> state_;
+  const State& state() const;  // TORCH_CHECKs that the Group was initialised
+
+  friend absl::StatusOr<Group> init_process_group(const InitOptions& options);
+  friend absl::StatusOr<Group> new_group(const Group& parent, std::vector<int> ranks);
+};
+
+// Rendezvous and create the world group. Blocks until all world_size ranks have joined or the
+// timeout passes. Errors:
+//   InvalidArgument  unknown backend or init method, bad URL, rank >= world_size, a malformed
+//                    RANK/WORLD_SIZE/MASTER_PORT (the message names the variable);
+//   NotFound         an env:// variable that is not set (named, with what sets it);
+//   Unimplemented    backend "nccl" in a build without CUDA;
+//   DeadlineExceeded the master (named host:port) unreachable or peers missing within the timeout;
+//   Unavailable      the master port cannot be bound, other transport failures.
+absl::StatusOr<Group> init_process_group(const InitOptions& options);
+
+// A group of some of `parent`'s ranks (parent ranks, any order, no duplicates), as
+// torch.distributed.new_group. Collective over `parent`: every parent rank calls it with the same
+// ranks, in the same order relative to its other new_group calls. Non-members get a Group with
+// is_member() == false (and global_ranks() of the members). Members block until all members join.
+absl::StatusOr<Group> new_group(const Group& parent, std::vector<int> ranks);
+
+struct Subgroups {
+  Group mine;               // this rank's subgroup (is_member() false if it is in none)
+  std::vector<Group> all;   // every subgroup, in creation order; members only on their ranks
+};
+
+// Consecutive subgroups of `group_size` ranks ([0..g-1], [g..2g-1], ...), as
+// torch.distributed.new_subgroups. REQUIRES parent.size() % group_size == 0. Collective over parent.
+absl::StatusOr<Subgroups> new_subgroups(const Group& parent, int group_size);
+
+// Subgroups given by rank lists, as torch.distributed.new_subgroups_by_enumeration: a rank may be
+// in at most one subgroup. Collective over parent.
+absl::StatusOr<Subgroups> new_subgroups_by_enumeration(
+    const Group& parent, const std::vector<std::vector<int>>& ranks_per_subgroup);
+
+}  // namespace dtrain::comm
+
+#endif  // DTRAIN_COMM_PROCESS_GROUP_H_

@@ -1,0 +1,255 @@
+#include "comm/process_group.h"
+
+#include <cstdlib>
+#include <thread>
+
+#include <ATen/ATen.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest-spi.h>
+#include <gtest/gtest.h>
+
+#include "comm/test_harness.h"
+
+namespace dtrain::comm {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using testing::run_ranks_as_processes;
+using testing::run_ranks_as_threads;
+
+// Sets environment variables for one test and restores them after.
+class ScopedEnv {
+ public:
+  ScopedEnv(std::initializer_list<std::pair<const char*, const char*>> vars) {
+    for (const char* name : {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"}) {
+      const char* v = std::getenv(name);
+      saved_.emplace_back(name, v ? std::optional<std::string>(v) : std::nullopt);
+      ::unsetenv(name);
+    }
+    for (auto [k, v] : vars) ::setenv(k, v, 1);
+  }
+  ~ScopedEnv() {
+    for (auto& [k, v] : saved_) {
+      if (v) ::setenv(k.c_str(), v->c_str(), 1); else ::unsetenv(k.c_str());
+    }
+  }
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+TEST(ProcessGroupTest, AllReduceOverThreads) {
+  run_ranks_as_threads(3, [](Group& g) {
+    EXPECT_EQ(g.size(), 3);
+    EXPECT_EQ(g.world_rank(), g.rank());
+    EXPECT_THAT(g.global_ranks(), ElementsAre(0, 1, 2));
+    std::vector<at::Tensor> t = {at::full({4}, g.rank() + 1.0)};
+    g->allreduce(t)->wait();
+    EXPECT_TRUE(t[0].equal(at::full({4}, 6.0)));
+  });
+}
+
+TEST(ProcessGroupTest, EnvRendezvousOverProcesses) {
+  run_ranks_as_processes(2, [](Group& g) {
+    EXPECT_EQ(g.size(), 2);
+    EXPECT_EQ(g.local_rank(), g.rank());  // the harness sets LOCAL_RANK = RANK
+    std::vector<at::Tensor> t = {at::full({8}, static_cast<double>(g.rank()))};
+    if (g.rank() == 0) t[0].fill_(42);
+    g->broadcast(t)->wait();
+    EXPECT_TRUE(t[0].equal(at::full({8}, 42.0)));
+  });
+}
+
+TEST(ProcessGroupTest, FileRendezvous) {
+  char dir[] = "/tmp/dtrain_file_store_XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string url = std::string("file://") + dir + "/store";
+  std::vector<std::thread> threads;
+  std::vector<double> sums(2);
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      InitOptions o;
+      o.init_method = url + "?world_size=2";
+      o.rank = rank;
+      o.timeout = std::chrono::seconds(30);
+      auto g = init_process_group(o);
+      ASSERT_TRUE(g.ok()) << g.status();
+      std::vector<at::Tensor> t = {at::ones({2})};
+      (*g)->allreduce(t)->wait();
+      sums[rank] = t[0].sum().item<double>();
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_THAT(sums, ElementsAre(4.0, 4.0));
+}
+
+TEST(ProcessGroupTest, MissingEnvVariableIsNamed) {
+  ScopedEnv env({{"MASTER_PORT", "29500"}, {"RANK", "0"}, {"WORLD_SIZE", "1"}});
+  auto g = init_process_group(InitOptions{});
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(g.status().message()),
+              HasSubstr("environment variable MASTER_ADDR expected, but not set"));
+  ScopedEnv env2({{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}, {"WORLD_SIZE", "1"}});
+  auto g2 = init_process_group(InitOptions{});
+  EXPECT_EQ(g2.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(g2.status().message()), HasSubstr("environment variable RANK expected"));
+}
+
+TEST(ProcessGroupTest, MalformedEnvValuesAreNamed) {
+  ScopedEnv env({{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "http"}, {"RANK", "0"}, {"WORLD_SIZE", "1"}});
+  auto g = init_process_group(InitOptions{});
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(g.status().message()),
+              HasSubstr("environment variable MASTER_PORT='http' is not an integer in [1, 65535]"));
+}
+
+TEST(ProcessGroupTest, RankBeyondWorldSize) {
+  ScopedEnv env({{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}, {"RANK", "2"}, {"WORLD_SIZE", "2"}});
+  auto g = init_process_group(InitOptions{});
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(g.status().message()), HasSubstr("RANK=2 must be in [0, WORLD_SIZE=2)"));
+}
+
+TEST(ProcessGroupTest, UnreachableMasterTimesOutNamingAddress) {
+  const int port = testing::free_port();  // nobody listens there
+  InitOptions o;
+  o.init_method = "tcp://127.0.0.1:" + std::to_string(port);
+  o.rank = 1;
+  o.world_size = 2;
+  o.timeout = std::chrono::milliseconds(1500);
+  auto g = init_process_group(o);
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kDeadlineExceeded) << g.status();
+  EXPECT_THAT(std::string(g.status().message()),
+              HasSubstr("rendezvous with master 127.0.0.1:" + std::to_string(port)));
+}
+
+TEST(ProcessGroupTest, MissingPeerTimesOut) {
+  InitOptions o;
+  o.init_method = "tcp://127.0.0.1:" + std::to_string(testing::free_port());
+  o.rank = 0;
+  o.world_size = 2;  // rank 1 never comes
+  o.timeout = std::chrono::milliseconds(1500);
+  auto g = init_process_group(o);
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kDeadlineExceeded) << g.status();
+  EXPECT_THAT(std::string(g.status().message()), HasSubstr("check that every rank started"));
+}
+
+TEST(ProcessGroupTest, BackendErrors) {
+  InitOptions o;
+  o.backend = "mpi";
+  EXPECT_THAT(std::string(init_process_group(o).status().message()),
+              HasSubstr("unknown backend \"mpi\": use \"gloo\" or \"nccl\""));
+  o.backend = "nccl";
+  auto g = init_process_group(o);
+  if (nccl_available()) {
+    GTEST_SKIP() << "NCCL is built in; this checks the CPU-only build's error";
+  }
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(g.status().message()), HasSubstr("built against a CPU-only LibTorch"));
+}
+
+TEST(ProcessGroupTest, BadInitMethod) {
+  InitOptions o;
+  o.init_method = "tcp://nohostport";
+  o.rank = 0;
+  o.world_size = 1;
+  EXPECT_THAT(std::string(init_process_group(o).status().message()), HasSubstr("must be tcp://HOST:PORT"));
+  o.init_method = "ftp://x";
+  EXPECT_THAT(std::string(init_process_group(o).status().message()), HasSubstr("unknown init_method 'ftp://x'"));
+  o.init_method = "tcp://127.0.0.1:1234";
+  o.rank = -1;
+  EXPECT_THAT(std::string(init_process_group(o).status().message()),
+              HasSubstr("tcp:// needs InitOptions rank and world_size"));
+}
+
+TEST(SubgroupTest, ConsecutiveSubgroupsReduceSeparately) {
+  run_ranks_as_threads(4, [](Group& world) {
+    auto sub = new_subgroups(world, 2);
+    ASSERT_TRUE(sub.ok()) << sub.status();
+    ASSERT_EQ(sub->all.size(), 2u);
+    const int mine = world.rank() / 2;
+    EXPECT_TRUE(sub->mine.is_member());
+    EXPECT_EQ(sub->mine.rank(), world.rank() % 2);
+    EXPECT_THAT(sub->mine.global_ranks(), ElementsAre(2 * mine, 2 * mine + 1));
+    EXPECT_FALSE(sub->all[1 - mine].is_member());
+    EXPECT_THAT(sub->all[1 - mine].global_ranks(), ElementsAre(2 * (1 - mine), 2 * (1 - mine) + 1));
+    std::vector<at::Tensor> t = {at::full({1}, static_cast<double>(world.rank()))};
+    sub->mine->allreduce(t)->wait();
+    EXPECT_EQ(t[0].item<double>(), mine == 0 ? 1.0 : 5.0);
+    // A subgroup of a subgroup maps back to world ranks.
+    auto single = new_group(sub->mine, {1});
+    ASSERT_TRUE(single.ok());
+    EXPECT_THAT(single->global_ranks(), ElementsAre(2 * mine + 1));
+    EXPECT_EQ(single->is_member(), world.rank() % 2 == 1);
+  });
+}
+
+TEST(SubgroupTest, ArbitraryRankSubset) {
+  run_ranks_as_threads(3, [](Group& world) {
+    auto g = new_group(world, {2, 0});
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_THAT(g->global_ranks(), ElementsAre(0, 2));
+    if (world.rank() == 1) {
+      EXPECT_FALSE(g->is_member());
+      return;
+    }
+    std::vector<at::Tensor> t = {at::ones({1})};
+    (*g)->allreduce(t)->wait();
+    EXPECT_EQ(t[0].item<double>(), 2.0);
+    EXPECT_EQ(g->global_rank(g->rank()), world.rank());
+  });
+}
+
+TEST(SubgroupTest, ValidationErrors) {
+  run_ranks_as_threads(2, [](Group& world) {
+    EXPECT_THAT(std::string(new_subgroups(world, 3).status().message()),
+                HasSubstr("group_size 3 must be in [1, 2]"));
+    EXPECT_THAT(std::string(new_group(world, {0, 0}).status().message()), HasSubstr("rank 0 is listed twice"));
+    EXPECT_THAT(std::string(new_group(world, {5}).status().message()), HasSubstr("rank 5 is out of range"));
+    EXPECT_THAT(std::string(new_subgroups_by_enumeration(world, {{0, 1}, {1}}).status().message()),
+                HasSubstr("Rank 1 has appeared in both subgroup 0 and 1"));
+  });
+}
+
+TEST(HarnessTest, HungCollectiveFailsWithinTimeout) {
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_NONFATAL_FAILURE(
+      run_ranks_as_threads(
+          2,
+          [](Group& g) {
+            if (g.rank() == 0) {
+              std::vector<at::Tensor> t = {at::ones({1})};
+              g->allreduce(t)->wait();  // rank 1 never joins
+            } else {
+              std::this_thread::sleep_for(std::chrono::seconds(4));
+            }
+          },
+          testing::HarnessOptions{std::chrono::seconds(2)}),
+      "rank 0: ");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+}
+
+TEST(HarnessTest, ThrowingRankIsReported) {
+  EXPECT_NONFATAL_FAILURE(run_ranks_as_threads(2,
+                                               [](Group& g) {
+                                                 if (g.rank() == 1) throw std::runtime_error("boom");
+                                               }),
+                          "rank 1: boom");
+}
+
+TEST(HarnessTest, FailingProcessIsReported) {
+  ::testing::TestPartResultArray results;
+  {
+    ::testing::ScopedFakeTestPartResultReporter reporter(
+        ::testing::ScopedFakeTestPartResultReporter::INTERCEPT_ONLY_CURRENT_THREAD, &results);
+    run_ranks_as_processes(2, [](Group& g) {
+      if (g.rank() == 1) throw std::runtime_error("process boom");
+    });
+  }
+  ASSERT_EQ(results.size(), 1);
+  EXPECT_THAT(results.GetTestPartResult(0).message(), HasSubstr("rank 1 exited with code 1"));
+  EXPECT_THAT(results.GetTestPartResult(0).message(), HasSubstr("process boom"));
+}
+
+}  // namespace
+}  // namespace dtrain::comm
