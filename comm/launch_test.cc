@@ -1,0 +1,120 @@
+// Runs the launch binary as a user would and checks its contract.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+struct Result {
+  int code = -1;
+  std::string output;
+  double seconds = 0;
+};
+
+// Runs `comm/launch ARGS...` (from the test's runfiles), output merged; optionally sends `sig` to
+// the launcher after `signal_after`.
+Result run_launch(std::vector<std::string> args, int sig = 0,
+                  std::chrono::milliseconds signal_after = std::chrono::milliseconds(0)) {
+  args.insert(args.begin(), "comm/launch");
+  int fds[2];
+  EXPECT_EQ(::pipe(fds), 0);
+  const auto start = std::chrono::steady_clock::now();
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(fds[1], 1);
+    ::dup2(fds[1], 2);
+    ::close(fds[0]);
+    ::close(fds[1]);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
+    std::_Exit(127);
+  }
+  ::close(fds[1]);
+  std::thread signaller;
+  if (sig != 0) {
+    signaller = std::thread([=] {
+      std::this_thread::sleep_for(signal_after);
+      ::kill(pid, sig);
+    });
+  }
+  Result r;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof(buf))) > 0;) r.output.append(buf, n);
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (signaller.joinable()) signaller.join();
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return r;
+}
+
+TEST(LaunchTest, SetsTorchrunEnvironmentAndPrefixesLines) {
+  Result r = run_launch({"--nproc_per_node=2", "--", "/bin/sh", "-c",
+                         "echo rank=$RANK local=$LOCAL_RANK world=$WORLD_SIZE lws=$LOCAL_WORLD_SIZE "
+                         "addr=$MASTER_ADDR port=$MASTER_PORT; echo err >&2"});
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("[rank 0] rank=0 local=0 world=2 lws=2 addr=127.0.0.1 port="));
+  EXPECT_THAT(r.output, HasSubstr("[rank 1] rank=1 local=1 world=2 lws=2 addr=127.0.0.1 port="));
+  EXPECT_THAT(r.output, HasSubstr("[rank 1] err"));
+}
+
+TEST(LaunchTest, MultiNodeRanksAreOffsetByNodeRank) {
+  Result r = run_launch({"--nproc_per_node=2", "--nnodes=3", "--node_rank=2", "--master_port=29999",
+                         "--", "/bin/sh", "-c", "echo rank=$RANK world=$WORLD_SIZE port=$MASTER_PORT"});
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("[rank 4] rank=4 world=6 port=29999"));
+  EXPECT_THAT(r.output, HasSubstr("[rank 5] rank=5 world=6 port=29999"));
+}
+
+TEST(LaunchTest, FailingRankStopsTheOthersAndSetsExitCode) {
+  Result r = run_launch({"--nproc_per_node=3", "--", "/bin/sh", "-c",
+                         "if [ \"$RANK\" = 1 ]; then echo failing; exit 3; fi; sleep 60"});
+  EXPECT_EQ(r.code, 3) << r.output;
+  EXPECT_LT(r.seconds, 20) << "the sleeping ranks were not stopped";
+  EXPECT_THAT(r.output, HasSubstr("launch: rank 1 exited with code 3; stopping the other ranks"));
+}
+
+TEST(LaunchTest, ForwardsSignals) {
+  Result r = run_launch({"--nproc_per_node=2", "--", "/bin/sh", "-c",
+                         "trap 'echo got TERM; exit 7' TERM; echo ready; while true; do sleep 0.1; done"},
+                        SIGTERM, std::chrono::milliseconds(1500));
+  EXPECT_THAT(r.output, HasSubstr("[rank 0] got TERM"));
+  EXPECT_THAT(r.output, HasSubstr("[rank 1] got TERM"));
+  EXPECT_NE(r.code, 0);
+  EXPECT_LT(r.seconds, 20);
+}
+
+TEST(LaunchTest, RunsTheDemoOverGloo) {
+  Result r = run_launch({"--nproc_per_node=2", "--", "comm/allreduce_demo"});
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("[rank 0] rank 0 of 2: allreduce sum = 3 (expected 3)"));
+  EXPECT_THAT(r.output, HasSubstr("[rank 1] rank 1 of 2: allreduce sum = 3 (expected 3)"));
+}
+
+TEST(LaunchTest, BadUsageIsAOneLineError) {
+  Result r = run_launch({"--nproc_per_node=0", "--", "/bin/true"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.output, HasSubstr("need --nproc_per_node >= 1"));
+  Result none = run_launch({"--nproc_per_node=2"});
+  EXPECT_EQ(none.code, 2);
+  EXPECT_THAT(none.output, HasSubstr("no program given"));
+  Result missing = run_launch({"--nproc_per_node=1", "--", "/no/such/program"});
+  EXPECT_EQ(missing.code, 127);
+  EXPECT_THAT(missing.output, HasSubstr("cannot start /no/such/program"));
+}
+
+}  // namespace
