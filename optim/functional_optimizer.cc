@@ -1,0 +1,194 @@
+#include "optim/functional_optimizer.h"
+
+#include <unordered_set>
+
+#include <ATen/ATen.h>
+
+namespace dtrain::optim {
+
+OptionsDict new_options_dict() { return OptionsDict(c10::StringType::get(), c10::AnyType::get()); }
+
+FunctionalOptimizer::FunctionalOptimizer(std::vector<at::Tensor> params) : params_(std::move(params)) {
+  std::unordered_set<const void*> seen;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    TORCH_CHECK(params_[i].defined(), "functional optimizer: parameter ", i, " is undefined");
+    TORCH_CHECK(params_[i].layout() == at::kStrided, "functional optimizer: parameter ", i,
+                " is sparse; functional optimizers take dense parameters");
+    TORCH_CHECK(seen.insert(params_[i].unsafeGetTensorImpl()).second, "functional optimizer: parameter ", i,
+                " appears more than once in the parameter list");
+  }
+  state_.resize(params_.size());
+}
+
+FunctionalOptimizer::~FunctionalOptimizer() = default;
+
+void FunctionalOptimizer::check_grad(size_t index, const at::Tensor& grad) const {
+  const at::Tensor& p = params_[index];
+  TORCH_CHECK(grad.layout() == at::kStrided, name(), ": gradient ", index,
+              " is sparse; this optimizer does not support sparse gradients");
+  TORCH_CHECK(grad.sizes() == p.sizes(), name(), ": gradient ", index, " has shape ", grad.sizes(),
+              " but its parameter has shape ", p.sizes());
+  TORCH_CHECK(grad.scalar_type() == p.scalar_type(), name(), ": gradient ", index, " is ",
+              grad.scalar_type(), " but its parameter is ", p.scalar_type());
+  TORCH_CHECK(grad.device() == p.device(), name(), ": gradient ", index, " is on ", grad.device(),
+              " but its parameter is on ", p.device());
+}
+
+void FunctionalOptimizer::step(const std::vector<at::Tensor>& gradients) {
+  TORCH_CHECK(gradients.size() == params_.size(),
+              "the gradients passed in does not equal to the size of the parameters! Params length: ",
+              params_.size(), ". Gradients length: ", gradients.size());
+  for (size_t i = 0; i < gradients.size(); ++i) {
+    if (gradients[i].defined()) check_grad(i, gradients[i]);
+  }
+  at::NoGradGuard no_grad;
+  update_all(gradients);
+}
+
+void FunctionalOptimizer::step_param(const at::Tensor& param, const at::Tensor& grad) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (params_[i].is_same(param)) {
+      if (!grad.defined()) return;
+      check_grad(i, grad);
+      at::NoGradGuard no_grad;
+      update(i, grad);
+      return;
+    }
+  }
+  TORCH_CHECK(false, name(), ": step_param got a tensor that is not one of this optimizer's ",
+              params_.size(), " parameters");
+}
+
+void FunctionalOptimizer::update_all(const std::vector<at::Tensor>& grads) {
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (grads[i].defined()) update(i, grads[i]);
+  }
+}
+
+bool FunctionalOptimizer::has_state(size_t index) const {
+  TORCH_CHECK(index < state_.size(), "parameter index ", index, " out of range (", state_.size(), ")");
+  return state_[index].initialized;
+}
+
+OptionsDict FunctionalOptimizer::merged_options(const std::string& optimizer, OptionsDict current,
+                                                const OptionsDict& overrides) {
+  static const std::unordered_set<std::string> torch_only = {"foreach", "capturable",
+                                                              "differentiable", "fused"};
+  for (const auto& kv : overrides) {
+    const std::string key = kv.key().toStringRef();
+    if (torch_only.count(key)) {
+      const c10::IValue& v = kv.value();
+      // foreach only picks PyTorch's implementation; the others change semantics we do not have.
+      TORCH_CHECK(key == "foreach" || v.isNone() || (v.isBool() && !v.toBool()), optimizer,
+                  ": option ", key, "=True is not supported (CUDA-graph / autograd-through-step "
+                  "features of PyTorch); leave it False");
+      continue;
+    }
+    if (!current.contains(key)) {
+      std::string names;
+      for (const auto& m : current) names += (names.empty() ? "" : ", ") + m.key().toStringRef();
+      TORCH_CHECK(false, optimizer, " got an unexpected option '", key, "'; its options are: ", names);
+    }
+    current.insert_or_assign(key, kv.value());
+  }
+  return current;
+}
+
+void FunctionalOptimizer::set_options(const OptionsDict& options) {
+  apply_options(merged_options(name(), options_dict(), options));
+}
+
+c10::IValue FunctionalOptimizer::state_dict() const {
+  c10::impl::GenericDict state(c10::IntType::get(), c10::AnyType::get());
+  const auto names = slot_names();
+  for (size_t i = 0; i < state_.size(); ++i) {
+    const ParamState& s = state_[i];
+    if (!s.initialized) continue;
+    c10::impl::GenericDict entry(c10::StringType::get(), c10::AnyType::get());
+    if (step_kind() == StepKind::kInt) entry.insert("step", s.step);
+    if (step_kind() == StepKind::kFloatTensor) {
+      entry.insert("step", at::scalar_tensor(static_cast<double>(s.step), at::kFloat));
+    }
+    for (size_t k = 0; k < names.size() && names[k] != nullptr && names[k][0] != '\0'; ++k) {
+      if (s.slots[k].defined()) {
+        entry.insert(names[k], s.slots[k]);
+      } else if (none_for_undefined_slots()) {
+        entry.insert(names[k], c10::IValue());
+      }
+    }
+    state.insert(static_cast<int64_t>(i), entry);
+  }
+  OptionsDict group = options_dict();
+  std::vector<int64_t> indices(params_.size());
+  for (size_t i = 0; i < indices.size(); ++i) indices[i] = static_cast<int64_t>(i);
+  group.insert("params", c10::List<int64_t>(indices));
+  c10::impl::GenericList groups(c10::AnyType::get());
+  groups.push_back(group);
+  c10::impl::GenericDict sd(c10::StringType::get(), c10::AnyType::get());
+  sd.insert("state", state);
+  sd.insert("param_groups", groups);
+  return sd;
+}
+
+void FunctionalOptimizer::load_state_dict(const c10::IValue& state_dict) {
+  TORCH_CHECK(state_dict.isGenericDict(), name(), ".load_state_dict: expected a dict, got ",
+              state_dict.tagKind());
+  auto sd = state_dict.toGenericDict();
+  TORCH_CHECK(sd.contains("state") && sd.contains("param_groups"), name(),
+              ".load_state_dict: the dict needs keys 'state' and 'param_groups'");
+  auto groups = sd.at("param_groups").toList();
+  TORCH_CHECK(groups.size() == 1, name(), ".load_state_dict: functional optimizers have one parameter "
+              "group, the state dict has ", groups.size());
+  auto group = groups.get(0).toGenericDict();
+  TORCH_CHECK(group.contains("params"), name(), ".load_state_dict: param group has no 'params'");
+  const auto indices = group.at("params").toList();
+  TORCH_CHECK(indices.size() == params_.size(), name(), ".load_state_dict: loaded state dict has a "
+              "parameter group of ", indices.size(), " parameters, this optimizer has ", params_.size());
+  std::vector<int64_t> saved_index(params_.size());
+  for (size_t i = 0; i < indices.size(); ++i) saved_index[i] = indices.get(i).toInt();
+
+  // Build everything first, so a bad entry leaves the optimizer as it was.
+  OptionsDict options = new_options_dict();
+  for (const auto& kv : group) {
+    if (kv.key().toStringRef() != "params") options.insert(kv.key(), kv.value());
+  }
+  std::vector<ParamState> loaded(params_.size());
+  auto state = sd.at("state").toGenericDict();
+  const auto names = slot_names();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const c10::IValue key(saved_index[i]);
+    if (!state.contains(key)) continue;
+    auto entry = state.at(key).toGenericDict();
+    ParamState& s = loaded[i];
+    s.initialized = true;
+    for (const auto& kv : entry) {
+      const std::string k = kv.key().toStringRef();
+      const c10::IValue& v = kv.value();
+      if (k == "step") {
+        TORCH_CHECK(step_kind() != StepKind::kNone, name(), ".load_state_dict: parameter ", i,
+                    " has a 'step' entry, which ", name(), " does not keep");
+        s.step = v.isTensor() ? static_cast<int64_t>(v.toTensor().item<double>())
+                              : v.isDouble() ? static_cast<int64_t>(v.toDouble()) : v.toInt();
+        continue;
+      }
+      size_t slot = names.size();
+      for (size_t n = 0; n < names.size() && names[n] != nullptr && names[n][0] != '\0'; ++n) {
+        if (k == names[n]) slot = n;
+      }
+      TORCH_CHECK(slot < names.size(), name(), ".load_state_dict: parameter ", i,
+                  " has unknown state key '", k, "'");
+      if (v.isNone()) continue;
+      TORCH_CHECK(v.isTensor(), name(), ".load_state_dict: state '", k, "' of parameter ", i,
+                  " is not a tensor");
+      const at::Tensor& t = v.toTensor();
+      TORCH_CHECK(t.sizes() == params_[i].sizes(), name(), ".load_state_dict: state '", k,
+                  "' of parameter ", i, " has shape ", t.sizes(), ", the parameter has shape ",
+                  params_[i].sizes());
+      s.slots[slot] = at::empty_like(params_[i]).copy_(t);
+    }
+  }
+  set_options(options);
+  state_ = std::move(loaded);
+}
+
+}  // namespace dtrain::optim

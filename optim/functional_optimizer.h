@@ -1,0 +1,117 @@
+// Functional optimizers: computation separated from state, as torch.distributed.optim's
+// _FunctionalAdam & co. An optimizer owns a list of parameters (one parameter group) and their
+// state; step() takes one optional gradient per parameter, so gradients can come from anywhere
+// (DDP hooks, RPC gradient contexts, ZeRO shards) instead of `param.grad`.
+//
+//   std::vector<at::Tensor> params = {w, b};
+//   dtrain::optim::FunctionalAdam adam(params, dtrain::optim::AdamOptions().lr(1e-3));
+//   adam.step({grad_w, at::Tensor()});       // an undefined gradient leaves `b` and its state alone
+//   adam.set_lr(adam.lr() * 0.5);            // options stay writable: schedulers work
+//   c10::IValue sd = adam.state_dict();      // PyTorch's optimizer state_dict format
+//
+// Thread safety: an instance is not thread-safe, but instances share nothing (no global lock):
+// independent optimizers may step concurrently on different threads.
+#ifndef DTRAIN_OPTIM_FUNCTIONAL_OPTIMIZER_H_
+#define DTRAIN_OPTIM_FUNCTIONAL_OPTIMIZER_H_
+
+#include <array>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Dict.h>
+#include <ATen/core/ivalue.h>
+#include <ATen/core/Tensor.h>
+
+namespace dtrain::optim {
+
+// A PyTorch param_group without "params": option name -> float, bool, (float, float) tuple,
+// string or None, with PyTorch's key names ("lr", "betas", "weight_decay", ...).
+using OptionsDict = c10::impl::GenericDict;
+
+// An empty OptionsDict (string keys, any values).
+OptionsDict new_options_dict();
+
+// Per-parameter state, kept generically so state_dict/load_state_dict live in one place: a step
+// counter and up to four tensors named by the optimizer's slot_names() (PyTorch's state keys).
+struct ParamState {
+  bool initialized = false;
+  int64_t step = 0;
+  std::array<at::Tensor, 4> slots;
+};
+
+class FunctionalOptimizer {
+ public:
+  // REQUIRES: params are defined, dense, distinct tensors. An empty list is allowed (a ZeRO rank
+  // may own no parameter: PyTorch's _allow_empty_param_list).
+  explicit FunctionalOptimizer(std::vector<at::Tensor> params);
+  virtual ~FunctionalOptimizer();
+  FunctionalOptimizer(const FunctionalOptimizer&) = delete;
+  FunctionalOptimizer& operator=(const FunctionalOptimizer&) = delete;
+
+  // PyTorch's class name of the twin optimizer ("Adam", "SGD", ...).
+  virtual std::string name() const = 0;
+
+  // One update. gradients.size() must equal params().size() (TORCH_CHECK naming both lengths);
+  // an undefined entry skips that parameter and its state. Each gradient must match its
+  // parameter's shape, dtype and device. Runs without autograd recording.
+  void step(const std::vector<at::Tensor>& gradients);
+
+  // Updates one parameter (one of params(), by identity) with `grad`.
+  void step_param(const at::Tensor& param, const at::Tensor& grad);
+
+  const std::vector<at::Tensor>& params() const { return params_; }
+
+  // The learning rate and the full option set, readable and writable between steps.
+  virtual double lr() const = 0;
+  virtual void set_lr(double lr) = 0;
+  virtual OptionsDict options_dict() const = 0;
+  // Validates every value (PyTorch's messages) before applying any. Unknown keys are an error;
+  // PyTorch-only keys (foreach, capturable, differentiable, fused) are accepted when they ask for
+  // nothing dtrain lacks.
+  void set_options(const OptionsDict& options);
+
+  // {"state": {index: {name: tensor | int | None}}, "param_groups": [{options..., "params": [0..n-1]}]}
+  c10::IValue state_dict() const;
+  // Loads a state_dict of the format above (from dtrain, or converted from PyTorch/LibTorch):
+  // exactly one param group whose "params" has params().size() entries; state tensors must match
+  // their parameter's shape (cast to its dtype/device). Errors name the index and key.
+  void load_state_dict(const c10::IValue& state_dict);
+
+  // True once the parameter at `index` has optimizer state.
+  bool has_state(size_t index) const;
+
+ protected:
+  // Updates params()[index] with a checked gradient. Called with autograd off.
+  virtual void update(size_t index, const at::Tensor& grad) = 0;
+  // All parameters at once (entries may be undefined). The default calls update() per parameter;
+  // optimizers with a fused multi-tensor path override it.
+  virtual void update_all(const std::vector<at::Tensor>& grads);
+  // Builds new options from `merged` (every key of options_dict() present), validates them
+  // with PyTorch's messages (c10::Error) and only then replaces the current ones.
+  virtual void apply_options(const OptionsDict& merged) = 0;
+  // `current` with `overrides` applied, after checking every override key (see set_options).
+  static OptionsDict merged_options(const std::string& optimizer, OptionsDict current,
+                                    const OptionsDict& overrides);
+
+  // How "step" appears in PyTorch's state dict.
+  enum class StepKind {
+    kNone,         // no "step" entry (SGD)
+    kInt,          // Python int (Adadelta, RMSprop, Rprop)
+    kFloatTensor,  // 0-dim float32 tensor (Adam, AdamW, Adamax, Adagrad)
+  };
+  virtual StepKind step_kind() const = 0;
+  // Names of the slots; an empty name ends the list. An undefined slot tensor is left out of the
+  // state dict, unless none_for_undefined_slots() (SGD writes momentum_buffer=None).
+  virtual std::array<const char*, 4> slot_names() const = 0;
+  virtual bool none_for_undefined_slots() const { return false; }
+
+  std::vector<at::Tensor> params_;
+  std::vector<ParamState> state_;
+
+ private:
+  void check_grad(size_t index, const at::Tensor& grad) const;
+};
+
+}  // namespace dtrain::optim
+
+#endif  // DTRAIN_OPTIM_FUNCTIONAL_OPTIMIZER_H_

@@ -1,0 +1,143 @@
+#include "optim/registry.h"
+
+#include <mutex>
+
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
+
+#include "optim/functional_optimizers.h"
+
+namespace dtrain::optim {
+namespace {
+
+// Builds a typed optimizer: defaults from the class, then the caller's options over them.
+template <typename Functional, typename Options>
+FunctionalFactory factory(Options defaults, const char* name) {
+  return [defaults, name](std::vector<at::Tensor> params, const OptionsDict& options) {
+    return std::unique_ptr<FunctionalOptimizer>(
+        std::make_unique<Functional>(std::move(params), Functional::resolve(defaults, options, name)));
+  };
+}
+
+}  // namespace
+
+FunctionalRegistry& FunctionalRegistry::global() {
+  static FunctionalRegistry* registry = [] {
+    auto* r = new FunctionalRegistry();
+    r->register_optimizer("SGD", [](std::vector<at::Tensor> params, const OptionsDict& options) {
+      TORCH_CHECK(options.contains("lr"), "SGD needs an 'lr' option (it has no default)");
+      return factory<FunctionalSGD>(SGDOptions(0), "SGD")(std::move(params), options);
+    });
+    r->register_optimizer("Adam", factory<FunctionalAdam>(AdamOptions(), "Adam"));
+    r->register_optimizer("AdamW", factory<FunctionalAdamW>(AdamWOptions(), "AdamW"));
+    r->register_optimizer("Adagrad", factory<FunctionalAdagrad>(AdagradOptions(), "Adagrad"));
+    r->register_optimizer("Adadelta", factory<FunctionalAdadelta>(AdadeltaOptions(), "Adadelta"));
+    r->register_optimizer("Adamax", factory<FunctionalAdamax>(AdamaxOptions(), "Adamax"));
+    r->register_optimizer("RMSprop", factory<FunctionalRMSprop>(RMSpropOptions(), "RMSprop"));
+    r->register_optimizer("Rprop", factory<FunctionalRprop>(RpropOptions(), "Rprop"));
+    r->register_twin<torch::optim::SGD>("SGD");
+    r->register_twin<torch::optim::Adam>("Adam");
+    r->register_twin<torch::optim::AdamW>("AdamW");
+    r->register_twin<torch::optim::Adagrad>("Adagrad");
+    r->register_twin<torch::optim::RMSprop>("RMSprop");
+    return r;
+  }();
+  return *registry;
+}
+
+void FunctionalRegistry::register_optimizer(const std::string& name, FunctionalFactory factory) {
+  TORCH_CHECK(!name.empty(), "register_optimizer: empty name");
+  TORCH_CHECK(factory != nullptr, "register_optimizer: null factory for '", name, "'");
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  factories_[name] = std::move(factory);
+}
+
+void FunctionalRegistry::register_type(std::type_index type, const std::string& name) {
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  TORCH_CHECK(factories_.count(name), "register_twin: no functional optimizer named '", name,
+              "' is registered; register_optimizer it first");
+  twins_.insert_or_assign(type, name);
+}
+
+const std::string* FunctionalRegistry::twin_name(std::type_index type) const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  auto it = twins_.find(type);
+  return it == twins_.end() ? nullptr : &it->second;
+}
+
+bool FunctionalRegistry::contains(const std::string& name) const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  return factories_.count(name) > 0;
+}
+
+std::vector<std::string> FunctionalRegistry::names() const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  std::vector<std::string> out;
+  for (const auto& kv : factories_) out.push_back(kv.first);
+  return out;
+}
+
+std::unique_ptr<FunctionalOptimizer> FunctionalRegistry::create(const std::string& name,
+                                                                std::vector<at::Tensor> params,
+                                                                const OptionsDict& options) const {
+  FunctionalFactory f;
+  {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    auto it = factories_.find(name);
+    if (it != factories_.end()) f = it->second;
+  }
+  if (!f) {
+    std::string known;
+    for (const auto& n : names()) known += (known.empty() ? "" : ", ") + n;
+    TORCH_CHECK(false, "no functional optimizer named '", name, "' is registered (known: ", known, ")");
+  }
+  return f(std::move(params), options);
+}
+
+OptionsDict options_from_torch(const torch::optim::OptimizerOptions& options) {
+  OptionsDict d = new_options_dict();
+  auto betas = [](const std::tuple<double, double>& b) {
+    return c10::ivalue::Tuple::create({std::get<0>(b), std::get<1>(b)});
+  };
+  if (auto* o = dynamic_cast<const torch::optim::SGDOptions*>(&options)) {
+    d.insert("lr", o->lr());
+    d.insert("momentum", o->momentum());
+    d.insert("dampening", o->dampening());
+    d.insert("weight_decay", o->weight_decay());
+    d.insert("nesterov", o->nesterov());
+  } else if (auto* o = dynamic_cast<const torch::optim::AdamOptions*>(&options)) {
+    d.insert("lr", o->lr());
+    d.insert("betas", betas(o->betas()));
+    d.insert("eps", o->eps());
+    d.insert("weight_decay", o->weight_decay());
+    d.insert("amsgrad", o->amsgrad());
+  } else if (auto* o = dynamic_cast<const torch::optim::AdamWOptions*>(&options)) {
+    d.insert("lr", o->lr());
+    d.insert("betas", betas(o->betas()));
+    d.insert("eps", o->eps());
+    d.insert("weight_decay", o->weight_decay());
+    d.insert("amsgrad", o->amsgrad());
+  } else if (auto* o = dynamic_cast<const torch::optim::AdagradOptions*>(&options)) {
+    d.insert("lr", o->lr());
+    d.insert("lr_decay", o->lr_decay());
+    d.insert("weight_decay", o->weight_decay());
+    d.insert("initial_accumulator_value", o->initial_accumulator_value());
+    d.insert("eps", o->eps());
+  } else if (auto* o = dynamic_cast<const torch::optim::RMSpropOptions*>(&options)) {
+    d.insert("lr", o->lr());
+    d.insert("alpha", o->alpha());
+    d.insert("eps", o->eps());
+    d.insert("weight_decay", o->weight_decay());
+    d.insert("momentum", o->momentum());
+    d.insert("centered", o->centered());
+  } else {
+    TORCH_CHECK(false, "options_from_torch: unsupported LibTorch options type ", typeid(options).name(),
+                " (SGD, Adam, AdamW, Adagrad and RMSprop options are)");
+  }
+  return d;
+}
+
+}  // namespace dtrain::optim
