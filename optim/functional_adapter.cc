@@ -1,0 +1,130 @@
+#include "optim/functional_adapter.h"
+
+#include <ATen/ATen.h>
+
+#include "optim/registry.h"
+
+namespace dtrain::optim {
+
+double DictOptions::get_lr() const {
+  TORCH_CHECK(options_.contains("lr"), "these optimizer options have no 'lr'");
+  const c10::IValue& v = options_.at("lr");
+  return v.isDouble() ? v.toDouble() : static_cast<double>(v.toInt());
+}
+
+void DictOptions::set_lr(const double lr) { options_.insert_or_assign("lr", lr); }
+
+FunctionalOptimizerAdapter::FunctionalOptimizerAdapter(
+    std::vector<torch::optim::OptimizerParamGroup> param_groups, std::string name, OptionsDict defaults)
+    : torch::optim::Optimizer(std::move(param_groups), std::make_unique<DictOptions>(std::move(defaults))),
+      name_(std::move(name)) {
+  TORCH_CHECK(FunctionalRegistry::global().contains(name_), "FunctionalOptimizerAdapter: no functional "
+              "optimizer named '", name_, "' is registered");
+  sync_groups();  // validates the options now, not at the first step
+}
+
+FunctionalOptimizerAdapter::FunctionalOptimizerAdapter(std::vector<at::Tensor> params, std::string name,
+                                                       OptionsDict defaults)
+    : FunctionalOptimizerAdapter(std::vector<torch::optim::OptimizerParamGroup>{
+                                     torch::optim::OptimizerParamGroup(std::move(params))},
+                                 std::move(name), std::move(defaults)) {}
+
+OptionsDict FunctionalOptimizerAdapter::group_options(size_t group) const {
+  const auto& g = param_groups_[group];
+  const torch::optim::OptimizerOptions& o = g.has_options() ? g.options() : *defaults_;
+  if (auto* dict = dynamic_cast<const DictOptions*>(&o)) return dict->dict();
+  return options_from_torch(o);  // a LibTorch twin's options (e.g. from ZeRO's wrapper)
+}
+
+void FunctionalOptimizerAdapter::sync_groups() {
+  // add_param_group is not virtual in LibTorch: new groups are noticed here.
+  for (size_t g = functionals_.size(); g < param_groups_.size(); ++g) {
+    functionals_.push_back(FunctionalRegistry::global().create(name_, param_groups_[g].params(), group_options(g)));
+  }
+  for (size_t g = 0; g < functionals_.size(); ++g) {
+    const auto& params = param_groups_[g].params();
+    const auto& mine = functionals_[g]->params();
+    bool same = params.size() == mine.size();
+    for (size_t i = 0; same && i < params.size(); ++i) same = params[i].is_same(mine[i]);
+    TORCH_CHECK(same, "FunctionalOptimizerAdapter: the parameters of group ", g,
+                " changed after it was created; add a new param group instead");
+    functionals_[g]->set_options(group_options(g));  // picks up scheduler changes
+  }
+}
+
+FunctionalOptimizer& FunctionalOptimizerAdapter::functional(size_t group) {
+  sync_groups();
+  TORCH_CHECK(group < functionals_.size(), "group ", group, " out of range (", functionals_.size(), ")");
+  return *functionals_[group];
+}
+
+at::Tensor FunctionalOptimizerAdapter::step(LossClosure closure) {
+  at::Tensor loss;
+  if (closure) {
+    at::AutoGradMode enable(true);
+    loss = closure();
+  }
+  sync_groups();
+  for (size_t g = 0; g < functionals_.size(); ++g) {
+    const auto& params = param_groups_[g].params();
+    std::vector<at::Tensor> grads;
+    grads.reserve(params.size());
+    for (const auto& p : params) grads.push_back(p.grad());
+    functionals_[g]->step(grads);
+  }
+  return loss;
+}
+
+c10::IValue FunctionalOptimizerAdapter::state_dict() {
+  sync_groups();
+  c10::impl::GenericDict state(c10::IntType::get(), c10::AnyType::get());
+  c10::impl::GenericList groups(c10::AnyType::get());
+  int64_t offset = 0;
+  for (auto& f : functionals_) {
+    auto sd = f->state_dict().toGenericDict();
+    for (const auto& kv : sd.at("state").toGenericDict()) state.insert(kv.key().toInt() + offset, kv.value());
+    auto group = sd.at("param_groups").toList().get(0).toGenericDict();
+    std::vector<int64_t> indices;
+    for (size_t i = 0; i < f->params().size(); ++i) indices.push_back(offset + static_cast<int64_t>(i));
+    group.insert_or_assign("params", c10::List<int64_t>(indices));
+    groups.push_back(group);
+    offset += static_cast<int64_t>(f->params().size());
+  }
+  c10::impl::GenericDict sd(c10::StringType::get(), c10::AnyType::get());
+  sd.insert("state", state);
+  sd.insert("param_groups", groups);
+  return sd;
+}
+
+void FunctionalOptimizerAdapter::load_state_dict(const c10::IValue& state_dict) {
+  sync_groups();
+  auto sd = state_dict.toGenericDict();
+  auto groups = sd.at("param_groups").toList();
+  TORCH_CHECK(groups.size() == functionals_.size(), "loaded state dict has ", groups.size(),
+              " parameter groups, this optimizer has ", functionals_.size());
+  auto state = sd.at("state").toGenericDict();
+  for (size_t g = 0; g < functionals_.size(); ++g) {
+    auto group = groups.get(g).toGenericDict();
+    const auto indices = group.at("params").toList();
+    c10::impl::GenericDict local_state(c10::IntType::get(), c10::AnyType::get());
+    std::vector<int64_t> local(indices.size());
+    for (size_t i = 0; i < indices.size(); ++i) {
+      local[i] = static_cast<int64_t>(i);
+      const c10::IValue key(indices.get(i).toInt());
+      if (state.contains(key)) local_state.insert(static_cast<int64_t>(i), state.at(key));
+    }
+    auto local_group = group.copy();
+    local_group.insert_or_assign("params", c10::List<int64_t>(local));
+    c10::impl::GenericList one(c10::AnyType::get());
+    one.push_back(local_group);
+    c10::impl::GenericDict local_sd(c10::StringType::get(), c10::AnyType::get());
+    local_sd.insert("state", local_state);
+    local_sd.insert("param_groups", one);
+    functionals_[g]->load_state_dict(local_sd);
+    // Keep the LibTorch-side group options in step with what was loaded.
+    OptionsDict opts = functionals_[g]->options_dict();
+    param_groups_[g].set_options(std::make_unique<DictOptions>(opts));
+  }
+}
+
+}  // namespace dtrain::optim
