@@ -118,11 +118,6 @@ std::vector<std::pair<size_t, at::Tensor>> defined_grads(const std::vector<at::T
 
 at::Tensor zeros_like_param(const at::Tensor& p) { return at::zeros_like(p, at::MemoryFormat::Preserve); }
 
-template <typename T>
-inline T sign_of(T x) {
-  return static_cast<T>((x > T(0)) - (x < T(0)));
-}
-
 // ---------------------------------------------------------------------------------------- SGD
 struct SGDTraits {
   // Returns true when the momentum buffer is new: the first update copies d_p into it.
@@ -149,8 +144,10 @@ struct SGDTraits {
     p.add_(d_p, -o.lr());
   }
   static void scalars(std::array<double, 4>&, const ParamState&, const SGDOptions&) {}
-  template <typename T>
-  static void kernel(const FusedTensor<T>& t, int64_t lo, int64_t hi, const SGDOptions& o) {
+  // Loop-invariant choices are template parameters so every variant is a branch-free loop the
+  // compiler vectorises.
+  template <typename T, bool kMomentum, bool kFirst, bool kNesterov>
+  static void loop(const FusedTensor<T>& t, int64_t lo, int64_t hi, const SGDOptions& o) {
     T* __restrict p = t.p;
     const T* __restrict g = t.g;
     T* __restrict buf = t.s[0];
@@ -158,32 +155,24 @@ struct SGDTraits {
     const T mom = static_cast<T>(o.momentum());
     const T damp = static_cast<T>(1 - o.dampening());
     const T neg_lr = static_cast<T>(-o.lr());
-    const bool maximize = o.maximize();
-    if (buf == nullptr) {  // no momentum
-      for (int64_t k = lo; k < hi; ++k) {
-        T d = maximize ? -g[k] : g[k];
-        d = d + wd * p[k];
-        p[k] = p[k] + neg_lr * d;
-      }
-    } else if (t.first) {
-      for (int64_t k = lo; k < hi; ++k) {
-        T d = maximize ? -g[k] : g[k];
-        d = d + wd * p[k];
-        buf[k] = d;
-        d = o.nesterov() ? d + mom * d : d;
-        p[k] = p[k] + neg_lr * d;
-      }
-    } else {
-      const bool nesterov = o.nesterov();
-      for (int64_t k = lo; k < hi; ++k) {
-        T d = maximize ? -g[k] : g[k];
-        d = d + wd * p[k];
-        const T b = buf[k] * mom + damp * d;
+    const T sign = o.maximize() ? T(-1) : T(1);
+    for (int64_t k = lo; k < hi; ++k) {
+      T d = sign * g[k] + wd * p[k];
+      if (kMomentum) {
+        const T b = kFirst ? d : buf[k] * mom + damp * d;
         buf[k] = b;
-        d = nesterov ? d + mom * b : b;
-        p[k] = p[k] + neg_lr * d;
+        d = kNesterov ? d + mom * b : b;
       }
+      p[k] = p[k] + neg_lr * d;
     }
+  }
+  template <typename T>
+  static void kernel(const FusedTensor<T>& t, int64_t lo, int64_t hi, const SGDOptions& o) {
+    if (t.s[0] == nullptr) return loop<T, false, false, false>(t, lo, hi, o);
+    if (t.first) {
+      return o.nesterov() ? loop<T, true, true, true>(t, lo, hi, o) : loop<T, true, true, false>(t, lo, hi, o);
+    }
+    return o.nesterov() ? loop<T, true, false, true>(t, lo, hi, o) : loop<T, true, false, false>(t, lo, hi, o);
   }
 };
 
@@ -471,13 +460,13 @@ struct RMSpropTraits {
       p.addcdiv_(grad, avg, -o.lr());
     }
   }
-  template <typename T>
-  static void kernel(const FusedTensor<T>& t, int64_t lo, int64_t hi, const RMSpropOptions& o) {
+  template <typename T, bool kCentered, bool kMomentum>
+  static void loop(const FusedTensor<T>& t, int64_t lo, int64_t hi, const RMSpropOptions& o) {
     T* __restrict p = t.p;
     const T* __restrict g = t.g;
     T* __restrict sq = t.s[0];
-    T* __restrict buf = o.momentum() > 0 ? t.s[1] : nullptr;
-    T* __restrict ga = o.centered() ? t.s[2] : nullptr;
+    T* __restrict buf = t.s[1];
+    T* __restrict ga = t.s[2];
     const T alpha = static_cast<T>(o.alpha()), one_minus_alpha = static_cast<T>(1 - o.alpha());
     const T wd = static_cast<T>(o.weight_decay()), eps = static_cast<T>(o.eps());
     const T mom = static_cast<T>(o.momentum()), neg_lr = static_cast<T>(-o.lr());
@@ -487,15 +476,14 @@ struct RMSpropTraits {
       const T sqk = sq[k] * alpha + one_minus_alpha * gk * gk;
       sq[k] = sqk;
       T avg;
-      if (ga != nullptr) {
+      if (kCentered) {
         const T gak = ga[k] * alpha + one_minus_alpha * gk;
         ga[k] = gak;
-        avg = std::sqrt(sqk + T(-1) * gak * gak);
+        avg = std::sqrt(sqk + T(-1) * gak * gak) + eps;
       } else {
-        avg = std::sqrt(sqk);
+        avg = std::sqrt(sqk) + eps;
       }
-      avg = avg + eps;
-      if (buf != nullptr) {
+      if (kMomentum) {
         const T bk = buf[k] * mom + T(1) * gk / avg;
         buf[k] = bk;
         p[k] = p[k] + neg_lr * bk;
@@ -503,6 +491,14 @@ struct RMSpropTraits {
         p[k] = p[k] + neg_lr * gk / avg;
       }
     }
+  }
+  template <typename T>
+  static void kernel(const FusedTensor<T>& t, int64_t lo, int64_t hi, const RMSpropOptions& o) {
+    const bool centered = o.centered(), momentum = o.momentum() > 0;
+    if (centered && momentum) return loop<T, true, true>(t, lo, hi, o);
+    if (centered) return loop<T, true, false>(t, lo, hi, o);
+    if (momentum) return loop<T, false, true>(t, lo, hi, o);
+    return loop<T, false, false>(t, lo, hi, o);
   }
 };
 
@@ -548,13 +544,15 @@ struct RpropTraits {
     for (int64_t k = lo; k < hi; ++k) {
       const T gk = sgn * g[k];
       const T prod = gk * prev[k];
-      const T factor = prod > T(0) ? etaplus : prod < T(0) ? etaminus : prod == T(0) ? T(1) : prod;
+      // sign(prod) mapped to etaplus / etaminus / 1, as PyTorch's three masked fills.
+      const T factor = prod > T(0) ? etaplus : (prod < T(0) ? etaminus : T(1));
       T s = ss[k] * factor;
       s = s < lo_s ? lo_s : s;
       s = s > hi_s ? hi_s : s;
       ss[k] = s;
-      const T gc = factor == etaminus ? T(0) : gk;
-      p[k] = p[k] + T(-1) * sign_of(gc) * s;
+      const T gc = prod < T(0) ? T(0) : gk;
+      const T sg = static_cast<T>(gc > T(0)) - static_cast<T>(gc < T(0));
+      p[k] = p[k] + T(-1) * sg * s;
       prev[k] = gc;
     }
   }
