@@ -1,0 +1,30 @@
+// State moves between LibTorch's torch::optim optimizers and dtrain's (functional, adapter, ZeRO)
+// through PyTorch's optimizer state_dict format.
+//
+//   torch::optim::Adam adam(params, torch::optim::AdamOptions(1e-3));
+//   ... train ...
+//   c10::IValue sd = dtrain::optim::torch_optim_state_dict(adam);   // {"state", "param_groups"}
+//   dtrain::optim::FunctionalAdam functional(params, dtrain::optim::AdamOptions());
+//   functional.load_state_dict(sd);                                  // continues where Adam was
+//   dtrain::optim::load_torch_optim_state_dict(adam, functional.state_dict());   // and back
+//
+// Supported: torch::optim::SGD, Adam, AdamW, Adagrad, RMSprop (the LibTorch twins of the
+// registry). Parameters are indexed across param groups in order, as PyTorch does.
+#ifndef DTRAIN_OPTIM_TORCH_STATE_H_
+#define DTRAIN_OPTIM_TORCH_STATE_H_
+
+#include <ATen/core/ivalue.h>
+#include <torch/optim/optimizer.h>
+
+namespace dtrain::optim {
+
+// The optimizer's state and param groups in PyTorch's format. TORCH_CHECK on an unsupported type.
+c10::IValue torch_optim_state_dict(const torch::optim::Optimizer& optimizer);
+
+// Replaces the optimizer's state (and its groups' options) with `state_dict`. The number of
+// groups and of parameters per group must match; state tensors must match their parameter's shape.
+void load_torch_optim_state_dict(torch::optim::Optimizer& optimizer, const c10::IValue& state_dict);
+
+}  // namespace dtrain::optim
+
+#endif  // DTRAIN_OPTIM_TORCH_STATE_H_
