@@ -80,8 +80,9 @@ void expect_equal_state(const Dict& got, const Dict& want) {
 }
 
 void check_world(int world, int64_t chunk_bytes) {
+  // Drawn once, here: rank threads would race on the global generator.
+  const Dict global = global_state();
   comm::testing::run_ranks_as_threads(world, [=](comm::Group& g) {
-    const Dict global = global_state();
     ConsolidateOptions o;
     o.chunk_bytes = chunk_bytes;
     const int to = world - 1;
@@ -109,8 +110,8 @@ TEST(ConsolidationTest, EqualsUnshardedStateWorld2) { check_world(2, int64_t{16}
 TEST(ConsolidationTest, EqualsUnshardedStateWorld3SmallChunks) { check_world(3, 100); }
 
 TEST(ConsolidationTest, DuplicateStateFailsOnEveryRank) {
-  comm::testing::run_ranks_as_threads(2, [](comm::Group& g) {
-    const Dict global = global_state();
+  const Dict global = global_state();
+  comm::testing::run_ranks_as_threads(2, [=](comm::Group& g) {
     // Both ranks claim everything.
     Dict sd = new_dict(c10::StringType::get());
     sd.insert("state", global);
