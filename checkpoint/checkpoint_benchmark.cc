@@ -1,0 +1,179 @@
+// ./bazelw run -c opt //checkpoint:checkpoint_benchmark
+// 160 MiB of Adam state (20M fp32 parameters in 20 tensors: exp_avg + exp_avg_sq), world 2 as
+// two benchmark threads with their own Gloo groups:
+//   BM_Consolidate     consolidate_state_dict of the two halves onto rank 0
+//   BM_RawGather       a c10d gather of the same bytes (each rank's half as one buffer)
+//   BM_SaveSingleFile  save_state of the whole 160 MiB (atomic write + fsync + checksum)
+//   BM_LoadSingleFile  load_state of it (read + checksum + decode)
+//   BM_SaveSharded     save_sharded at world 2 (each rank writes its 80 MiB, then the metadata)
+//   BM_PlainWrite      write() + fsync of 160 MiB of bytes: the floor for the saves
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <mutex>
+
+#include <ATen/ATen.h>
+#include <benchmark/benchmark.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include "checkpoint/consolidation.h"
+#include "checkpoint/sharded.h"
+#include "checkpoint/state_file.h"
+
+namespace dtrain::checkpoint {
+namespace {
+
+constexpr int kWorld = 2;
+constexpr int kTensors = 20;
+constexpr int64_t kPerTensor = int64_t{1} << 20;  // 20M parameters in all
+constexpr int64_t kStateBytes = int64_t{kTensors} * kPerTensor * 8;  // exp_avg + exp_avg_sq
+
+using Dict = c10::impl::GenericDict;
+
+comm::Group& rank_group(int rank) {
+  static auto store = c10::make_intrusive<c10d::HashStore>();
+  static std::array<comm::Group, kWorld> groups;
+  static std::array<std::once_flag, kWorld> once;
+  std::call_once(once[rank], [rank] {
+    comm::InitOptions o;
+    o.rank = rank;
+    o.world_size = kWorld;
+    o.store = store;
+    o.timeout = std::chrono::seconds(300);
+    auto g = comm::init_process_group(o);
+    TORCH_CHECK(g.ok(), g.status().ToString());
+    groups[rank] = *g;
+  });
+  return groups[rank];
+}
+
+// Parameters i with i % world == rank, as an optimizer's local state dict.
+c10::IValue local_state(int rank, int world) {
+  Dict state(c10::IntType::get(), c10::AnyType::get());
+  std::vector<int64_t> params;
+  for (int64_t i = rank; i < kTensors; i += world) {
+    Dict e(c10::StringType::get(), c10::AnyType::get());
+    e.insert("step", at::scalar_tensor(10.0, at::kFloat));
+    e.insert("exp_avg", at::randn({kPerTensor}));
+    e.insert("exp_avg_sq", at::rand({kPerTensor}));
+    state.insert(i, e);
+    params.push_back(i);
+  }
+  Dict group(c10::StringType::get(), c10::AnyType::get());
+  group.insert("lr", 1e-3);
+  group.insert("params", c10::List<int64_t>(params));
+  c10::impl::GenericList groups(c10::AnyType::get());
+  groups.push_back(group);
+  Dict sd(c10::StringType::get(), c10::AnyType::get());
+  sd.insert("state", state);
+  sd.insert("param_groups", groups);
+  return sd;
+}
+
+void BM_Consolidate(benchmark::State& state) {
+  comm::Group& g = rank_group(state.thread_index());
+  const c10::IValue mine = local_state(g.rank(), kWorld);
+  for (auto _ : state) {
+    auto full = consolidate_state_dict(g, mine, 0);
+    if (!full.ok()) state.SkipWithError(std::string(full.status().message()).c_str());
+  }
+  state.counters["state_MiB"] = static_cast<double>(kStateBytes) / (1 << 20) / kWorld;  // summed over 2 threads
+  state.counters["GiBps"] = benchmark::Counter(static_cast<double>(kStateBytes) * state.iterations() / kWorld,
+                                               benchmark::Counter::kIsRate, benchmark::Counter::kIs1024);
+}
+BENCHMARK(BM_Consolidate)->Threads(kWorld)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+void BM_RawGather(benchmark::State& state) {
+  comm::Group& g = rank_group(state.thread_index());
+  const int64_t half = kStateBytes / kWorld / 4;  // floats per rank
+  std::vector<at::Tensor> in = {at::randn({half})};
+  std::vector<std::vector<at::Tensor>> out;
+  if (g.rank() == 0) out = {{at::empty({half}), at::empty({half})}};
+  for (auto _ : state) g->gather(out, in)->wait();
+  state.counters["GiBps"] = benchmark::Counter(static_cast<double>(kStateBytes) * state.iterations() / kWorld,
+                                               benchmark::Counter::kIsRate, benchmark::Counter::kIs1024);
+}
+BENCHMARK(BM_RawGather)->Threads(kWorld)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+std::string bench_dir() {
+  static const std::string dir = [] {
+    char d[] = "/tmp/dtrain_ckpt_bench_XXXXXX";
+    TORCH_CHECK(::mkdtemp(d) != nullptr);
+    return std::string(d);
+  }();
+  return dir;
+}
+
+c10::IValue whole_state() {
+  static const c10::IValue v = [] {
+    // Both halves in one dict, as rank 0 has it after consolidation.
+    Dict sd = local_state(0, 1).toGenericDict();
+    return c10::IValue(sd);
+  }();
+  return v;
+}
+
+void BM_SaveSingleFile(benchmark::State& state) {
+  const std::string path = bench_dir() + "/single.pt";
+  for (auto _ : state) {
+    absl::Status s = save_state(path, whole_state());
+    if (!s.ok()) state.SkipWithError(std::string(s.message()).c_str());
+  }
+  state.SetBytesProcessed(state.iterations() * kStateBytes);
+}
+BENCHMARK(BM_SaveSingleFile)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+void BM_LoadSingleFile(benchmark::State& state) {
+  const std::string path = bench_dir() + "/single.pt";
+  if (!save_state(path, whole_state()).ok()) state.SkipWithError("save failed");
+  for (auto _ : state) {
+    auto v = load_state(path);
+    if (!v.ok()) state.SkipWithError(std::string(v.status().message()).c_str());
+  }
+  state.SetBytesProcessed(state.iterations() * kStateBytes);
+}
+BENCHMARK(BM_LoadSingleFile)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+void BM_SaveSharded(benchmark::State& state) {
+  comm::Group& g = rank_group(state.thread_index());
+  ShardedState mine;
+  for (int64_t i = g.rank(); i < kTensors; i += kWorld) {
+    ShardedState::Param p;
+    p.shape = {kPerTensor};
+    p.range = {0, kPerTensor};
+    p.entries.insert("exp_avg", at::randn({kPerTensor}));
+    p.entries.insert("exp_avg_sq", at::rand({kPerTensor}));
+    mine.params[i] = p;
+  }
+  const std::string dir = bench_dir();
+  for (auto _ : state) {
+    absl::Status s = save_sharded(g, dir, mine, "sorted_greedy");
+    if (!s.ok()) state.SkipWithError(std::string(s.message()).c_str());
+  }
+  state.SetBytesProcessed(state.iterations() * kStateBytes / kWorld);  // summed over the threads
+}
+BENCHMARK(BM_SaveSharded)->Threads(kWorld)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+void BM_PlainWrite(benchmark::State& state) {
+  std::vector<char> bytes(static_cast<size_t>(kStateBytes), 1);
+  const std::string path = bench_dir() + "/plain.bin";
+  for (auto _ : state) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    for (size_t off = 0; off < bytes.size();) {
+      const ssize_t n = ::write(fd, bytes.data() + off, std::min<size_t>(8 << 20, bytes.size() - off));
+      if (n <= 0) break;
+      off += static_cast<size_t>(n);
+    }
+    ::fsync(fd);
+    ::close(fd);
+  }
+  state.SetBytesProcessed(state.iterations() * kStateBytes);
+}
+BENCHMARK(BM_PlainWrite)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace dtrain::checkpoint
+
+BENCHMARK_MAIN();
