@@ -1,0 +1,340 @@
+#include "optim/zero_redundancy_optimizer.h"
+
+#include <iostream>
+#include <random>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "checkpoint/consolidation.h"
+#include "comm/object_collectives.h"
+#include "optim/torch_state.h"
+
+namespace dtrain::optim {
+namespace {
+
+std::string type_name(const at::Tensor& t) {
+  if (t.is_sparse()) return "sparse " + std::string(c10::toString(t.scalar_type())) + " tensor";
+  return absl::StrCat(c10::toString(t.scalar_type()), " ", t.device().str(), " tensor");
+}
+
+// PyTorch-format state of any local optimizer (local parameter indices).
+c10::IValue local_state_dict(torch::optim::Optimizer& local) {
+  if (auto* adapter = dynamic_cast<FunctionalOptimizerAdapter*>(&local)) return adapter->state_dict();
+  return torch_optim_state_dict(local);
+}
+
+void load_local_state_dict(torch::optim::Optimizer& local, const c10::IValue& sd) {
+  if (auto* adapter = dynamic_cast<FunctionalOptimizerAdapter*>(&local)) {
+    adapter->load_state_dict(sd);
+  } else {
+    load_torch_optim_state_dict(local, sd);
+  }
+}
+
+}  // namespace
+
+ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+                                                 LocalOptimizer local, ZeroOptions options)
+    : torch::optim::Optimizer(std::vector<torch::optim::OptimizerParamGroup>{},
+                              local.defaults ? local.defaults->clone() : nullptr),
+      local_factory_(std::move(local)),
+      options_(std::move(options)) {
+  init(std::move(param_groups));
+}
+
+ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<at::Tensor> params, LocalOptimizer local,
+                                                 ZeroOptions options)
+    : ZeroRedundancyOptimizer(std::vector<torch::optim::OptimizerParamGroup>{
+                                  torch::optim::OptimizerParamGroup(std::move(params))},
+                              std::move(local), std::move(options)) {}
+
+ZeroRedundancyOptimizer::~ZeroRedundancyOptimizer() = default;
+
+void ZeroRedundancyOptimizer::init(std::vector<torch::optim::OptimizerParamGroup> param_groups) {
+  TORCH_CHECK(local_factory_.make != nullptr && defaults_ != nullptr,
+              "ZeroRedundancyOptimizer needs a local optimizer: pass local_optimizer<torch::optim::Adam>(options) "
+              "or local_optimizer<FunctionalOptimizerAdapter>(name, options)");
+  TORCH_CHECK(options_.group.is_member(),
+              "ZeroRedundancyOptimizer: ZeroOptions::group is not set or this rank is not a member of it");
+  size_t total = 0;
+  for (const auto& g : param_groups) total += g.params().size();
+  TORCH_CHECK(total > 0, "ZeroRedundancyOptimizer got an empty parameter list");
+  for (const auto& g : param_groups) torch::optim::Optimizer::add_param_group(g);
+  validate_params();
+  if (!options_.params_per_rank.empty()) {
+    TORCH_CHECK(param_groups_.size() == 1, "Specifying `params_per_rank` only supports a single parameter group");
+  }
+  // One name per instance for control-plane keys, agreed by all ranks (also checks they all came).
+  c10::IValue id{std::string()};
+  if (rank() == 0) id = absl::StrFormat("zero/%08x%08x", std::random_device{}(), std::random_device{}());
+  absl::Status s = comm::broadcast_object(options_.group, id, 0);
+  TORCH_CHECK(s.ok(), "ZeroRedundancyOptimizer construction is a collective: ", s.ToString());
+  store_prefix_ = id.toStringRef();
+  partition_parameters();
+  build_local_optimizer();
+  trainable_ = trainable_mask();
+  build_buckets();
+}
+
+void ZeroRedundancyOptimizer::validate_params() const {
+  const at::Tensor* first = nullptr;
+  for (const auto& g : param_groups_) {
+    for (const auto& p : g.params()) {
+      TORCH_CHECK(p.defined(), "ZeroRedundancyOptimizer got an undefined parameter");
+      if (first == nullptr) {
+        TORCH_CHECK(!p.is_sparse(), "ZeroRedundancyOptimizer only supports using the same dense type for all "
+                    "parameters but got ", type_name(p));
+        first = &p;
+        continue;
+      }
+      TORCH_CHECK(!p.is_sparse() && p.scalar_type() == first->scalar_type() && p.device() == first->device(),
+                  "ZeroRedundancyOptimizer only supports using the same dense type for all parameters but got both ",
+                  type_name(*first), " and ", type_name(p));
+    }
+  }
+}
+
+void ZeroRedundancyOptimizer::partition_parameters() {
+  all_params_.clear();
+  group_sizes_.clear();
+  for (const auto& g : param_groups_) {
+    group_sizes_.emplace_back();
+    for (const auto& p : g.params()) {
+      all_params_.push_back(p);
+      group_sizes_.back().push_back(p.numel());
+    }
+  }
+  absl::StatusOr<partition::ParamPartition> p =
+      options_.params_per_rank.empty()
+          ? partition::sorted_greedy_partition(group_sizes_, world_size())
+          : partition::manual_partition(group_sizes_, options_.params_per_rank, world_size());
+  TORCH_CHECK(p.ok(), "ZeroRedundancyOptimizer: ", p.status().message());
+  partition_ = *std::move(p);
+  local_to_global_.clear();
+  for (const auto& g : partition_.params_per_rank[rank()]) {
+    local_to_global_.insert(local_to_global_.end(), g.begin(), g.end());
+  }
+}
+
+void ZeroRedundancyOptimizer::build_local_optimizer() {
+  std::vector<torch::optim::OptimizerParamGroup> local_groups;
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    std::vector<at::Tensor> params;
+    for (int64_t i : partition_.params_per_rank[rank()][g]) params.push_back(all_params_[i]);
+    local_groups.emplace_back(params, param_groups_[g].options().clone());
+  }
+  local_ = local_factory_.make(std::move(local_groups));
+}
+
+std::vector<bool> ZeroRedundancyOptimizer::trainable_mask() const {
+  std::vector<bool> mask;
+  for (const auto& p : all_params_) mask.push_back(p.requires_grad());
+  return mask;
+}
+
+void ZeroRedundancyOptimizer::build_buckets() {
+  if (!options_.parameters_as_bucket_view) return;
+  buckets_.assign(world_size(), at::Tensor());
+  for (int r = 0; r < world_size(); ++r) {
+    int64_t size = 0;
+    std::vector<int64_t> members;
+    for (const auto& g : partition_.params_per_rank[r]) {
+      for (int64_t i : g) {
+        at::Tensor& p = all_params_[i];
+        if (!p.requires_grad()) {
+          // Leave the bucket: its own storage, so rebuilding does not destroy its values.
+          p.set_data(p.detach().clone());
+          continue;
+        }
+        members.push_back(i);
+        size += p.numel();
+      }
+    }
+    const at::TensorOptions opts = all_params_[0].options();
+    at::Tensor bucket = at::empty({std::max<int64_t>(size, 1)}, opts);
+    int64_t offset = 0;
+    for (int64_t i : members) {
+      at::Tensor& p = all_params_[i];
+      at::Tensor view = bucket.narrow(0, offset, p.numel()).view(p.sizes());
+      view.copy_(p.detach());
+      p.set_data(view);
+      offset += p.numel();
+    }
+    buckets_[r] = bucket;
+  }
+}
+
+void ZeroRedundancyOptimizer::sync_options(bool to_local) {
+  auto& local_groups = local_->param_groups();
+  TORCH_CHECK(local_groups.size() == param_groups_.size(), "ZeroRedundancyOptimizer: the local optimizer has ",
+              local_groups.size(), " groups, the wrapper ", param_groups_.size());
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    if (to_local) {
+      local_groups[g].set_options(param_groups_[g].options().clone());
+    } else {
+      param_groups_[g].set_options(local_groups[g].options().clone());
+    }
+  }
+}
+
+void ZeroRedundancyOptimizer::check_add_param_group_agreement(bool calling) {
+  c10d::Store& store = *options_.group.store();
+  const std::string key = absl::StrCat(store_prefix_, "/add_param_group/", add_param_group_calls_);
+  const std::string how = absl::StrCat("add_param_group must be called on all ranks: ");
+  if (!calling) {
+    // At step: has another rank started an add_param_group this rank never made?
+    TORCH_CHECK(!store.check({key}), how, "another rank called it (call #", add_param_group_calls_ + 1,
+                ") but rank ", rank(), " went on to step()");
+    return;
+  }
+  const int64_t arrived = store.add(key, 1);
+  if (arrived == world_size()) store.set(key + "/all", std::vector<uint8_t>{1});
+  try {
+    store.wait({key + "/all"}, options_.group.timeout());
+  } catch (const std::exception&) {
+    const int64_t now = store.add(key, 0);
+    TORCH_CHECK(false, how, "only ", now, " of ", world_size(), " ranks called it (call #", add_param_group_calls_ + 1,
+                ") within the group timeout of ", options_.group.timeout().count(), " ms");
+  }
+  ++add_param_group_calls_;
+}
+
+void ZeroRedundancyOptimizer::add_param_group(const torch::optim::OptimizerParamGroup& param_group) {
+  check_add_param_group_agreement(/*calling=*/true);
+  TORCH_CHECK(options_.params_per_rank.empty(),
+              "add_param_group: this ZeroRedundancyOptimizer uses a manual params_per_rank, which supports a single "
+              "parameter group");
+  torch::optim::Optimizer::add_param_group(param_group);
+  validate_params();
+  // Sorted-greedy is deterministic and carries loads group to group: earlier groups keep their
+  // owners, only the new group's parameters are placed.
+  partition_parameters();
+  std::vector<at::Tensor> mine;
+  for (int64_t i : partition_.params_per_rank[rank()].back()) mine.push_back(all_params_[i]);
+  local_->add_param_group(torch::optim::OptimizerParamGroup(mine, param_groups_.back().options().clone()));
+  trainable_ = trainable_mask();
+  build_buckets();
+  consolidated_ = c10::IValue();
+}
+
+void ZeroRedundancyOptimizer::sync_params() {
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  c10d::ProcessGroup& pg = *options_.group.pg();
+  for (int r = 0; r < world_size(); ++r) {
+    c10d::BroadcastOptions bo;
+    bo.rootRank = r;
+    if (options_.parameters_as_bucket_view) {
+      std::vector<at::Tensor> t = {buckets_[r]};
+      works.push_back(pg.broadcast(t, bo));
+      continue;
+    }
+    for (const auto& g : partition_.params_per_rank[r]) {
+      for (int64_t i : g) {
+        std::vector<at::Tensor> t = {all_params_[i].detach()};
+        works.push_back(pg.broadcast(t, bo));
+      }
+    }
+  }
+  for (auto& w : works) w->wait();
+}
+
+at::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
+  check_add_param_group_agreement(/*calling=*/false);
+  std::vector<bool> mask = trainable_mask();
+  if (mask != trainable_) {
+    std::cerr << "ZeroRedundancyOptimizer detected that the trainable parameters changed; rebuilding the parameter "
+                 "buckets if enabled\n";
+    trainable_ = std::move(mask);
+    build_buckets();
+  }
+  sync_options(/*to_local=*/true);
+  at::Tensor loss = local_->step(std::move(closure));
+  sync_options(/*to_local=*/false);
+  at::NoGradGuard no_grad;
+  sync_params();
+  consolidated_ = c10::IValue();
+  return loss;
+}
+
+c10::IValue ZeroRedundancyOptimizer::local_state_global_indices() {
+  sync_options(/*to_local=*/true);
+  auto sd = local_state_dict(*local_).toGenericDict();
+  c10::impl::GenericDict state(c10::IntType::get(), c10::AnyType::get());
+  for (const auto& kv : sd.at("state").toGenericDict()) {
+    state.insert(local_to_global_.at(static_cast<size_t>(kv.key().toInt())), kv.value());
+  }
+  c10::impl::GenericList groups(c10::AnyType::get());
+  const auto local_groups = sd.at("param_groups").toList();
+  for (size_t g = 0; g < local_groups.size(); ++g) {
+    auto group = local_groups.get(g).toGenericDict().copy();
+    group.insert_or_assign("params", c10::List<int64_t>(partition_.params_per_rank[rank()][g]));
+    groups.push_back(group);
+  }
+  c10::impl::GenericDict out(c10::StringType::get(), c10::AnyType::get());
+  out.insert("state", state);
+  out.insert("param_groups", groups);
+  return out;
+}
+
+void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
+  absl::StatusOr<c10::IValue> full =
+      checkpoint::consolidate_state_dict(options_.group, local_state_global_indices(), to);
+  TORCH_CHECK(full.ok(), "consolidate_state_dict: ", full.status().ToString());
+  consolidated_ = *full;
+}
+
+c10::IValue ZeroRedundancyOptimizer::state_dict() const {
+  TORCH_CHECK(!consolidated_.isNone(),
+              "Optimizer state has not been consolidated on this rank. Please call `consolidate_state_dict(to=",
+              rank(), ")` on all ranks beforehand if you meant to save the global state.");
+  return consolidated_;
+}
+
+void ZeroRedundancyOptimizer::load_state_dict(const c10::IValue& state_dict) {
+  TORCH_CHECK(state_dict.isGenericDict(), "load_state_dict: expected a dict");
+  auto sd = state_dict.toGenericDict();
+  auto groups = sd.at("param_groups").toList();
+  TORCH_CHECK(groups.size() == param_groups_.size(), "load_state_dict: the state dict has ", groups.size(),
+              " parameter groups, this optimizer has ", param_groups_.size());
+  auto state = sd.at("state").toGenericDict();
+  // The global format does not depend on the partition: pick this rank's parameters by index.
+  c10::impl::GenericDict local_state(c10::IntType::get(), c10::AnyType::get());
+  for (size_t l = 0; l < local_to_global_.size(); ++l) {
+    const c10::IValue key(local_to_global_[l]);
+    if (state.contains(key)) local_state.insert(static_cast<int64_t>(l), state.at(key));
+  }
+  c10::impl::GenericList local_groups(c10::AnyType::get());
+  int64_t next = 0;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    auto group = groups.get(g).toGenericDict().copy();
+    TORCH_CHECK(group.at("params").toList().size() == param_groups_[g].params().size(), "load_state_dict: group ", g,
+                " has ", group.at("params").toList().size(), " parameters in the state dict and ",
+                param_groups_[g].params().size(), " here");
+    std::vector<int64_t> local_indices;
+    for (size_t k = 0; k < partition_.params_per_rank[rank()][g].size(); ++k) local_indices.push_back(next++);
+    group.insert_or_assign("params", c10::List<int64_t>(local_indices));
+    local_groups.push_back(group);
+  }
+  c10::impl::GenericDict local_sd(c10::StringType::get(), c10::AnyType::get());
+  local_sd.insert("state", local_state);
+  local_sd.insert("param_groups", local_groups);
+  load_local_state_dict(*local_, local_sd);
+  sync_options(/*to_local=*/false);
+  consolidated_ = c10::IValue();
+}
+
+int64_t ZeroRedundancyOptimizer::local_state_bytes() {
+  int64_t bytes = 0;
+  auto sd = local_state_dict(*local_).toGenericDict();
+  for (const auto& kv : sd.at("state").toGenericDict()) {
+    for (const auto& e : kv.value().toGenericDict()) {
+      if (e.value().isTensor()) bytes += static_cast<int64_t>(e.value().toTensor().nbytes());
+    }
+  }
+  return bytes;
+}
+
+}  // namespace dtrain::optim

@@ -1,0 +1,145 @@
+// ZeroRedundancyOptimizer: PyTorch's ZeRO stage 1 for LibTorch. Wraps a local optimizer and
+// shards optimizer state across the ranks of a group: each rank's local optimizer holds only the
+// parameters it owns (PyTorch's sorted-greedy partition), steps them, and the updated
+// parameters are then broadcast from their owners. It is itself a torch::optim::Optimizer.
+//
+//   dtrain::optim::ZeroOptions zero_options;
+//   zero_options.group = world;                             // a comm::Group
+//   zero_options.parameters_as_bucket_view = true;
+//   dtrain::optim::ZeroRedundancyOptimizer opt(
+//       model->parameters(),
+//       dtrain::optim::local_optimizer<dtrain::optim::FunctionalOptimizerAdapter>("Adam", adam_options),
+//       zero_options);
+//   ... loss.backward(); (gradients averaged by DDP) ...
+//   opt.step();                                             // local step + parameter sync
+//   opt.consolidate_state_dict(/*to=*/0);                   // collective
+//   if (rank == 0) save(opt.state_dict());                  // global, PyTorch's format
+//
+// Collectives: the constructor, step(), add_param_group() and consolidate_state_dict() must be
+// called by every rank of the group, in the same order. Not thread-safe (as torch::optim).
+#ifndef DTRAIN_OPTIM_ZERO_REDUNDANCY_OPTIMIZER_H_
+#define DTRAIN_OPTIM_ZERO_REDUNDANCY_OPTIMIZER_H_
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <torch/optim/optimizer.h>
+
+#include "comm/process_group.h"
+#include "optim/functional_adapter.h"
+#include "partition/sorted_greedy.h"
+
+namespace dtrain::optim {
+
+// Builds this rank's local optimizer over its parameter groups; `defaults` are the options of
+// groups that bring none (and the wrapper's defaults).
+struct LocalOptimizer {
+  std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::optim::OptimizerParamGroup>)> make;
+  std::unique_ptr<torch::optim::OptimizerOptions> defaults;
+};
+
+// A LibTorch optimizer type as the local optimizer: local_optimizer<torch::optim::Adam>(AdamOptions(1e-3)).
+template <typename OptimizerT, typename OptionsT>
+LocalOptimizer local_optimizer(OptionsT defaults) {
+  LocalOptimizer l;
+  l.defaults = std::make_unique<OptionsT>(defaults);
+  l.make = [defaults](std::vector<torch::optim::OptimizerParamGroup> groups) {
+    return std::unique_ptr<torch::optim::Optimizer>(std::make_unique<OptimizerT>(std::move(groups), defaults));
+  };
+  return l;
+}
+
+// A functional optimizer (built-in or registered) as the local optimizer, through the adapter:
+// local_optimizer<FunctionalOptimizerAdapter>("Adam", options_dict).
+template <typename Adapter>
+LocalOptimizer local_optimizer(const std::string& name, const OptionsDict& defaults) {
+  LocalOptimizer l;
+  l.defaults = std::make_unique<DictOptions>(defaults.copy());
+  l.make = [name, defaults](std::vector<torch::optim::OptimizerParamGroup> groups) {
+    return std::unique_ptr<torch::optim::Optimizer>(std::make_unique<Adapter>(std::move(groups), name, defaults.copy()));
+  };
+  return l;
+}
+
+struct ZeroOptions {
+  // The ranks that share the state. Required (PyTorch defaults to the world group: pass it).
+  comm::Group group;
+  // Parameters of each rank live in one contiguous bucket (their .data() become views into it),
+  // synchronised with one broadcast per rank instead of one per parameter.
+  bool parameters_as_bucket_view = false;
+  // Manual partition (PyTorch's params_per_rank): global parameter indices per rank, one
+  // parameter group only. Empty: sorted-greedy.
+  std::vector<std::vector<int64_t>> params_per_rank;
+};
+
+class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
+ public:
+  // Collective. Errors (c10::Error, PyTorch's wording): empty parameter list; sparse or mixed
+  // dtype parameters ("only supports using the same dense type for all parameters"); an invalid
+  // manual partition; a group that is not a member.
+  ZeroRedundancyOptimizer(std::vector<torch::optim::OptimizerParamGroup> param_groups, LocalOptimizer local,
+                          ZeroOptions options);
+  ZeroRedundancyOptimizer(std::vector<at::Tensor> params, LocalOptimizer local, ZeroOptions options);
+  ~ZeroRedundancyOptimizer() override;
+
+  // Collective: this rank's local step (closure evaluated there), then every parameter is
+  // synchronised from its owner (broadcasts issued asynchronously, waited once). Returns the
+  // closure's loss.
+  at::Tensor step(LossClosure closure = nullptr) override;
+
+  // Collective: adds a group on every rank, partitions its parameters and rebuilds the buckets.
+  // A call on only some ranks fails on every rank within the group's timeout (the callers here,
+  // the others at their next step) with "add_param_group must be called on all ranks".
+  // Note: torch::optim::Optimizer::add_param_group is not virtual; call this one on the ZeRO type.
+  void add_param_group(const torch::optim::OptimizerParamGroup& param_group);
+
+  // Collective: gathers every rank's shard of the optimizer state onto rank `to` of the group.
+  void consolidate_state_dict(int to = 0);
+  // On the rank that received consolidate_state_dict: the global state in PyTorch's optimizer
+  // format (global parameter indices), as the unsharded local optimizer would return it.
+  // Elsewhere, or without consolidation, a clear error.
+  c10::IValue state_dict() const;
+  // Loads this rank's part of a global state dict (from state_dict() here, from an unsharded
+  // optimizer, or saved at another world size) into the local optimizer, and the groups' options.
+  void load_state_dict(const c10::IValue& state_dict);
+
+  // Introspection.
+  const partition::ParamPartition& partition() const { return partition_; }
+  torch::optim::Optimizer& local_optimizer() { return *local_; }
+  int rank() const { return options_.group.rank(); }
+  int world_size() const { return options_.group.size(); }
+  // Bytes of tensors in this rank's optimizer state (what sharding divides by the world size).
+  int64_t local_state_bytes();
+
+ private:
+  void init(std::vector<torch::optim::OptimizerParamGroup> param_groups);
+  void validate_params() const;
+  void partition_parameters();
+  void build_local_optimizer();
+  void build_buckets();
+  std::vector<bool> trainable_mask() const;
+  void sync_options(bool to_local);
+  void check_add_param_group_agreement(bool calling);
+  c10::IValue local_state_global_indices();
+  void sync_params();
+
+  LocalOptimizer local_factory_;
+  ZeroOptions options_;
+  std::unique_ptr<torch::optim::Optimizer> local_;
+  std::vector<at::Tensor> all_params_;           // global order: groups concatenated
+  std::vector<std::vector<int64_t>> group_sizes_;  // numel per param, per group
+  partition::ParamPartition partition_;
+  std::vector<int64_t> local_to_global_;         // this rank's local order -> global index
+  std::vector<at::Tensor> buckets_;              // per rank, with parameters_as_bucket_view
+  std::vector<bool> trainable_;
+  c10::IValue consolidated_;
+  std::string store_prefix_;
+  int64_t add_param_group_calls_ = 0;
+};
+
+}  // namespace dtrain::optim
+
+#endif  // DTRAIN_OPTIM_ZERO_REDUNDANCY_OPTIMIZER_H_

@@ -1,0 +1,376 @@
+#include "optim/zero_redundancy_optimizer.h"
+
+#include <ATen/ATen.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include "comm/coalesced.h"
+#include "comm/test_harness.h"
+#include "optim/torch_state.h"
+
+namespace dtrain::optim {
+namespace {
+
+using ::testing::HasSubstr;
+using comm::testing::run_ranks_as_threads;
+
+// Deterministic data without the global generator (rank threads would race on it).
+std::vector<at::Tensor> make_params(const std::vector<int64_t>& sizes) {
+  std::vector<at::Tensor> out;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    out.push_back(at::cos(at::arange(sizes[i], at::kFloat) * 0.37 + static_cast<double>(i)).requires_grad_());
+  }
+  return out;
+}
+at::Tensor grad_for(const at::Tensor& p, int rank, int step, size_t i) {
+  return at::sin(at::arange(p.numel(), at::kFloat) * (0.1 + 0.05 * rank) + step + 0.3 * i).view(p.sizes());
+}
+
+// Each rank has its own gradients; DDP would average them: do that here.
+void set_averaged_grads(comm::Group& g, std::vector<at::Tensor>& params, int step) {
+  std::vector<at::Tensor> grads;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!params[i].requires_grad()) {
+      params[i].mutable_grad() = at::Tensor();
+      continue;
+    }
+    grads.push_back(grad_for(params[i], g.rank(), step, i));
+  }
+  comm::all_reduce_coalesced(g, grads).wait();
+  size_t k = 0;
+  for (auto& p : params) {
+    if (p.requires_grad()) p.mutable_grad() = grads[k++].div_(g.size());
+  }
+}
+
+std::vector<at::Tensor> clone_params(const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> out;
+  for (const auto& p : params) out.push_back(p.detach().clone().requires_grad_());
+  return out;
+}
+
+ZeroOptions zero_options(comm::Group& g, bool bucket_view) {
+  ZeroOptions o;
+  o.group = g;
+  o.parameters_as_bucket_view = bucket_view;
+  return o;
+}
+
+const std::vector<int64_t> kSizes = {9, 7, 5, 3, 40, 12, 1};
+
+// ZeRO and the unsharded optimizer, fed the same averaged gradients, stay equal; half way a
+// parameter is frozen (trainability change, buckets rebuilt).
+template <typename Make>
+void parity(int world, bool bucket_view, Make make) {
+  run_ranks_as_threads(world, [&](comm::Group& g) {
+    std::vector<at::Tensor> zp = make_params(kSizes);
+    std::vector<at::Tensor> rp = clone_params(zp);
+    auto [zero_local, reference] = make(rp);
+    ZeroRedundancyOptimizer zero(zp, std::move(zero_local), zero_options(g, bucket_view));
+    for (int step = 0; step < 10; ++step) {
+      if (step == 5) {
+        zp[2].requires_grad_(false);
+        rp[2].requires_grad_(false);
+      }
+      set_averaged_grads(g, zp, step);
+      set_averaged_grads(g, rp, step);
+      zero.step();
+      reference->step();
+      for (size_t i = 0; i < zp.size(); ++i) {
+        ASSERT_TRUE(zp[i].allclose(rp[i], 1e-6, 1e-7)) << "step " << step << " param " << i;
+      }
+    }
+    // Sharded state: this rank holds only its parameters' state.
+    EXPECT_EQ(zero.local_optimizer().param_groups()[0].params().size(),
+              zero.partition().params_per_rank[g.rank()][0].size());
+  });
+}
+
+TEST(ZeroRedundancyOptimizerTest, MatchesUnshardedSGDAdamAdamW) {
+  for (bool bucket_view : {false, true}) {
+    SCOPED_TRACE(bucket_view ? "bucket view" : "per parameter");
+    parity(2, bucket_view, [](std::vector<at::Tensor>& ref) {
+      return std::make_pair(local_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(0.1).momentum(0.9)),
+                            std::make_unique<torch::optim::SGD>(ref, torch::optim::SGDOptions(0.1).momentum(0.9)));
+    });
+    parity(3, bucket_view, [](std::vector<at::Tensor>& ref) {
+      return std::make_pair(local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)),
+                            std::make_unique<torch::optim::Adam>(ref, torch::optim::AdamOptions(0.01)));
+    });
+    parity(2, bucket_view, [](std::vector<at::Tensor>& ref) {
+      return std::make_pair(local_optimizer<torch::optim::AdamW>(torch::optim::AdamWOptions(0.01)),
+                            std::make_unique<torch::optim::AdamW>(ref, torch::optim::AdamWOptions(0.01)));
+    });
+  }
+}
+
+TEST(ZeroRedundancyOptimizerTest, FunctionalLocalOptimizerThroughTheAdapter) {
+  parity(2, true, [](std::vector<at::Tensor>& ref) {
+    OptionsDict o = new_options_dict();
+    o.insert("lr", 0.01);
+    return std::make_pair(local_optimizer<FunctionalOptimizerAdapter>("Adam", o),
+                          std::make_unique<torch::optim::Adam>(ref, torch::optim::AdamOptions(0.01)));
+  });
+}
+
+TEST(ZeroRedundancyOptimizerTest, StepWithClosureAndLrScheduler) {
+  run_ranks_as_threads(2, [](comm::Group& g) {
+    std::vector<at::Tensor> p = make_params({4, 4});
+    ZeroRedundancyOptimizer zero(p, local_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(1.0)), zero_options(g, false));
+    at::Tensor loss = zero.step([&] {
+      zero.zero_grad();
+      at::Tensor l = (p[0] * p[0]).sum() + p[1].sum();
+      l.backward();
+      return l;
+    });
+    EXPECT_TRUE(loss.defined());
+    // A scheduler changes the wrapper's lr: the shard's optimizer follows.
+    zero.param_groups()[0].options().set_lr(0.25);
+    set_averaged_grads(g, p, 0);
+    zero.step();
+    EXPECT_DOUBLE_EQ(zero.local_optimizer().param_groups()[0].options().get_lr(), 0.25);
+    EXPECT_DOUBLE_EQ(zero.param_groups()[0].options().get_lr(), 0.25);
+  });
+}
+
+TEST(ZeroRedundancyOptimizerTest, ShardingBalanceAndAddParamGroup) {
+  for (int world : {2, 3, 4}) {
+    run_ranks_as_threads(world, [world](comm::Group& g) {
+      std::vector<int64_t> sizes;
+      for (int i = 0; i < world; ++i) sizes.insert(sizes.end(), {9, 7, 5, 3});
+      std::vector<at::Tensor> p = make_params(sizes);
+      ZeroRedundancyOptimizer zero(p, local_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(0.1)), zero_options(g, true));
+      for (int r = 0; r < world; ++r) EXPECT_EQ(zero.partition().numel_per_rank[r], 24);
+      // A second group, with one large frozen parameter among them: still balanced.
+      std::vector<at::Tensor> more = make_params(sizes);
+      more.push_back(at::zeros({48 * world}));  // frozen (no requires_grad)
+      zero.add_param_group(torch::optim::OptimizerParamGroup(more));
+      const int64_t total = 48 * world + 48 * world;
+      for (int r = 0; r < world; ++r) EXPECT_LE(zero.partition().numel_per_rank[r], total / world + 48 * world);
+      EXPECT_EQ(zero.param_groups().size(), 2u);
+      set_averaged_grads(g, p, 0);
+      set_averaged_grads(g, more, 0);
+      zero.step();
+    });
+  }
+}
+
+TEST(ZeroRedundancyOptimizerTest, GroupsAtConstructionEqualGroupsAddedLaterEqualPlainAdamW) {
+  run_ranks_as_threads(2, [](comm::Group& g) {
+    std::vector<at::Tensor> a = make_params(kSizes), b = clone_params(a), c = clone_params(a);
+    auto split = [](std::vector<at::Tensor>& v, size_t k, double lr) {
+      std::vector<torch::optim::OptimizerParamGroup> groups;
+      groups.emplace_back(std::vector<at::Tensor>(v.begin(), v.begin() + k));
+      groups.emplace_back(std::vector<at::Tensor>(v.begin() + k, v.end()),
+                          std::make_unique<torch::optim::AdamWOptions>(lr));
+      return groups;
+    };
+    ZeroRedundancyOptimizer zero_a(split(a, 3, 0.05), local_optimizer<torch::optim::AdamW>(torch::optim::AdamWOptions(0.01)),
+                                   zero_options(g, false));
+    ZeroRedundancyOptimizer zero_b(std::vector<at::Tensor>(b.begin(), b.begin() + 3),
+                                   local_optimizer<torch::optim::AdamW>(torch::optim::AdamWOptions(0.01)), zero_options(g, true));
+    zero_b.add_param_group(torch::optim::OptimizerParamGroup(std::vector<at::Tensor>(b.begin() + 3, b.end()),
+                                                             std::make_unique<torch::optim::AdamWOptions>(0.05)));
+    torch::optim::AdamW plain(split(c, 3, 0.05), torch::optim::AdamWOptions(0.01));
+    for (int step = 0; step < 5; ++step) {
+      set_averaged_grads(g, a, step);
+      set_averaged_grads(g, b, step);
+      set_averaged_grads(g, c, step);
+      zero_a.step();
+      zero_b.step();
+      plain.step();
+    }
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_TRUE(a[i].allclose(c[i], 1e-6, 1e-7)) << i;
+      EXPECT_TRUE(b[i].allclose(c[i], 1e-6, 1e-7)) << i;
+    }
+  });
+}
+
+// Trains a few steps; returns the unsharded reference's state for comparison.
+TEST(ZeroRedundancyOptimizerTest, ConsolidateEqualsUnshardedAndLoadsOnEveryRank) {
+  run_ranks_as_threads(3, [](comm::Group& g) {
+    std::vector<at::Tensor> zp = make_params(kSizes), rp = clone_params(zp);
+    ZeroRedundancyOptimizer zero(zp, local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)), zero_options(g, false));
+    torch::optim::Adam reference(rp, torch::optim::AdamOptions(0.01));
+    try {
+      zero.state_dict();
+      ADD_FAILURE() << "state_dict before consolidation must fail";
+    } catch (const c10::Error& e) {
+      EXPECT_THAT(e.what_without_backtrace(), HasSubstr("has not been consolidated on this rank"));
+    }
+    for (int step = 0; step < 4; ++step) {
+      set_averaged_grads(g, zp, step);
+      set_averaged_grads(g, rp, step);
+      zero.step();
+      reference.step();
+    }
+    auto want = torch_optim_state_dict(reference).toGenericDict().at("state").toGenericDict();
+    for (int to = 0; to < g.size(); ++to) {
+      zero.consolidate_state_dict(to);
+      if (g.rank() != to) continue;
+      auto got = zero.state_dict().toGenericDict();
+      auto state = got.at("state").toGenericDict();
+      ASSERT_EQ(state.size(), want.size());
+      for (const auto& kv : want) {
+        auto w = kv.value().toGenericDict();
+        auto s = state.at(kv.key()).toGenericDict();
+        for (const auto& e : w) {
+          if (e.value().isTensor()) {
+            EXPECT_TRUE(s.at(e.key()).toTensor().allclose(e.value().toTensor(), 1e-6, 1e-8)) << kv.key().toInt();
+          }
+        }
+      }
+      EXPECT_EQ(got.at("param_groups").toList().get(0).toGenericDict().at("params").toIntVector().size(), kSizes.size());
+    }
+    // Every rank loads the global state (here: the unsharded reference's) and continues in step.
+    ZeroRedundancyOptimizer fresh(zp, local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.5)), zero_options(g, true));
+    fresh.load_state_dict(torch_optim_state_dict(reference));
+    EXPECT_DOUBLE_EQ(fresh.param_groups()[0].options().get_lr(), 0.01);
+    for (int step = 4; step < 7; ++step) {
+      set_averaged_grads(g, zp, step);
+      set_averaged_grads(g, rp, step);
+      fresh.step();
+      reference.step();
+    }
+    for (size_t i = 0; i < zp.size(); ++i) EXPECT_TRUE(zp[i].allclose(rp[i], 1e-6, 1e-7)) << i;
+  });
+}
+
+TEST(ZeroRedundancyOptimizerTest, LoadsStateSavedAtAnotherWorldSize) {
+  // World 2 trains and consolidates; world 3 loads it; both continue like one unsharded Adam.
+  c10::IValue saved;
+  std::vector<at::Tensor> after_save;
+  run_ranks_as_threads(2, [&](comm::Group& g) {
+    std::vector<at::Tensor> zp = make_params(kSizes);
+    ZeroRedundancyOptimizer zero(zp, local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)), zero_options(g, true));
+    for (int step = 0; step < 4; ++step) {
+      set_averaged_grads(g, zp, step);
+      zero.step();
+    }
+    zero.consolidate_state_dict(0);
+    if (g.rank() == 0) {
+      saved = zero.state_dict();
+      for (const auto& p : zp) after_save.push_back(p.detach().clone());
+    }
+  });
+  // The unsharded continuation, with the gradients world 3 will average.
+  std::vector<at::Tensor> rp = clone_params(after_save);
+  torch::optim::Adam reference(rp, torch::optim::AdamOptions(0.01));
+  load_torch_optim_state_dict(reference, saved);
+  for (int step = 4; step < 7; ++step) {
+    for (size_t i = 0; i < rp.size(); ++i) {
+      at::Tensor sum = at::zeros_like(rp[i]);
+      for (int r = 0; r < 3; ++r) sum += grad_for(rp[i], r, step, i);
+      rp[i].mutable_grad() = sum / 3;
+    }
+    reference.step();
+  }
+  run_ranks_as_threads(3, [&](comm::Group& g) {
+    std::vector<at::Tensor> zp = clone_params(after_save);
+    ZeroRedundancyOptimizer zero(zp, local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)), zero_options(g, false));
+    zero.load_state_dict(saved);
+    for (int step = 4; step < 7; ++step) {
+      set_averaged_grads(g, zp, step);
+      zero.step();
+    }
+    for (size_t i = 0; i < zp.size(); ++i) EXPECT_TRUE(zp[i].allclose(rp[i], 1e-5, 1e-6)) << i;
+  });
+}
+
+TEST(ZeroRedundancyOptimizerTest, NonDefaultSubgroup) {
+  run_ranks_as_threads(4, [](comm::Group& world) {
+    auto sub = comm::new_subgroups(world, 2);
+    ASSERT_TRUE(sub.ok());
+    std::vector<at::Tensor> zp = make_params(kSizes), rp = clone_params(zp);
+    ZeroRedundancyOptimizer zero(zp, local_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(0.1)),
+                                 zero_options(sub->mine, true));
+    torch::optim::SGD reference(rp, torch::optim::SGDOptions(0.1));
+    for (int step = 0; step < 3; ++step) {
+      set_averaged_grads(sub->mine, zp, step);
+      set_averaged_grads(sub->mine, rp, step);
+      zero.step();
+      reference.step();
+    }
+    for (size_t i = 0; i < zp.size(); ++i) EXPECT_TRUE(zp[i].allclose(rp[i])) << i;
+  });
+}
+
+void expect_error(const std::function<void()>& f, const std::string& message) {
+  try {
+    f();
+    ADD_FAILURE() << "expected: " << message;
+  } catch (const c10::Error& e) {
+    EXPECT_THAT(e.what_without_backtrace(), HasSubstr(message));
+  }
+}
+
+TEST(ZeroRedundancyOptimizerTest, ConstructorErrors) {
+  run_ranks_as_threads(2, [](comm::Group& g) {
+    auto sgd = [] { return local_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(0.1)); };
+    expect_error([&] { ZeroRedundancyOptimizer(std::vector<at::Tensor>{}, sgd(), zero_options(g, false)); },
+                 "ZeroRedundancyOptimizer got an empty parameter list");
+    expect_error([&] {
+      ZeroRedundancyOptimizer({at::zeros({2}).requires_grad_(), at::zeros({2}, at::kDouble).requires_grad_()}, sgd(),
+                              zero_options(g, false));
+    }, "only supports using the same dense type for all parameters but got both Float cpu tensor and Double cpu tensor");
+    expect_error([&] {
+      ZeroRedundancyOptimizer({at::zeros({2, 2}).to_sparse()}, sgd(), zero_options(g, false));
+    }, "only supports using the same dense type for all parameters but got sparse");
+    ZeroOptions manual = zero_options(g, false);
+    manual.params_per_rank = {{0}};
+    expect_error([&] { ZeroRedundancyOptimizer(make_params({2, 2}), sgd(), manual); },
+                 "`params_per_rank` must have length equal to the world size");
+    manual.params_per_rank = {{0}, {5}};
+    expect_error([&] { ZeroRedundancyOptimizer(make_params({2, 2}), sgd(), manual); },
+                 "Passing a new parameter in `params_per_rank`");
+    std::vector<torch::optim::OptimizerParamGroup> two;
+    two.emplace_back(make_params({2}));
+    two.emplace_back(make_params({2}));
+    manual.params_per_rank = {{0}, {1}};
+    expect_error([&] { ZeroRedundancyOptimizer(std::move(two), sgd(), manual); },
+                 "Specifying `params_per_rank` only supports a single parameter group");
+    // A valid manual partition is honoured.
+    ZeroRedundancyOptimizer ok(make_params({2, 3}), sgd(), manual);
+    EXPECT_EQ(ok.partition().owner, (std::vector<int>{0, 1}));
+  });
+}
+
+TEST(ZeroRedundancyOptimizerTest, AddParamGroupOnOneRankFailsEverywhere) {
+  comm::testing::HarnessOptions o;
+  o.timeout = std::chrono::seconds(3);
+  run_ranks_as_threads(2, [](comm::Group& g) {
+    std::vector<at::Tensor> p = make_params({4, 4});
+    ZeroRedundancyOptimizer zero(p, local_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(0.1)), zero_options(g, false));
+    if (g.rank() == 0) {
+      expect_error([&] { zero.add_param_group(torch::optim::OptimizerParamGroup(make_params({3}))); },
+                   "add_param_group must be called on all ranks: only 1 of 2 ranks called it");
+    } else {
+      // This rank never calls add_param_group (and does not step: see the next test).
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    }
+  }, o);
+}
+
+TEST(ZeroRedundancyOptimizerTest, StepAfterAnotherRanksAddParamGroupFails) {
+  comm::testing::HarnessOptions o;
+  o.timeout = std::chrono::seconds(3);
+  run_ranks_as_threads(2, [](comm::Group& g) {
+    std::vector<at::Tensor> p = make_params({4, 4});
+    ZeroRedundancyOptimizer zero(p, local_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(0.1)), zero_options(g, false));
+    if (g.rank() == 0) {
+      expect_error([&] { zero.add_param_group(torch::optim::OptimizerParamGroup(make_params({3}))); },
+                   "add_param_group must be called on all ranks");
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      for (auto& t : p) t.mutable_grad() = at::ones_like(t);
+      expect_error([&] { zero.step(); }, "add_param_group must be called on all ranks: another rank called it");
+    }
+  }, o);
+}
+
+}  // namespace
+}  // namespace dtrain::optim
