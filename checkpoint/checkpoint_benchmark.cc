@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <chrono>
 #include <cstdio>
 #include <mutex>
 
@@ -31,6 +32,12 @@ constexpr int64_t kPerTensor = int64_t{1} << 20;  // 20M parameters in all
 constexpr int64_t kStateBytes = int64_t{kTensors} * kPerTensor * 8;  // exp_avg + exp_avg_sq
 
 using Dict = c10::impl::GenericDict;
+
+// Wall milliseconds since `start`. Threaded rows report it per rank in an "ms" counter: the Time
+// column of a threaded benchmark divides by the iterations of both threads.
+double elapsed_ms(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+}
 
 comm::Group& rank_group(int rank) {
   static auto store = c10::make_intrusive<c10d::HashStore>();
@@ -75,10 +82,12 @@ c10::IValue local_state(int rank, int world) {
 void BM_Consolidate(benchmark::State& state) {
   comm::Group& g = rank_group(state.thread_index());
   const c10::IValue mine = local_state(g.rank(), kWorld);
+  const auto start = std::chrono::steady_clock::now();
   for (auto _ : state) {
     auto full = consolidate_state_dict(g, mine, 0);
     if (!full.ok()) state.SkipWithError(std::string(full.status().message()).c_str());
   }
+  state.counters["ms"] = elapsed_ms(start) / state.iterations() / kWorld;
   state.counters["state_MiB"] = static_cast<double>(kStateBytes) / (1 << 20) / kWorld;  // summed over 2 threads
   state.counters["GiBps"] = benchmark::Counter(static_cast<double>(kStateBytes) * state.iterations() / kWorld,
                                                benchmark::Counter::kIsRate, benchmark::Counter::kIs1024);
@@ -91,7 +100,9 @@ void BM_RawGather(benchmark::State& state) {
   std::vector<at::Tensor> in = {at::randn({half})};
   std::vector<std::vector<at::Tensor>> out;
   if (g.rank() == 0) out = {{at::empty({half}), at::empty({half})}};
+  const auto start = std::chrono::steady_clock::now();
   for (auto _ : state) g->gather(out, in)->wait();
+  state.counters["ms"] = elapsed_ms(start) / state.iterations() / kWorld;
   state.counters["GiBps"] = benchmark::Counter(static_cast<double>(kStateBytes) * state.iterations() / kWorld,
                                                benchmark::Counter::kIsRate, benchmark::Counter::kIs1024);
 }
@@ -148,10 +159,12 @@ void BM_SaveSharded(benchmark::State& state) {
     mine.params[i] = p;
   }
   const std::string dir = bench_dir();
+  const auto start = std::chrono::steady_clock::now();
   for (auto _ : state) {
     absl::Status s = save_sharded(g, dir, mine, "sorted_greedy");
     if (!s.ok()) state.SkipWithError(std::string(s.message()).c_str());
   }
+  state.counters["ms"] = elapsed_ms(start) / state.iterations() / kWorld;
   state.SetBytesProcessed(state.iterations() * kStateBytes / kWorld);  // summed over the threads
 }
 BENCHMARK(BM_SaveSharded)->Threads(kWorld)->UseRealTime()->Unit(benchmark::kMillisecond);

@@ -4,7 +4,10 @@
 //   size   allreduce/broadcast: the buffer; allgather: the gathered output; reduce_scatter: input
 //   algbw  size / time
 //   busbw  algbw * 2(n-1)/n (allreduce), 1 (broadcast), (n-1)/n (allgather, reduce_scatter)
+//   op_us  each rank's wall time per collective (read this, not the Time column, which for a
+//          threaded benchmark divides by the iterations of both threads)
 #include <array>
+#include <chrono>
 #include <mutex>
 
 #include <ATen/ATen.h>
@@ -79,8 +82,14 @@ void BM_Collective(benchmark::State& state) {
       return;
     }
   }
+  const auto start = std::chrono::steady_clock::now();
   for (auto _ : state) run();
+  const double op_us =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / state.iterations();
   const double per_thread = 1.0 / kWorld;  // counters are summed over the two rank threads
+  // Each rank's wall time per collective: the figure to read (the Time column of a threaded run
+  // divides by the iterations of both threads).
+  state.counters["op_us"] = per_thread * op_us;
   state.counters["algbw"] = benchmark::Counter(static_cast<double>(bytes) * state.iterations() * per_thread,
                                                benchmark::Counter::kIsRate, benchmark::Counter::kIs1024);
   state.counters["busbw"] = benchmark::Counter(
