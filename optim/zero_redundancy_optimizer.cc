@@ -1,5 +1,7 @@
 #include "optim/zero_redundancy_optimizer.h"
 
+#include <algorithm>
+#include <climits>
 #include <iostream>
 #include <random>
 
@@ -251,12 +253,112 @@ at::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
     build_buckets();
   }
   sync_options(/*to_local=*/true);
-  at::Tensor loss = local_->step(std::move(closure));
-  sync_options(/*to_local=*/false);
-  at::NoGradGuard no_grad;
-  sync_params();
+  at::Tensor loss;
+  if (auto* adapter = dynamic_cast<FunctionalOptimizerAdapter*>(local_.get())) {
+    if (closure) {
+      at::AutoGradMode enable(true);
+      loss = closure();
+    }
+    step_and_sync_overlapped(*adapter);
+    sync_options(/*to_local=*/false);
+  } else {
+    loss = local_->step(std::move(closure));
+    sync_options(/*to_local=*/false);
+    at::NoGradGuard no_grad;
+    sync_params();
+  }
   consolidated_ = c10::IValue();
   return loss;
+}
+
+std::vector<std::vector<std::vector<int64_t>>> ZeroRedundancyOptimizer::sync_chunks() const {
+  // Chunk count from the largest shard, so every rank derives the same count and boundaries.
+  const int64_t kChunkBytes = std::max<int64_t>(1, options_.overlap_chunk_bytes);
+  constexpr int64_t kMaxChunks = 8;
+  const int64_t elem = static_cast<int64_t>(all_params_[0].element_size());
+  const int64_t largest = *std::max_element(partition_.numel_per_rank.begin(), partition_.numel_per_rank.end());
+  const int64_t chunks = std::clamp<int64_t>((largest * elem + kChunkBytes - 1) / kChunkBytes, 1, kMaxChunks);
+  std::vector<std::vector<std::vector<int64_t>>> out(world_size(), std::vector<std::vector<int64_t>>(chunks));
+  for (int r = 0; r < world_size(); ++r) {
+    const int64_t total = partition_.numel_per_rank[r];
+    int64_t before = 0;
+    for (const auto& g : partition_.params_per_rank[r]) {
+      for (int64_t i : g) {
+        // A parameter goes to the chunk its first element falls in.
+        const int64_t k = total == 0 ? 0 : std::min<int64_t>(chunks - 1, before * chunks / total);
+        out[r][k].push_back(i);
+        before += all_params_[i].numel();
+      }
+    }
+  }
+  return out;
+}
+
+void ZeroRedundancyOptimizer::step_and_sync_overlapped(FunctionalOptimizerAdapter& adapter) {
+  const auto chunks = sync_chunks();
+  const size_t num_chunks = chunks[0].size();
+  // Where each of my parameters sits in the local optimizer: (group, index in group).
+  std::vector<std::pair<size_t, size_t>> where(all_params_.size(), {SIZE_MAX, 0});
+  for (size_t g = 0; g < partition_.params_per_rank[rank()].size(); ++g) {
+    const auto& ids = partition_.params_per_rank[rank()][g];
+    for (size_t k = 0; k < ids.size(); ++k) where[ids[k]] = {g, k};
+  }
+  // Bucket offsets of every parameter (bucket view mode): trainable ones, in partition order.
+  std::vector<int64_t> offset(all_params_.size(), -1);
+  if (options_.parameters_as_bucket_view) {
+    for (int r = 0; r < world_size(); ++r) {
+      int64_t o = 0;
+      for (const auto& g : partition_.params_per_rank[r]) {
+        for (int64_t i : g) {
+          if (!trainable_[i]) continue;
+          offset[i] = o;
+          o += all_params_[i].numel();
+        }
+      }
+    }
+  }
+  c10d::ProcessGroup& pg = *options_.group.pg();
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  std::vector<std::vector<at::Tensor>> grads;
+  for (size_t k = 0; k < num_chunks; ++k) {
+    // 1. Update this rank's chunk k.
+    grads.assign(partition_.params_per_rank[rank()].size(), {});
+    for (size_t g = 0; g < grads.size(); ++g) grads[g].resize(partition_.params_per_rank[rank()][g].size());
+    bool any = false;
+    for (int64_t i : chunks[rank()][k]) {
+      const auto [g, idx] = where[i];
+      grads[g][idx] = all_params_[i].grad();
+      any |= grads[g][idx].defined();
+    }
+    if (any) {
+      for (size_t g = 0; g < grads.size(); ++g) adapter.functional(g).step(grads[g]);
+    }
+    // 2. Start every rank's chunk k broadcast, in the same order everywhere.
+    at::NoGradGuard no_grad;
+    for (int r = 0; r < world_size(); ++r) {
+      c10d::BroadcastOptions bo;
+      bo.rootRank = r;
+      if (options_.parameters_as_bucket_view) {
+        int64_t lo = -1, hi = -1;
+        for (int64_t i : chunks[r][k]) {
+          if (offset[i] < 0) continue;
+          if (lo < 0) lo = offset[i];
+          hi = offset[i] + all_params_[i].numel();
+        }
+        // Frozen parameters are outside the buckets and never change: nothing to send for them.
+        if (lo >= 0) {
+          std::vector<at::Tensor> t = {buckets_[r].narrow(0, lo, hi - lo)};
+          works.push_back(pg.broadcast(t, bo));
+        }
+      } else {
+        for (int64_t i : chunks[r][k]) {
+          std::vector<at::Tensor> t = {all_params_[i].detach()};
+          works.push_back(pg.broadcast(t, bo));
+        }
+      }
+    }
+  }
+  for (auto& w : works) w->wait();
 }
 
 c10::IValue ZeroRedundancyOptimizer::local_state_global_indices() {

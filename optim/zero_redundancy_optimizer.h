@@ -15,6 +15,10 @@
 //   opt.consolidate_state_dict(/*to=*/0);                   // collective
 //   if (rank == 0) save(opt.state_dict());                  // global, PyTorch's format
 //
+// With a functional local optimizer (through FunctionalOptimizerAdapter), step() updates the
+// shard in chunks and starts each chunk's broadcast as soon as it is updated, overlapping the
+// parameter sync with the optimizer's own work.
+//
 // Collectives: the constructor, step(), add_param_group() and consolidate_state_dict() must be
 // called by every rank of the group, in the same order. Not thread-safe (as torch::optim).
 #ifndef DTRAIN_OPTIM_ZERO_REDUNDANCY_OPTIMIZER_H_
@@ -70,6 +74,9 @@ struct ZeroOptions {
   // Parameters of each rank live in one contiguous bucket (their .data() become views into it),
   // synchronised with one broadcast per rank instead of one per parameter.
   bool parameters_as_bucket_view = false;
+  // With a functional local optimizer: target bytes per overlapped step+sync chunk (at most 8
+  // chunks, split at parameter boundaries). Smaller chunks start communication earlier.
+  int64_t overlap_chunk_bytes = int64_t{8} << 20;
   // Manual partition (PyTorch's params_per_rank): global parameter indices per rank, one
   // parameter group only. Empty: sorted-greedy.
   std::vector<std::vector<int64_t>> params_per_rank;
@@ -125,6 +132,12 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
   void check_add_param_group_agreement(bool calling);
   c10::IValue local_state_global_indices();
   void sync_params();
+  // With a functional local optimizer: steps this rank's shard in chunks and broadcasts each
+  // chunk (of every rank) as soon as it is ready, so communication overlaps computation.
+  void step_and_sync_overlapped(FunctionalOptimizerAdapter& adapter);
+  // Per owner rank, its parameters (global indices, local order) split at parameter boundaries
+  // into the same number of chunks on every rank.
+  std::vector<std::vector<std::vector<int64_t>>> sync_chunks() const;
 
   LocalOptimizer local_factory_;
   ZeroOptions options_;

@@ -64,12 +64,14 @@ const std::vector<int64_t> kSizes = {9, 7, 5, 3, 40, 12, 1};
 // ZeRO and the unsharded optimizer, fed the same averaged gradients, stay equal; half way a
 // parameter is frozen (trainability change, buckets rebuilt).
 template <typename Make>
-void parity(int world, bool bucket_view, Make make) {
+void parity(int world, bool bucket_view, Make make, int64_t overlap_chunk_bytes = int64_t{8} << 20) {
   run_ranks_as_threads(world, [&](comm::Group& g) {
     std::vector<at::Tensor> zp = make_params(kSizes);
     std::vector<at::Tensor> rp = clone_params(zp);
     auto [zero_local, reference] = make(rp);
-    ZeroRedundancyOptimizer zero(zp, std::move(zero_local), zero_options(g, bucket_view));
+    ZeroOptions options = zero_options(g, bucket_view);
+    options.overlap_chunk_bytes = overlap_chunk_bytes;
+    ZeroRedundancyOptimizer zero(zp, std::move(zero_local), options);
     for (int step = 0; step < 10; ++step) {
       if (step == 5) {
         zp[2].requires_grad_(false);
@@ -108,12 +110,18 @@ TEST(ZeroRedundancyOptimizerTest, MatchesUnshardedSGDAdamAdamW) {
 }
 
 TEST(ZeroRedundancyOptimizerTest, FunctionalLocalOptimizerThroughTheAdapter) {
-  parity(2, true, [](std::vector<at::Tensor>& ref) {
-    OptionsDict o = new_options_dict();
-    o.insert("lr", 0.01);
-    return std::make_pair(local_optimizer<FunctionalOptimizerAdapter>("Adam", o),
-                          std::make_unique<torch::optim::Adam>(ref, torch::optim::AdamOptions(0.01)));
-  });
+  // The overlapped step+sync path, in one chunk and in many (tiny chunks: a few parameters each).
+  for (int64_t chunk_bytes : {int64_t{8} << 20, int64_t{32}}) {
+    for (bool bucket_view : {false, true}) {
+      SCOPED_TRACE(std::to_string(chunk_bytes) + (bucket_view ? " bucket view" : " per parameter"));
+      parity(3, bucket_view, [](std::vector<at::Tensor>& ref) {
+        OptionsDict o = new_options_dict();
+        o.insert("lr", 0.01);
+        return std::make_pair(local_optimizer<FunctionalOptimizerAdapter>("Adam", o),
+                              std::make_unique<torch::optim::Adam>(ref, torch::optim::AdamOptions(0.01)));
+      }, chunk_bytes);
+    }
+  }
 }
 
 TEST(ZeroRedundancyOptimizerTest, StepWithClosureAndLrScheduler) {
