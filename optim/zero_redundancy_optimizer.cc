@@ -69,11 +69,26 @@ void ZeroRedundancyOptimizer::init(std::vector<torch::optim::OptimizerParamGroup
   if (!options_.params_per_rank.empty()) {
     TORCH_CHECK(param_groups_.size() == 1, "Specifying `params_per_rank` only supports a single parameter group");
   }
-  // One name per instance for control-plane keys, agreed by all ranks (also checks they all came).
-  c10::IValue id{std::string()};
-  if (rank() == 0) id = absl::StrFormat("zero/%08x%08x", std::random_device{}(), std::random_device{}());
-  absl::Status s = comm::broadcast_object(options_.group, id, 0);
-  TORCH_CHECK(s.ok(), "ZeroRedundancyOptimizer construction is a collective: ", s.ToString());
+  // One name per instance for control-plane keys (rank 0's), and a check that every rank built
+  // the same optimizer: mismatched settings would otherwise pair unrelated collectives.
+  std::string fingerprint = absl::StrCat("bucket_view=", options_.parameters_as_bucket_view, " groups=",
+                                         param_groups_.size(), " params_per_rank=", options_.params_per_rank.size(),
+                                         " sizes=");
+  for (const auto& g : param_groups_) {
+    for (const auto& p : g.params()) absl::StrAppend(&fingerprint, p.numel(), ",");
+    absl::StrAppend(&fingerprint, ";");
+  }
+  c10::impl::GenericList mine(c10::AnyType::get());
+  mine.push_back(absl::StrFormat("zero/%08x%08x", std::random_device{}(), std::random_device{}()));
+  mine.push_back(fingerprint);
+  auto all = comm::all_gather_object(options_.group, mine);
+  TORCH_CHECK(all.ok(), "ZeroRedundancyOptimizer construction is a collective: ", all.status().ToString());
+  for (int r = 0; r < world_size(); ++r) {
+    const std::string theirs = (*all)[r].toList().get(1).toStringRef();
+    TORCH_CHECK(theirs == fingerprint, "ZeroRedundancyOptimizer was built differently on rank ", r, " (", theirs,
+                ") and rank ", rank(), " (", fingerprint, "); every rank must pass the same parameters and options");
+  }
+  const c10::IValue id = (*all)[0].toList().get(0);
   store_prefix_ = id.toStringRef();
   partition_parameters();
   build_local_optimizer();
@@ -244,6 +259,8 @@ void ZeroRedundancyOptimizer::sync_params() {
 }
 
 at::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
+  // Inside a Join context: tell it this rank still has inputs (no-op otherwise).
+  if (!in_join_hook_) comm::Join::notify_join_context(*this);
   check_add_param_group_agreement(/*calling=*/false);
   std::vector<bool> mask = trainable_mask();
   if (mask != trainable_) {
@@ -426,6 +443,35 @@ void ZeroRedundancyOptimizer::load_state_dict(const c10::IValue& state_dict) {
   load_local_state_dict(*local_, local_sd);
   sync_options(/*to_local=*/false);
   consolidated_ = c10::IValue();
+}
+
+class ZeroJoinHook : public comm::JoinHook {
+ public:
+  explicit ZeroJoinHook(ZeroRedundancyOptimizer* zero) : zero_(zero) {}
+  // Shadows one step of the ranks still training: update and broadcast this rank's shard.
+  void main_hook() override {
+    zero_->in_join_hook_ = true;
+    try {
+      zero_->step();
+    } catch (...) {
+      zero_->in_join_hook_ = false;
+      throw;
+    }
+    zero_->in_join_hook_ = false;
+  }
+
+ private:
+  ZeroRedundancyOptimizer* zero_;
+};
+
+std::unique_ptr<comm::JoinHook> ZeroRedundancyOptimizer::join_hook(const comm::JoinOptions&) {
+  return std::make_unique<ZeroJoinHook>(this);
+}
+
+c10::Device ZeroRedundancyOptimizer::join_device() const { return all_params_.at(0).device(); }
+
+c10::intrusive_ptr<c10d::ProcessGroup> ZeroRedundancyOptimizer::join_process_group() const {
+  return options_.group.pg();
 }
 
 int64_t ZeroRedundancyOptimizer::local_state_bytes() {

@@ -32,6 +32,7 @@
 
 #include <torch/optim/optimizer.h>
 
+#include "comm/join.h"
 #include "comm/process_group.h"
 #include "optim/functional_adapter.h"
 #include "partition/sorted_greedy.h"
@@ -82,7 +83,7 @@ struct ZeroOptions {
   std::vector<std::vector<int64_t>> params_per_rank;
 };
 
-class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
+class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public comm::Joinable {
  public:
   // Collective. Errors (c10::Error, PyTorch's wording): empty parameter list; sparse or mixed
   // dtype parameters ("only supports using the same dense type for all parameters"); an invalid
@@ -112,6 +113,12 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
   // Loads this rank's part of a global state dict (from state_dict() here, from an unsharded
   // optimizer, or saved at another world size) into the local optimizer, and the groups' options.
   void load_state_dict(const c10::IValue& state_dict);
+
+  // comm::Joinable (PyTorch's _ZeROJoinHook): a rank out of inputs keeps calling step() in the
+  // join hook, so its shard is still updated and broadcast while other ranks train on.
+  std::unique_ptr<comm::JoinHook> join_hook(const comm::JoinOptions& options) override;
+  c10::Device join_device() const override;
+  c10::intrusive_ptr<c10d::ProcessGroup> join_process_group() const override;
 
   // Introspection.
   const partition::ParamPartition& partition() const { return partition_; }
@@ -151,6 +158,10 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
   c10::IValue consolidated_;
   std::string store_prefix_;
   int64_t add_param_group_calls_ = 0;
+  // Set while the join hook shadows a step: that step must not count itself as a rank with
+  // inputs (PyTorch's hook does, which breaks ZeRO as the first or only joinable).
+  bool in_join_hook_ = false;
+  friend class ZeroJoinHook;
 };
 
 }  // namespace dtrain::optim

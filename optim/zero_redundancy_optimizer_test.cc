@@ -347,6 +347,40 @@ TEST(ZeroRedundancyOptimizerTest, ConstructorErrors) {
   });
 }
 
+TEST(ZeroRedundancyOptimizerTest, JoinWithUnevenInputs) {
+  run_ranks_as_threads(3, [](comm::Group& g) {
+    std::vector<at::Tensor> p = make_params(kSizes);
+    ZeroRedundancyOptimizer zero(p, local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)),
+                                 zero_options(g, true));
+    const int my_inputs = 3 + 2 * g.rank();  // 3, 5, 7
+    comm::Join join({&zero});
+    for (int step = 0; step < my_inputs; ++step) {
+      for (size_t i = 0; i < p.size(); ++i) p[i].mutable_grad() = grad_for(p[i], 0, step, i);
+      zero.step();
+    }
+    join.finish();  // ranks 0 and 1 keep stepping their shards until rank 2 is done
+    // Every rank ends with the same parameters, and every shard took 7 steps.
+    std::vector<at::Tensor> flat = {at::cat(p).detach()};
+    std::vector<std::vector<at::Tensor>> all(1);
+    for (int r = 0; r < g.size(); ++r) all[0].push_back(at::empty_like(flat[0]));
+    g->allgather(all, flat)->wait();
+    for (int r = 1; r < g.size(); ++r) EXPECT_TRUE(all[0][r].equal(all[0][0])) << "rank " << r;
+    auto state = torch_optim_state_dict(zero.local_optimizer()).toGenericDict().at("state").toGenericDict();
+    for (const auto& kv : state) {
+      EXPECT_EQ(kv.value().toGenericDict().at("step").toTensor().item<double>(), 7.0);
+    }
+  });
+}
+
+TEST(ZeroRedundancyOptimizerTest, MismatchedConstructionIsAnErrorNotAHang) {
+  run_ranks_as_threads(2, [](comm::Group& g) {
+    expect_error([&] {
+      ZeroRedundancyOptimizer(make_params(kSizes), local_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(0.1)),
+                              zero_options(g, g.rank() == 1));
+    }, "ZeroRedundancyOptimizer was built differently on rank");
+  });
+}
+
 TEST(ZeroRedundancyOptimizerTest, AddParamGroupOnOneRankFailsEverywhere) {
   comm::testing::HarnessOptions o;
   o.timeout = std::chrono::seconds(3);
