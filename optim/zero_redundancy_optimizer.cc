@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 #include <iostream>
+#include <map>
 #include <random>
 
 #include <ATen/ATen.h>
@@ -67,11 +68,16 @@ void ZeroRedundancyOptimizer::init(std::vector<torch::optim::OptimizerParamGroup
   for (const auto& g : param_groups) torch::optim::Optimizer::add_param_group(g);
   validate_params();
   if (!options_.params_per_rank.empty()) {
+    TORCH_CHECK(!flat(), "`params_per_rank` is a manual whole-parameter partition: use it with the sorted_greedy "
+                "strategy, not kFlat");
     TORCH_CHECK(param_groups_.size() == 1, "Specifying `params_per_rank` only supports a single parameter group");
   }
+  TORCH_CHECK(options_.flat_alignment >= 1, "flat_alignment must be at least 1 element, got ", options_.flat_alignment);
   // One name per instance for control-plane keys (rank 0's), and a check that every rank built
   // the same optimizer: mismatched settings would otherwise pair unrelated collectives.
-  std::string fingerprint = absl::StrCat("bucket_view=", options_.parameters_as_bucket_view, " groups=",
+  std::string fingerprint = absl::StrCat("strategy=", static_cast<int>(options_.strategy), " alignment=",
+                                         options_.flat_alignment, " bucket_view=", options_.parameters_as_bucket_view,
+                                         " groups=",
                                          param_groups_.size(), " params_per_rank=", options_.params_per_rank.size(),
                                          " sizes=");
   for (const auto& g : param_groups_) {
@@ -91,6 +97,7 @@ void ZeroRedundancyOptimizer::init(std::vector<torch::optim::OptimizerParamGroup
   const c10::IValue id = (*all)[0].toList().get(0);
   store_prefix_ = id.toStringRef();
   partition_parameters();
+  if (flat()) build_flat_layout();
   build_local_optimizer();
   trainable_ = trainable_mask();
   build_buckets();
@@ -124,6 +131,40 @@ void ZeroRedundancyOptimizer::partition_parameters() {
       group_sizes_.back().push_back(p.numel());
     }
   }
+  if (flat()) {
+    std::vector<int64_t> numels;
+    for (const auto& g : group_sizes_) numels.insert(numels.end(), g.begin(), g.end());
+    absl::StatusOr<partition::FlatPartition> fp = partition::flat_partition(numels, world_size(), options_.flat_alignment);
+    TORCH_CHECK(fp.ok(), "ZeroRedundancyOptimizer: ", fp.status().message());
+    flat_ranges_ = fp->ranges;
+    // The whole-parameter view, for introspection: a parameter belongs to the rank holding its
+    // first element.
+    partition_ = partition::ParamPartition();
+    partition_.world_size = world_size();
+    partition_.params_per_rank.assign(world_size(), std::vector<std::vector<int64_t>>(group_sizes_.size()));
+    partition_.owner.assign(numels.size(), -1);
+    partition_.numel_per_rank.assign(world_size(), 0);
+    for (int r = 0; r < world_size(); ++r) partition_.numel_per_rank[r] = flat_ranges_[r].size();
+    int64_t index = 0, offset = 0;
+    for (size_t g = 0; g < group_sizes_.size(); ++g) {
+      for (int64_t n : group_sizes_[g]) {
+        int r = 0;
+        while (r + 1 < world_size() && flat_ranges_[r].end <= offset) ++r;
+        partition_.owner[index] = r;
+        partition_.params_per_rank[r][g].push_back(index);
+        offset += n;
+        ++index;
+      }
+    }
+    pieces_.clear();
+    std::vector<size_t> group_of;
+    for (size_t g = 0; g < group_sizes_.size(); ++g) group_of.insert(group_of.end(), group_sizes_[g].size(), g);
+    for (const auto& s : fp->slices[rank()]) {
+      pieces_.push_back(Piece{s.param_index, s.begin, s.end, s.flat_offset, group_of[s.param_index]});
+    }
+    std::stable_sort(pieces_.begin(), pieces_.end(), [](const Piece& a, const Piece& b) { return a.group < b.group; });
+    return;
+  }
   absl::StatusOr<partition::ParamPartition> p =
       options_.params_per_rank.empty()
           ? partition::sorted_greedy_partition(group_sizes_, world_size())
@@ -136,8 +177,39 @@ void ZeroRedundancyOptimizer::partition_parameters() {
   }
 }
 
+void ZeroRedundancyOptimizer::build_flat_layout() {
+  int64_t total = 0;
+  flat_offsets_.clear();
+  for (const auto& p : all_params_) {
+    flat_offsets_.push_back(total);
+    total += p.numel();
+  }
+  flat_buffer_ = at::empty({std::max<int64_t>(total, 1)}, all_params_[0].options());
+  for (size_t i = 0; i < all_params_.size(); ++i) {
+    at::Tensor& p = all_params_[i];
+    at::Tensor view = flat_buffer_.narrow(0, flat_offsets_[i], p.numel()).view(p.sizes());
+    view.copy_(p.detach());
+    p.set_data(view);
+  }
+  piece_tensors_.clear();
+  for (const Piece& piece : pieces_) {
+    piece_tensors_.push_back(flat_buffer_.narrow(0, piece.flat_offset, piece.end - piece.begin));
+  }
+}
+
 void ZeroRedundancyOptimizer::build_local_optimizer() {
   std::vector<torch::optim::OptimizerParamGroup> local_groups;
+  if (flat()) {
+    for (size_t g = 0; g < param_groups_.size(); ++g) {
+      std::vector<at::Tensor> tensors;
+      for (size_t k = 0; k < pieces_.size(); ++k) {
+        if (pieces_[k].group == g) tensors.push_back(piece_tensors_[k]);
+      }
+      local_groups.emplace_back(tensors, param_groups_[g].options().clone());
+    }
+    local_ = local_factory_.make(std::move(local_groups));
+    return;
+  }
   for (size_t g = 0; g < param_groups_.size(); ++g) {
     std::vector<at::Tensor> params;
     for (int64_t i : partition_.params_per_rank[rank()][g]) params.push_back(all_params_[i]);
@@ -153,7 +225,7 @@ std::vector<bool> ZeroRedundancyOptimizer::trainable_mask() const {
 }
 
 void ZeroRedundancyOptimizer::build_buckets() {
-  if (!options_.parameters_as_bucket_view) return;
+  if (!options_.parameters_as_bucket_view || flat()) return;
   buckets_.assign(world_size(), at::Tensor());
   for (int r = 0; r < world_size(); ++r) {
     int64_t size = 0;
@@ -220,6 +292,9 @@ void ZeroRedundancyOptimizer::check_add_param_group_agreement(bool calling) {
 }
 
 void ZeroRedundancyOptimizer::add_param_group(const torch::optim::OptimizerParamGroup& param_group) {
+  // Every rank has the same strategy (checked at construction), so all fail alike here.
+  TORCH_CHECK(!flat(), "add_param_group is not supported with PartitionStrategy::kFlat yet (the flat buffer and "
+              "every rank's range would move); create the optimizer with all groups, or use kSortedGreedy");
   check_add_param_group_agreement(/*calling=*/true);
   TORCH_CHECK(options_.params_per_rank.empty(),
               "add_param_group: this ZeroRedundancyOptimizer uses a manual params_per_rank, which supports a single "
@@ -243,6 +318,12 @@ void ZeroRedundancyOptimizer::sync_params() {
   for (int r = 0; r < world_size(); ++r) {
     c10d::BroadcastOptions bo;
     bo.rootRank = r;
+    if (flat()) {
+      if (flat_ranges_[r].size() == 0) continue;
+      std::vector<at::Tensor> t = {flat_buffer_.narrow(0, flat_ranges_[r].begin, flat_ranges_[r].size())};
+      works.push_back(pg.broadcast(t, bo));
+      continue;
+    }
     if (options_.parameters_as_bucket_view) {
       std::vector<at::Tensor> t = {buckets_[r]};
       works.push_back(pg.broadcast(t, bo));
@@ -262,6 +343,27 @@ at::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
   // Inside a Join context: tell it this rank still has inputs (no-op otherwise).
   if (!in_join_hook_) comm::Join::notify_join_context(*this);
   check_add_param_group_agreement(/*calling=*/false);
+  if (flat()) {
+    sync_options(/*to_local=*/true);
+    at::Tensor loss;
+    if (closure) {
+      at::AutoGradMode enable(true);
+      loss = closure();
+    }
+    // Each piece's gradient is the matching slice of its parameter's gradient (a view when the
+    // gradient is contiguous); frozen or unused parameters leave their pieces without one.
+    for (size_t k = 0; k < pieces_.size(); ++k) {
+      const at::Tensor& grad = all_params_[pieces_[k].param].grad();
+      piece_tensors_[k].mutable_grad() =
+          grad.defined() ? grad.reshape(-1).narrow(0, pieces_[k].begin, pieces_[k].end - pieces_[k].begin) : at::Tensor();
+    }
+    local_->step();
+    sync_options(/*to_local=*/false);
+    at::NoGradGuard no_grad;
+    sync_params();
+    consolidated_ = c10::IValue();
+    return loss;
+  }
   std::vector<bool> mask = trainable_mask();
   if (mask != trainable_) {
     std::cerr << "ZeroRedundancyOptimizer detected that the trainable parameters changed; rebuilding the parameter "
@@ -399,10 +501,67 @@ c10::IValue ZeroRedundancyOptimizer::local_state_global_indices() {
 }
 
 void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
-  absl::StatusOr<c10::IValue> full =
-      checkpoint::consolidate_state_dict(options_.group, local_state_global_indices(), to);
+  absl::StatusOr<c10::IValue> full = checkpoint::consolidate_state_dict(
+      options_.group, flat() ? flat_local_state_pieces() : local_state_global_indices(), to);
   TORCH_CHECK(full.ok(), "consolidate_state_dict: ", full.status().ToString());
-  consolidated_ = *full;
+  consolidated_ = flat() && !full->isNone() ? assemble_flat_state(*full) : *full;
+}
+
+c10::IValue ZeroRedundancyOptimizer::flat_local_state_pieces() {
+  // Pieces are keyed by their flat offset (unique across ranks); the groups carry global indices.
+  sync_options(/*to_local=*/true);
+  auto sd = local_state_dict(*local_).toGenericDict();
+  c10::impl::GenericDict state(c10::IntType::get(), c10::AnyType::get());
+  for (const auto& kv : sd.at("state").toGenericDict()) {
+    state.insert(pieces_.at(static_cast<size_t>(kv.key().toInt())).flat_offset, kv.value());
+  }
+  c10::impl::GenericList groups(c10::AnyType::get());
+  const auto local_groups = sd.at("param_groups").toList();
+  int64_t first = 0;
+  for (size_t g = 0; g < local_groups.size(); ++g) {
+    auto group = local_groups.get(g).toGenericDict().copy();
+    std::vector<int64_t> indices(param_groups_[g].params().size());
+    for (size_t i = 0; i < indices.size(); ++i) indices[i] = first + static_cast<int64_t>(i);
+    first += static_cast<int64_t>(indices.size());
+    group.insert_or_assign("params", c10::List<int64_t>(indices));
+    groups.push_back(group);
+  }
+  c10::impl::GenericDict out(c10::StringType::get(), c10::AnyType::get());
+  out.insert("state", state);
+  out.insert("param_groups", groups);
+  return out;
+}
+
+c10::IValue ZeroRedundancyOptimizer::assemble_flat_state(const c10::IValue& pieces) const {
+  auto in = pieces.toGenericDict();
+  // Flat offset -> parameter, then each parameter's pieces concatenated in offset order.
+  std::map<int64_t, std::vector<std::pair<int64_t, c10::impl::GenericDict>>> by_param;
+  for (const auto& kv : in.at("state").toGenericDict()) {
+    const int64_t offset = kv.key().toInt();
+    const int64_t param =
+        static_cast<int64_t>(std::upper_bound(flat_offsets_.begin(), flat_offsets_.end(), offset) - flat_offsets_.begin()) - 1;
+    by_param[param].emplace_back(offset, kv.value().toGenericDict());
+  }
+  c10::impl::GenericDict state(c10::IntType::get(), c10::AnyType::get());
+  for (auto& [param, list] : by_param) {
+    std::sort(list.begin(), list.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    c10::impl::GenericDict entry(c10::StringType::get(), c10::AnyType::get());
+    for (const auto& kv : list.front().second) {
+      const c10::IValue& v = kv.value();
+      if (!v.isTensor() || v.toTensor().dim() == 0) {
+        entry.insert(kv.key(), v);
+        continue;
+      }
+      std::vector<at::Tensor> parts;
+      for (const auto& piece : list) parts.push_back(piece.second.at(kv.key()).toTensor().reshape(-1));
+      entry.insert(kv.key(), at::cat(parts).view(all_params_[param].sizes()));
+    }
+    state.insert(param, entry);
+  }
+  c10::impl::GenericDict out(c10::StringType::get(), c10::AnyType::get());
+  out.insert("state", state);
+  out.insert("param_groups", in.at("param_groups"));
+  return out;
 }
 
 c10::IValue ZeroRedundancyOptimizer::state_dict() const {
@@ -419,11 +578,30 @@ void ZeroRedundancyOptimizer::load_state_dict(const c10::IValue& state_dict) {
   TORCH_CHECK(groups.size() == param_groups_.size(), "load_state_dict: the state dict has ", groups.size(),
               " parameter groups, this optimizer has ", param_groups_.size());
   auto state = sd.at("state").toGenericDict();
-  // The global format does not depend on the partition: pick this rank's parameters by index.
+  // The global format does not depend on the partition: pick this rank's parameters by index
+  // (kFlat: the slices of them this rank holds).
   c10::impl::GenericDict local_state(c10::IntType::get(), c10::AnyType::get());
-  for (size_t l = 0; l < local_to_global_.size(); ++l) {
-    const c10::IValue key(local_to_global_[l]);
-    if (state.contains(key)) local_state.insert(static_cast<int64_t>(l), state.at(key));
+  if (flat()) {
+    for (size_t k = 0; k < pieces_.size(); ++k) {
+      const Piece& piece = pieces_[k];
+      const c10::IValue key(piece.param);
+      if (!state.contains(key)) continue;
+      c10::impl::GenericDict entry(c10::StringType::get(), c10::AnyType::get());
+      for (const auto& kv : state.at(key).toGenericDict()) {
+        const c10::IValue& v = kv.value();
+        if (v.isTensor() && v.toTensor().dim() > 0) {
+          entry.insert(kv.key(), v.toTensor().reshape(-1).narrow(0, piece.begin, piece.end - piece.begin).clone());
+        } else {
+          entry.insert(kv.key(), v);
+        }
+      }
+      local_state.insert(static_cast<int64_t>(k), entry);
+    }
+  } else {
+    for (size_t l = 0; l < local_to_global_.size(); ++l) {
+      const c10::IValue key(local_to_global_[l]);
+      if (state.contains(key)) local_state.insert(static_cast<int64_t>(l), state.at(key));
+    }
   }
   c10::impl::GenericList local_groups(c10::AnyType::get());
   int64_t next = 0;
@@ -433,7 +611,10 @@ void ZeroRedundancyOptimizer::load_state_dict(const c10::IValue& state_dict) {
                 " has ", group.at("params").toList().size(), " parameters in the state dict and ",
                 param_groups_[g].params().size(), " here");
     std::vector<int64_t> local_indices;
-    for (size_t k = 0; k < partition_.params_per_rank[rank()][g].size(); ++k) local_indices.push_back(next++);
+    const size_t count = flat() ? static_cast<size_t>(std::count_if(pieces_.begin(), pieces_.end(),
+                                                                    [g](const Piece& p) { return p.group == g; }))
+                                : partition_.params_per_rank[rank()][g].size();
+    for (size_t k = 0; k < count; ++k) local_indices.push_back(next++);
     group.insert_or_assign("params", c10::List<int64_t>(local_indices));
     local_groups.push_back(group);
   }

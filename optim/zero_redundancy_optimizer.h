@@ -35,6 +35,7 @@
 #include "comm/join.h"
 #include "comm/process_group.h"
 #include "optim/functional_adapter.h"
+#include "partition/flat_partition.h"
 #include "partition/sorted_greedy.h"
 
 namespace dtrain::optim {
@@ -69,6 +70,15 @@ LocalOptimizer local_optimizer(const std::string& name, const OptionsDict& defau
   return l;
 }
 
+enum class PartitionStrategy {
+  // PyTorch's: whole parameters, largest first, to the least-loaded rank.
+  kSortedGreedy,
+  // Beyond PyTorch: parameters laid out in one flat buffer, each rank owning one contiguous,
+  // aligned element range (pieces of parameters). Balance within alignment of ideal whatever
+  // the parameter sizes (a dominant embedding no longer leaves one rank with most state).
+  kFlat,
+};
+
 struct ZeroOptions {
   // The ranks that share the state. Required (PyTorch defaults to the world group: pass it).
   comm::Group group;
@@ -78,6 +88,9 @@ struct ZeroOptions {
   // With a functional local optimizer: target bytes per overlapped step+sync chunk (at most 8
   // chunks, split at parameter boundaries). Smaller chunks start communication earlier.
   int64_t overlap_chunk_bytes = int64_t{8} << 20;
+  PartitionStrategy strategy = PartitionStrategy::kSortedGreedy;
+  // kFlat: range boundaries are multiples of this many elements.
+  int64_t flat_alignment = 16;
   // Manual partition (PyTorch's params_per_rank): global parameter indices per rank, one
   // parameter group only. Empty: sorted-greedy.
   std::vector<std::vector<int64_t>> params_per_rank;
@@ -120,7 +133,8 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public comm::Joi
   c10::Device join_device() const override;
   c10::intrusive_ptr<c10d::ProcessGroup> join_process_group() const override;
 
-  // Introspection.
+  // Introspection. With kFlat, partition().numel_per_rank holds each rank's range size and
+  // owner[i] is the rank holding parameter i's first element.
   const partition::ParamPartition& partition() const { return partition_; }
   torch::optim::Optimizer& local_optimizer() { return *local_; }
   int rank() const { return options_.group.rank(); }
@@ -145,6 +159,25 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public comm::Joi
   // Per owner rank, its parameters (global indices, local order) split at parameter boundaries
   // into the same number of chunks on every rank.
   std::vector<std::vector<std::vector<int64_t>>> sync_chunks() const;
+
+  bool flat() const { return options_.strategy == PartitionStrategy::kFlat; }
+  void build_flat_layout();
+  c10::IValue flat_local_state_pieces();
+  c10::IValue assemble_flat_state(const c10::IValue& pieces) const;
+
+  // kFlat: one buffer holding every parameter; this rank's pieces of parameters, in local order.
+  struct Piece {
+    int64_t param = 0;        // global parameter index
+    int64_t begin = 0;        // element range within the flattened parameter
+    int64_t end = 0;
+    int64_t flat_offset = 0;  // where the piece starts in the flat buffer
+    size_t group = 0;
+  };
+  at::Tensor flat_buffer_;
+  std::vector<int64_t> flat_offsets_;   // per parameter
+  std::vector<partition::Range> flat_ranges_;  // per rank
+  std::vector<Piece> pieces_;
+  std::vector<at::Tensor> piece_tensors_;
 
   LocalOptimizer local_factory_;
   ZeroOptions options_;

@@ -61,16 +61,29 @@ ZeroOptions zero_options(comm::Group& g, bool bucket_view) {
 
 const std::vector<int64_t> kSizes = {9, 7, 5, 3, 40, 12, 1};
 
+void expect_error(const std::function<void()>& f, const std::string& message) {
+  try {
+    f();
+    ADD_FAILURE() << "expected: " << message;
+  } catch (const c10::Error& e) {
+    EXPECT_THAT(e.what_without_backtrace(), HasSubstr(message));
+  }
+}
+
+
 // ZeRO and the unsharded optimizer, fed the same averaged gradients, stay equal; half way a
 // parameter is frozen (trainability change, buckets rebuilt).
 template <typename Make>
-void parity(int world, bool bucket_view, Make make, int64_t overlap_chunk_bytes = int64_t{8} << 20) {
+void parity(int world, bool bucket_view, Make make, int64_t overlap_chunk_bytes = int64_t{8} << 20,
+            PartitionStrategy strategy = PartitionStrategy::kSortedGreedy) {
   run_ranks_as_threads(world, [&](comm::Group& g) {
     std::vector<at::Tensor> zp = make_params(kSizes);
     std::vector<at::Tensor> rp = clone_params(zp);
     auto [zero_local, reference] = make(rp);
     ZeroOptions options = zero_options(g, bucket_view);
     options.overlap_chunk_bytes = overlap_chunk_bytes;
+    options.strategy = strategy;
+    options.flat_alignment = 4;
     ZeroRedundancyOptimizer zero(zp, std::move(zero_local), options);
     for (int step = 0; step < 10; ++step) {
       if (step == 5) {
@@ -85,9 +98,11 @@ void parity(int world, bool bucket_view, Make make, int64_t overlap_chunk_bytes 
         ASSERT_TRUE(zp[i].allclose(rp[i], 1e-6, 1e-7)) << "step " << step << " param " << i;
       }
     }
-    // Sharded state: this rank holds only its parameters' state.
-    EXPECT_EQ(zero.local_optimizer().param_groups()[0].params().size(),
-              zero.partition().params_per_rank[g.rank()][0].size());
+    if (strategy == PartitionStrategy::kSortedGreedy) {
+      // Sharded state: this rank holds only its parameters' state.
+      EXPECT_EQ(zero.local_optimizer().param_groups()[0].params().size(),
+                zero.partition().params_per_rank[g.rank()][0].size());
+    }
   });
 }
 
@@ -122,6 +137,115 @@ TEST(ZeroRedundancyOptimizerTest, FunctionalLocalOptimizerThroughTheAdapter) {
       }, chunk_bytes);
     }
   }
+}
+
+TEST(ZeroRedundancyOptimizerTest, FlatStrategyMatchesUnsharded) {
+  for (int world : {2, 3}) {
+    SCOPED_TRACE(world);
+    parity(world, false, [](std::vector<at::Tensor>& ref) {
+      return std::make_pair(local_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(0.1).momentum(0.9)),
+                            std::make_unique<torch::optim::SGD>(ref, torch::optim::SGDOptions(0.1).momentum(0.9)));
+    }, int64_t{8} << 20, PartitionStrategy::kFlat);
+    parity(world, false, [](std::vector<at::Tensor>& ref) {
+      OptionsDict o = new_options_dict();
+      o.insert("lr", 0.01);
+      return std::make_pair(local_optimizer<FunctionalOptimizerAdapter>("Adam", o),
+                            std::make_unique<torch::optim::Adam>(ref, torch::optim::AdamOptions(0.01)));
+    }, int64_t{8} << 20, PartitionStrategy::kFlat);
+  }
+}
+
+TEST(ZeroRedundancyOptimizerTest, FlatStrategyBalanceWithADominantParameter) {
+  run_ranks_as_threads(3, [](comm::Group& g) {
+    // One parameter holds ~95% of the elements: sorted-greedy cannot balance it, flat can.
+    std::vector<int64_t> sizes = {200000, 3000, 3000, 2000, 1000, 500};
+    ZeroOptions o = zero_options(g, false);
+    o.strategy = PartitionStrategy::kFlat;
+    ZeroRedundancyOptimizer flat(make_params(sizes), local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions()), o);
+    ZeroRedundancyOptimizer greedy(make_params(sizes), local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions()),
+                                   zero_options(g, false));
+    int64_t total = 0;
+    for (int64_t n : sizes) total += n;
+    auto balance = [&](const ZeroRedundancyOptimizer& z) {
+      const auto& n = z.partition().numel_per_rank;
+      return static_cast<double>(*std::max_element(n.begin(), n.end())) * 3 / total;
+    };
+    EXPECT_LE(balance(flat), 1.01);
+    EXPECT_GT(balance(greedy), 2.5);
+  });
+}
+
+TEST(ZeroRedundancyOptimizerTest, FlatConsolidatesToPyTorchFormatAndCrossLoads) {
+  // Flat at world 3 trains and consolidates; the state equals the unsharded optimizer's, and a
+  // sorted-greedy ZeRO at world 2 continues from it like the unsharded one.
+  c10::IValue saved;
+  std::vector<at::Tensor> after;
+  std::vector<at::Tensor> rp = make_params(kSizes);
+  torch::optim::Adam reference(rp, torch::optim::AdamOptions(0.01));
+  run_ranks_as_threads(3, [&](comm::Group& g) {
+    std::vector<at::Tensor> zp = make_params(kSizes);
+    ZeroOptions o = zero_options(g, false);
+    o.strategy = PartitionStrategy::kFlat;
+    o.flat_alignment = 4;
+    ZeroRedundancyOptimizer zero(zp, local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)), o);
+    for (int step = 0; step < 4; ++step) {
+      set_averaged_grads(g, zp, step);
+      zero.step();
+    }
+    zero.consolidate_state_dict(1);
+    if (g.rank() == 1) {
+      saved = zero.state_dict();
+      for (const auto& p : zp) after.push_back(p.detach().clone());
+    }
+  });
+  for (int step = 0; step < 4; ++step) {
+    for (size_t i = 0; i < rp.size(); ++i) {
+      at::Tensor sum = at::zeros_like(rp[i]);
+      for (int r = 0; r < 3; ++r) sum += grad_for(rp[i], r, step, i);
+      rp[i].mutable_grad() = sum / 3;
+    }
+    reference.step();
+  }
+  auto want = torch_optim_state_dict(reference).toGenericDict().at("state").toGenericDict();
+  auto got = saved.toGenericDict().at("state").toGenericDict();
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& kv : want) {
+    for (const auto& e : kv.value().toGenericDict()) {
+      const c10::IValue& v = got.at(kv.key()).toGenericDict().at(e.key());
+      if (e.value().isTensor()) {
+        EXPECT_TRUE(v.toTensor().allclose(e.value().toTensor(), 1e-6, 1e-8)) << kv.key().toInt() << " " << e.key().toStringRef();
+        EXPECT_EQ(v.toTensor().sizes(), e.value().toTensor().sizes());
+      }
+    }
+  }
+  for (size_t i = 0; i < rp.size(); ++i) ASSERT_TRUE(after[i].allclose(rp[i].detach(), 1e-6, 1e-7)) << i;
+  run_ranks_as_threads(2, [&](comm::Group& g) {
+    std::vector<at::Tensor> zp = clone_params(after);
+    std::vector<at::Tensor> ref_p = clone_params(after);
+    torch::optim::Adam ref(ref_p, torch::optim::AdamOptions(0.01));
+    load_torch_optim_state_dict(ref, saved);
+    ZeroRedundancyOptimizer zero(zp, local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)), zero_options(g, true));
+    zero.load_state_dict(saved);
+    ZeroOptions o = zero_options(g, false);
+    o.strategy = PartitionStrategy::kFlat;
+    std::vector<at::Tensor> fp = clone_params(after);
+    ZeroRedundancyOptimizer flat(fp, local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)), o);
+    flat.load_state_dict(saved);
+    for (int step = 4; step < 7; ++step) {
+      set_averaged_grads(g, zp, step);
+      set_averaged_grads(g, fp, step);
+      set_averaged_grads(g, ref_p, step);
+      zero.step();
+      flat.step();
+      ref.step();
+    }
+    for (size_t i = 0; i < zp.size(); ++i) {
+      EXPECT_TRUE(zp[i].allclose(ref_p[i], 1e-6, 1e-7)) << "sorted_greedy " << i;
+      EXPECT_TRUE(fp[i].allclose(ref_p[i], 1e-6, 1e-7)) << "flat " << i;
+    }
+    expect_error([&] { flat.add_param_group(torch::optim::OptimizerParamGroup(make_params({3}))); },
+                 "add_param_group is not supported with PartitionStrategy::kFlat yet");
+  });
 }
 
 TEST(ZeroRedundancyOptimizerTest, StepWithClosureAndLrScheduler) {
@@ -305,15 +429,6 @@ TEST(ZeroRedundancyOptimizerTest, NonDefaultSubgroup) {
     }
     for (size_t i = 0; i < zp.size(); ++i) EXPECT_TRUE(zp[i].allclose(rp[i])) << i;
   });
-}
-
-void expect_error(const std::function<void()>& f, const std::string& message) {
-  try {
-    f();
-    ADD_FAILURE() << "expected: " << message;
-  } catch (const c10::Error& e) {
-    EXPECT_THAT(e.what_without_backtrace(), HasSubstr(message));
-  }
 }
 
 TEST(ZeroRedundancyOptimizerTest, ConstructorErrors) {
