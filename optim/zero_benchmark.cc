@@ -3,8 +3,9 @@
 // loopback), Adam on 20M fp32 parameters in two models:
 //   model 0 "equal":    20 tensors of 1M parameters
 //   model 1 "dominant": an embedding of 10M parameters + 10 tensors of 1M
-// Configurations: unsharded (every rank steps everything, no sync: plain data parallel),
-// sorted_greedy with per-parameter sync, sorted_greedy with bucket views. Local optimizer: the
+// Configurations: 0 unsharded (every rank steps everything, no sync: plain data parallel),
+// 1 sorted_greedy with per-parameter sync, 2 sorted_greedy with bucket views, 3 flat
+// (element-granular ranges of one buffer). Local optimizer: the
 // fused functional Adam through the adapter (the default way), or LibTorch's torch::optim::Adam.
 // Counters: step_ms (wall time per step on each rank: the figure to compare; Google Benchmark's
 // Time column for threaded runs divides by the iterations of both threads), state_MiB_per_rank (optimizer state on rank 0), state_balance (largest shard /
@@ -52,7 +53,7 @@ std::vector<int64_t> model_sizes(int model) {
   return s;
 }
 
-enum Config { kUnsharded = 0, kPerParam = 1, kBucketView = 2 };
+enum Config { kUnsharded = 0, kPerParam = 1, kBucketView = 2, kFlat = 3 };
 
 void BM_Zero(benchmark::State& state) {
   const int model = static_cast<int>(state.range(0));
@@ -81,6 +82,7 @@ void BM_Zero(benchmark::State& state) {
     ZeroOptions o;
     o.group = g;
     o.parameters_as_bucket_view = config == kBucketView;
+    if (config == kFlat) o.strategy = PartitionStrategy::kFlat;
     auto z = std::make_unique<ZeroRedundancyOptimizer>(params, local(), o);
     zero = z.get();
     opt = std::move(z);
@@ -120,6 +122,8 @@ BENCHMARK(BM_Zero)
     ->Args({1, kUnsharded, 0})
     ->Args({1, kPerParam, 0})
     ->Args({1, kBucketView, 0})
+    ->Args({0, kFlat, 0})
+    ->Args({1, kFlat, 0})
     ->Args({0, kPerParam, 1})
     ->Args({0, kBucketView, 1})
     ->Threads(kWorld)

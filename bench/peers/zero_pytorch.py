@@ -3,7 +3,7 @@
 processes, Gloo over loopback), Adam on 20M fp32 parameters:
     /usr/bin/python3 bench/peers/zero_pytorch.py
 Prints one line per configuration: model, config, mean step time (ms), optimizer state MiB on
-rank 0, consolidate_state_dict time (ms)."""
+rank 0, consolidate_state_dict time (ms). THREADS=n sets torch.set_num_threads(n) per rank."""
 import os
 import sys
 import time
@@ -20,7 +20,8 @@ STEPS = int(os.environ.get("STEPS", "10"))
 
 def run(rank, port, out):
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=2)
-    torch.set_num_threads(1)  # two ranks on two cores
+    if os.environ.get("THREADS"):  # default: PyTorch's own choice, as a user gets it
+        torch.set_num_threads(int(os.environ["THREADS"]))
     for model, sizes in MODELS.items():
         for bucket_view in (False, True):
             params = [torch.nn.Parameter(torch.full((n,), 0.5)) for n in sizes]
