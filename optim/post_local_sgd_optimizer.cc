@@ -1,0 +1,73 @@
+#include "optim/post_local_sgd_optimizer.h"
+
+#include <iostream>
+
+#include "optim/functional_adapter.h"
+#include "optim/torch_state.h"
+
+namespace dtrain::optim {
+namespace {
+
+std::vector<torch::optim::OptimizerParamGroup> copy_groups(const torch::optim::Optimizer& optim) {
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  for (const auto& g : optim.param_groups()) groups.emplace_back(g);
+  return groups;
+}
+
+}  // namespace
+
+PostLocalSGDOptimizer::PostLocalSGDOptimizer(std::unique_ptr<torch::optim::Optimizer> optim,
+                                             std::shared_ptr<ModelAverager> averager)
+    : torch::optim::Optimizer(copy_groups(*optim), optim->defaults().clone()),
+      optim_(std::move(optim)),
+      averager_(std::move(averager)) {
+  TORCH_CHECK(averager_ != nullptr, "PostLocalSGDOptimizer needs a model averager");
+}
+
+void PostLocalSGDOptimizer::sync_options(bool to_local) {
+  auto& local = optim_->param_groups();
+  TORCH_CHECK(local.size() == param_groups_.size(), "PostLocalSGDOptimizer: param groups were added to the local "
+              "optimizer directly; add them through this optimizer");
+  for (size_t g = 0; g < local.size(); ++g) {
+    if (to_local) {
+      local[g].set_options(param_groups_[g].options().clone());
+    } else {
+      param_groups_[g].set_options(local[g].options().clone());
+    }
+  }
+}
+
+at::Tensor PostLocalSGDOptimizer::step(LossClosure closure) {
+  sync_options(/*to_local=*/true);  // LR schedulers act on this optimizer's groups
+  at::Tensor loss = optim_->step(std::move(closure));
+  sync_options(/*to_local=*/false);
+  averager_->average_parameters(optim_->param_groups());
+  return loss;
+}
+
+c10::IValue PostLocalSGDOptimizer::state_dict() {
+  sync_options(/*to_local=*/true);
+  c10::IValue sd = dynamic_cast<FunctionalOptimizerAdapter*>(optim_.get())
+                       ? static_cast<FunctionalOptimizerAdapter&>(*optim_).state_dict()
+                       : torch_optim_state_dict(*optim_);
+  sd.toGenericDict().insert_or_assign("step", averager_->step());
+  return sd;
+}
+
+void PostLocalSGDOptimizer::load_state_dict(const c10::IValue& state_dict) {
+  auto sd = state_dict.toGenericDict();
+  if (auto* adapter = dynamic_cast<FunctionalOptimizerAdapter*>(optim_.get())) {
+    adapter->load_state_dict(state_dict);
+  } else {
+    load_torch_optim_state_dict(*optim_, state_dict);
+  }
+  sync_options(/*to_local=*/false);
+  if (sd.contains("step")) {
+    averager_->set_step(sd.at("step").toInt());
+  } else {
+    std::cerr << "Loaded state dict does not contain a step counter for an averager. Setting step counter to 0.\n";
+    averager_->set_step(0);
+  }
+}
+
+}  // namespace dtrain::optim
