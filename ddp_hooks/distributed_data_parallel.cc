@@ -1,0 +1,325 @@
+#include "ddp_hooks/distributed_data_parallel.h"
+
+#include <map>
+#include <mutex>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "comm/coalesced.h"
+#include "comm/object_collectives.h"
+#include "ddp_hooks/default_hooks.h"
+
+namespace dtrain::ddp {
+
+struct DistributedDataParallel::State {
+  struct Bucket {
+    std::vector<size_t> params;      // indices into State::params
+    std::vector<size_t> offsets, lengths;
+    std::vector<c10::IntArrayRef> sizes;
+    at::Tensor buffer;
+    size_t pending = 0;
+    bool launched = false;
+    c10::intrusive_ptr<c10::ivalue::Future> future;
+  };
+
+  DDPOptions options;
+  std::vector<at::Tensor> params;
+  std::vector<std::string> names;
+  std::vector<at::Tensor> buffers;
+  std::vector<Bucket> buckets;
+  std::vector<std::pair<size_t, size_t>> where;  // param -> (bucket, position)
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+  std::unique_ptr<c10d::CommHookInterface> hook;
+  bool custom_hook = false;
+
+  std::mutex mu;
+  bool sync = true;
+  bool in_backward = false;
+  std::vector<bool> ready;
+  size_t next_bucket = 0;
+  std::string pending_error;
+
+  at::Tensor bucket_view(size_t i) {
+    const auto [b, k] = where[i];
+    return buckets[b].buffer.narrow(0, static_cast<int64_t>(buckets[b].offsets[k]),
+                                    static_cast<int64_t>(buckets[b].lengths[k]))
+        .view(params[i].sizes());
+  }
+
+  // Puts parameter i's gradient into its bucket (or zeros when it has none).
+  void gather_grad(size_t i) {
+    at::Tensor view = bucket_view(i);
+    const at::Tensor& grad = params[i].grad();
+    if (!grad.defined()) {
+      view.zero_();
+    } else if (!grad.is_same(view) && grad.data_ptr() != view.data_ptr()) {
+      view.copy_(grad);
+    }
+    if (options.gradient_as_bucket_view) params[i].mutable_grad() = view;
+  }
+
+  void launch_ready_buckets() {
+    // Buckets are reduced in order on every rank, so the collectives pair up.
+    while (next_bucket < buckets.size() && buckets[next_bucket].pending == 0) {
+      Bucket& bucket = buckets[next_bucket];
+      std::vector<at::Tensor> bucket_params;
+      for (size_t i : bucket.params) bucket_params.push_back(params[i]);
+      c10d::GradBucket grad_bucket(next_bucket, buckets.size(), bucket.buffer, bucket.offsets, bucket.lengths,
+                                   bucket.sizes, bucket_params);
+      bucket.future = hook->runHook(grad_bucket);
+      bucket.launched = true;
+      ++next_bucket;
+    }
+  }
+
+  void mark_ready(size_t i) {
+    TORCH_CHECK(!ready[i], "DDP: parameter '", names[i], "' was marked ready twice in one backward pass; this happens "
+                "when a parameter is used by two autograd graphs or reentrant backward. Call backward once per "
+                "forward.");
+    ready[i] = true;
+    gather_grad(i);
+    Bucket& bucket = buckets[where[i].first];
+    --bucket.pending;
+    launch_ready_buckets();
+  }
+
+  // Autograd post-hook of parameter i's gradient accumulator.
+  void on_grad_ready(size_t i) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!sync) return;
+    if (!in_backward) {
+      in_backward = true;
+      std::weak_ptr<State> weak = self;
+      torch::autograd::Engine::get_default_engine().queue_callback([weak] {
+        if (auto s = weak.lock()) s->finalize();
+      });
+    }
+    mark_ready(i);
+  }
+
+  void finalize() {
+    std::lock_guard<std::mutex> lock(mu);
+    std::vector<size_t> unused;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!ready[i]) unused.push_back(i);
+    }
+    std::vector<bool> locally_used = ready;
+    // Missing gradients still go through their buckets as zeros, so every rank launches the
+    // same collectives.
+    for (size_t i : unused) mark_ready(i);
+    at::Tensor globally_used;
+    if (options.find_unused_parameters) {
+      globally_used = at::zeros({static_cast<int64_t>(params.size())}, at::kInt);
+      for (size_t i = 0; i < params.size(); ++i) globally_used[static_cast<int64_t>(i)] = locally_used[i] ? 1 : 0;
+      std::vector<at::Tensor> t = {globally_used};
+      options.group->allreduce(t)->wait();
+    } else if (!unused.empty()) {
+      std::vector<std::string> which;
+      for (size_t i : unused) which.push_back(absl::StrCat(names[i], " (index ", i, ")"));
+      pending_error = absl::StrCat(
+          "Expected to have finished reduction in the prior iteration before starting a new one. This error indicates "
+          "that your module has parameters that were not used in producing loss. You can enable unused parameter "
+          "detection by setting find_unused_parameters=true in DDPOptions. Parameters which did not receive grad "
+          "for rank ", options.group.rank(), ": ", absl::StrJoin(which, ", "));
+    }
+    for (Bucket& bucket : buckets) {
+      bucket.future->wait();
+      at::Tensor result = hook->parseHookResult(bucket.future->value());
+      if (!result.is_same(bucket.buffer)) bucket.buffer.copy_(result);
+    }
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (globally_used.defined() && globally_used[static_cast<int64_t>(i)].item<int>() == 0) {
+        continue;  // unused on every rank: leave .grad as it was
+      }
+      at::Tensor view = bucket_view(i);
+      if (options.gradient_as_bucket_view) {
+        params[i].mutable_grad() = view;
+      } else if (params[i].grad().defined()) {
+        params[i].mutable_grad().copy_(view);
+      } else {
+        params[i].mutable_grad() = view.clone();
+      }
+    }
+    reset();
+  }
+
+  void reset() {
+    for (Bucket& bucket : buckets) {
+      bucket.pending = bucket.params.size();
+      bucket.launched = false;
+      bucket.future.reset();
+    }
+    std::fill(ready.begin(), ready.end(), false);
+    next_bucket = 0;
+    in_backward = false;
+  }
+
+  std::weak_ptr<State> self;
+};
+
+namespace {
+
+std::string describe(const std::string& name, const at::Tensor& t) {
+  return absl::StrCat(name, " ", c10::toString(t.scalar_type()), " [", absl::StrJoin(t.sizes(), ", "), "]");
+}
+
+}  // namespace
+
+DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, DDPOptions options)
+    : module_(std::move(module)), state_(std::make_shared<State>()) {
+  TORCH_CHECK(module_ != nullptr, "DistributedDataParallel needs a module");
+  TORCH_CHECK(options.group.is_member(), "DistributedDataParallel: DDPOptions::group is not set or this rank is not in it");
+  TORCH_CHECK(options.bucket_cap_mb > 0 && options.first_bucket_cap_mb > 0, "bucket caps must be positive");
+  State& s = *state_;
+  s.self = state_;
+  s.options = std::move(options);
+  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+    if (!item.value().requires_grad()) continue;
+    TORCH_CHECK(item.value().layout() == at::kStrided, "DistributedDataParallel: parameter '", item.key(),
+                "' is sparse, which is not supported");
+    s.names.push_back(item.key());
+    s.params.push_back(item.value());
+  }
+  TORCH_CHECK(!s.params.empty(), "DistributedDataParallel is not needed when a module doesn't have any parameter that "
+              "requires a gradient.");
+  for (const auto& item : module_->named_buffers(/*recurse=*/true)) s.buffers.push_back(item.value());
+
+  // Same model everywhere, or a clear error naming the first difference.
+  c10::impl::GenericList mine(c10::StringType::get());
+  for (size_t i = 0; i < s.params.size(); ++i) mine.push_back(describe(s.names[i], s.params[i]));
+  auto all = comm::all_gather_object(s.options.group, mine);
+  TORCH_CHECK(all.ok(), "DistributedDataParallel construction is a collective: ", all.status().ToString());
+  const auto reference = (*all)[0].toList();
+  for (int r = 1; r < s.options.group.size(); ++r) {
+    const auto theirs = (*all)[r].toList();
+    for (size_t i = 0; i < std::max(reference.size(), theirs.size()); ++i) {
+      const std::string a = i < reference.size() ? reference.get(i).toStringRef() : "(none)";
+      const std::string b = i < theirs.size() ? theirs.get(i).toStringRef() : "(none)";
+      TORCH_CHECK(a == b, "DistributedDataParallel expects the same model on every rank: parameter ", i, " is ", b,
+                  " on rank ", r, " but ", a, " on rank 0");
+    }
+  }
+  {
+    at::NoGradGuard no_grad;
+    std::vector<at::Tensor> state;
+    for (const auto& p : s.params) state.push_back(p.detach());
+    for (const auto& b : s.buffers) state.push_back(b.detach());
+    comm::broadcast_coalesced(s.options.group, state, 0, int64_t{250} << 20).wait();
+  }
+
+  // Buckets in reverse registration order (gradients become ready roughly back to front), one
+  // dtype per bucket, the first bucket of each dtype small so communication starts early.
+  std::map<at::ScalarType, std::pair<size_t, int64_t>> open;  // dtype -> (bucket, bytes)
+  std::map<at::ScalarType, int> closed;
+  s.where.resize(s.params.size());
+  for (size_t k = s.params.size(); k-- > 0;) {
+    const at::Tensor& p = s.params[k];
+    auto it = open.find(p.scalar_type());
+    if (it == open.end()) {
+      s.buckets.emplace_back();
+      it = open.emplace(p.scalar_type(), std::make_pair(s.buckets.size() - 1, int64_t{0})).first;
+    }
+    State::Bucket& bucket = s.buckets[it->second.first];
+    const size_t offset = bucket.offsets.empty() ? 0 : bucket.offsets.back() + bucket.lengths.back();
+    s.where[k] = {it->second.first, bucket.params.size()};
+    bucket.params.push_back(k);
+    bucket.offsets.push_back(offset);
+    bucket.lengths.push_back(static_cast<size_t>(p.numel()));
+    bucket.sizes.push_back(p.sizes());
+    it->second.second += p.numel() * static_cast<int64_t>(p.element_size());
+    const double cap_mb = closed[p.scalar_type()] == 0 ? s.options.first_bucket_cap_mb : s.options.bucket_cap_mb;
+    if (static_cast<double>(it->second.second) >= cap_mb * 1024 * 1024) {
+      ++closed[p.scalar_type()];
+      open.erase(it);
+    }
+  }
+  for (State::Bucket& bucket : s.buckets) {
+    const at::Tensor& first = s.params[bucket.params[0]];
+    bucket.buffer = at::zeros({static_cast<int64_t>(bucket.offsets.back() + bucket.lengths.back())}, first.options());
+  }
+  s.ready.assign(s.params.size(), false);
+  s.reset();
+  if (s.options.gradient_as_bucket_view) {
+    for (size_t i = 0; i < s.params.size(); ++i) {
+      at::Tensor view = s.bucket_view(i);
+      if (s.params[i].grad().defined()) view.copy_(s.params[i].grad());
+      s.params[i].mutable_grad() = view;
+    }
+  }
+  s.hook = std::make_unique<AllReduceHook>(s.options.group);
+
+  std::weak_ptr<State> weak = state_;
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    auto acc = torch::autograd::impl::grad_accumulator(s.params[i]);
+    TORCH_CHECK(acc != nullptr, "DDP: parameter '", s.names[i], "' has no gradient accumulator (not a leaf?)");
+    acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+        [weak, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+          if (auto st = weak.lock()) st->on_grad_ready(i);
+          return outputs;
+        }));
+    s.accumulators.push_back(std::move(acc));
+  }
+}
+
+DistributedDataParallel::~DistributedDataParallel() = default;
+
+void DistributedDataParallel::pre_forward() {
+  State& s = *state_;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (!s.pending_error.empty()) {
+      std::string message = std::move(s.pending_error);
+      s.pending_error.clear();
+      TORCH_CHECK(false, message);
+    }
+  }
+  if (s.options.broadcast_buffers && !s.buffers.empty() && s.options.group.size() > 1) {
+    at::NoGradGuard no_grad;
+    std::vector<at::Tensor> buffers;
+    for (const auto& b : s.buffers) buffers.push_back(b.detach());
+    comm::broadcast_coalesced(s.options.group, buffers, 0).wait();
+  }
+}
+
+void DistributedDataParallel::register_comm_hook(std::unique_ptr<c10d::CommHookInterface> hook) {
+  TORCH_CHECK(hook != nullptr, "register_comm_hook: null hook");
+  std::lock_guard<std::mutex> lock(state_->mu);
+  TORCH_CHECK(!state_->custom_hook, "register_comm_hook or register_builtin_comm_hook can only be called once.");
+  state_->hook = std::move(hook);
+  state_->custom_hook = true;
+}
+
+DistributedDataParallel::NoSyncGuard::NoSyncGuard(DistributedDataParallel* ddp) : ddp_(ddp) {
+  std::lock_guard<std::mutex> lock(ddp_->state_->mu);
+  previous_ = ddp_->state_->sync;
+  ddp_->state_->sync = false;
+}
+
+DistributedDataParallel::NoSyncGuard::~NoSyncGuard() {
+  if (ddp_ == nullptr) return;
+  std::lock_guard<std::mutex> lock(ddp_->state_->mu);
+  ddp_->state_->sync = previous_;
+}
+
+DistributedDataParallel::NoSyncGuard::NoSyncGuard(NoSyncGuard&& other) noexcept
+    : ddp_(other.ddp_), previous_(other.previous_) {
+  other.ddp_ = nullptr;
+}
+
+DistributedDataParallel::NoSyncGuard DistributedDataParallel::no_sync() { return NoSyncGuard(this); }
+
+std::vector<std::vector<size_t>> DistributedDataParallel::bucket_indices() const {
+  std::vector<std::vector<size_t>> out;
+  for (const auto& b : state_->buckets) out.push_back(b.params);
+  return out;
+}
+
+const std::vector<std::string>& DistributedDataParallel::parameter_names() const { return state_->names; }
+
+}  // namespace dtrain::ddp

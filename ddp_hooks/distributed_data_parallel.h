@@ -1,0 +1,101 @@
+// DistributedDataParallel for LibTorch modules: gradients are averaged across ranks in buckets
+// whose all-reduce starts during backward, as soon as the bucket's last gradient is ready
+// (autograd post-hooks on the parameters' gradient accumulators), overlapping communication
+// with the rest of backward; the end of backward waits for every bucket and writes the averaged
+// gradients back. Communication goes through c10d::CommHookInterface hooks.
+//
+//   dtrain::ddp::DDPOptions options;
+//   options.group = world;
+//   dtrain::ddp::DistributedDataParallel ddp(model, options);   // broadcasts rank 0's weights
+//   for (auto& batch : data) {
+//     optimizer.zero_grad();
+//     at::Tensor loss = ddp.forward([&] { return loss_fn(model->forward(batch.x), batch.y); });
+//     loss.backward();                                          // gradients averaged on return
+//     optimizer.step();
+//   }
+//   { auto guard = ddp.no_sync(); ddp.forward(...).backward(); }   // accumulate locally
+//
+// Every rank must run the same forward/backward sequence (collectives). One engine per module.
+// Not thread-safe across concurrent backward passes of the same module.
+#ifndef DTRAIN_DDP_HOOKS_DISTRIBUTED_DATA_PARALLEL_H_
+#define DTRAIN_DDP_HOOKS_DISTRIBUTED_DATA_PARALLEL_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/comm.hpp>
+#include <torch/nn/module.h>
+
+#include "comm/process_group.h"
+
+namespace dtrain::ddp {
+
+struct DDPOptions {
+  comm::Group group;                 // required
+  double bucket_cap_mb = 25;         // MiB per bucket (PyTorch's bucket_cap_mb)
+  double first_bucket_cap_mb = 1;    // the first bucket of each dtype, so communication starts early
+  bool broadcast_buffers = true;     // broadcast rank 0's buffers before each forward
+  // Parameters that get no gradient in an iteration count as ready with zero gradient; those
+  // unused on every rank keep their .grad untouched. Without it, a parameter without gradient
+  // is an error at the next forward, naming it (as PyTorch).
+  bool find_unused_parameters = false;
+  // .grad of every parameter is a view into its bucket (no copy in or out of the buckets).
+  bool gradient_as_bucket_view = false;
+  // The set of used parameters is the same every iteration (accepted for PyTorch parity; the
+  // engine needs no extra work for it).
+  bool static_graph = false;
+};
+
+class DistributedDataParallel {
+ public:
+  // Collective. Checks every rank has the same parameter names, shapes and dtypes (an error
+  // naming the first difference, instead of a hang or silent corruption), broadcasts rank 0's
+  // parameters and buffers, builds the buckets and registers the autograd hooks.
+  DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, DDPOptions options);
+  ~DistributedDataParallel();
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  // Runs `forward` (the module's forward pass and loss) after DDP's pre-forward work: the error
+  // for parameters that got no gradient last iteration, and the buffer broadcast.
+  template <typename F>
+  auto forward(F&& forward) -> decltype(forward()) {
+    pre_forward();
+    return forward();
+  }
+
+  // Replaces the default all-reduce. Once per engine: a second call is an error.
+  void register_comm_hook(std::unique_ptr<c10d::CommHookInterface> hook);
+
+  // While alive, backward passes accumulate gradients locally without communication.
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(DistributedDataParallel* ddp);
+    ~NoSyncGuard();
+    NoSyncGuard(NoSyncGuard&& other) noexcept;
+    NoSyncGuard(const NoSyncGuard&) = delete;
+
+   private:
+    DistributedDataParallel* ddp_;
+    bool previous_;
+  };
+  NoSyncGuard no_sync();
+
+  torch::nn::Module& module() { return *module_; }
+  // Parameter indices (registration order) per bucket, in reduction order.
+  std::vector<std::vector<size_t>> bucket_indices() const;
+  const std::vector<std::string>& parameter_names() const;
+
+  struct State;  // shared with the autograd hooks
+
+ private:
+  void pre_forward();
+
+  std::shared_ptr<torch::nn::Module> module_;
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace dtrain::ddp
+
+#endif  // DTRAIN_DDP_HOOKS_DISTRIBUTED_DATA_PARALLEL_H_
