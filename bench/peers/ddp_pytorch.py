@@ -1,0 +1,68 @@
+#!/usr/bin/python3
+"""PyTorch's DistributedDataParallel on //ddp_hooks:ddp_benchmark's model, world 2 (two
+processes, Gloo over loopback): 8 x Linear(1024, 1024) + ReLU, batch 2 per rank.
+    /usr/bin/python3 bench/peers/ddp_pytorch.py
+Prints the mean iteration time (zero_grad + forward + backward) with and without bucket views,
+and backward alone."""
+import os
+import socket
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+STEPS = int(os.environ.get("STEPS", "30"))
+
+
+def mlp():
+    layers = []
+    for _ in range(8):
+        layers += [torch.nn.Linear(1024, 1024), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers)
+
+
+def timed(fn):
+    fn()
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(STEPS):
+        fn()
+    return (time.perf_counter() - t0) / STEPS * 1e3
+
+
+def run(rank, port, q):
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=2)
+    x = torch.randn(2, 1024)
+    plain = mlp()
+
+    def backward_only():
+        plain.zero_grad()
+        plain(x).sum().backward()
+    results = {"backward": timed(backward_only)}
+    for view in (False, True):
+        model = torch.nn.parallel.DistributedDataParallel(mlp(), gradient_as_bucket_view=view)
+
+        def iteration():
+            model.zero_grad()
+            model(x).sum().backward()
+        results["ddp_bucket_view" if view else "ddp"] = timed(iteration)
+    if rank == 0:
+        q.put(results)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=run, args=(r, port, q)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    for k, v in sorted(q.get().items()):
+        print("%s %.1f ms" % (k, v))
