@@ -1,0 +1,251 @@
+#include "ddp_hooks/powersgd_hook.h"
+
+#include <map>
+
+#include <ATen/ATen.h>
+
+namespace dtrain::ddp {
+namespace {
+
+c10::intrusive_ptr<c10::ivalue::Future> done(const at::Tensor& t) {
+  auto fut = c10::make_intrusive<c10::ivalue::Future>(c10::TensorType::get());
+  fut->markCompleted(c10::IValue(t));
+  return fut;
+}
+
+void allreduce(const comm::Group& group, at::Tensor& t) {
+  if (t.numel() == 0) return;
+  std::vector<at::Tensor> v = {t};
+  group->allreduce(v)->wait();
+}
+
+}  // namespace
+
+void orthogonalize(at::Tensor& matrices, double epsilon) {
+  TORCH_CHECK(matrices.dim() == 3 && matrices.size(2) <= matrices.size(1), "orthogonalize expects b x n x r with r <= n");
+  const int64_t cols = matrices.size(2);
+  for (int64_t i = 0; i < cols; ++i) {
+    at::Tensor col = matrices.narrow(2, i, 1);
+    at::Tensor norm = at::norm(col, 2, {1}, /*keepdim=*/true);
+    if (epsilon == 0) {
+      col.div_(norm);
+    } else {
+      col.div_(norm + epsilon);
+    }
+    if (i + 1 < cols) {
+      at::Tensor rest = matrices.narrow(2, i + 1, cols - i - 1);
+      rest.sub_(at::sum(col * rest, {1}, /*keepdim=*/true) * col);
+    }
+  }
+}
+
+void PowerSGDState::validate() const {
+  TORCH_CHECK(group.is_member(), "PowerSGDState: the process group is not set or this rank is not in it");
+  TORCH_CHECK(!((use_error_feedback || warm_start) && start_powerSGD_iter <= 1),
+              "Expect `start_powerSGD_iter` > 1 if `use_error_feedback` or `warm_start` is enabled, because PowerSGD "
+              "can only be applied after the first two iterations in DDP.");
+  TORCH_CHECK(matrix_approximation_rank >= 1, "matrix_approximation_rank must be >= 1, got ", matrix_approximation_rank);
+  TORCH_CHECK(min_compression_rate >= 1, "min_compression_rate must be >= 1, got ", min_compression_rate);
+}
+
+double PowerSGDState::compression_rate() const {
+  return total_numel_after_compression == 0
+             ? 1.0
+             : static_cast<double>(total_numel_before_compression) / total_numel_after_compression;
+}
+
+c10::IValue PowerSGDState::state_dict() const {
+  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+  d.insert("matrix_approximation_rank", matrix_approximation_rank);
+  d.insert("start_powerSGD_iter", start_powerSGD_iter);
+  d.insert("min_compression_rate", min_compression_rate);
+  d.insert("use_error_feedback", use_error_feedback);
+  d.insert("warm_start", warm_start);
+  d.insert("orthogonalization_epsilon", orthogonalization_epsilon);
+  d.insert("random_seed", static_cast<int64_t>(random_seed));
+  d.insert("batch_tensors_with_same_shape", batch_tensors_with_same_shape);
+  d.insert("iter", iter);
+  d.insert("total_numel_before_compression", total_numel_before_compression);
+  d.insert("total_numel_after_compression", total_numel_after_compression);
+  auto tensors = [](const std::map<int64_t, at::Tensor>& m) {
+    c10::impl::GenericDict out(c10::IntType::get(), c10::TensorType::get());
+    for (const auto& [k, v] : m) out.insert(k, v.clone());
+    return out;
+  };
+  d.insert("error_dict", tensors(error_dict));
+  d.insert("p_memory_dict", tensors(p_memory_dict));
+  d.insert("q_memory_dict", tensors(q_memory_dict));
+  std::ostringstream rng_state;
+  rng_state << rng;
+  d.insert("rng", rng_state.str());
+  d.insert("rng_seeded", rng_seeded);
+  return d;
+}
+
+void PowerSGDState::load_state_dict(const c10::IValue& state_dict) {
+  auto d = state_dict.toGenericDict();
+  matrix_approximation_rank = d.at("matrix_approximation_rank").toInt();
+  start_powerSGD_iter = d.at("start_powerSGD_iter").toInt();
+  min_compression_rate = d.at("min_compression_rate").toDouble();
+  use_error_feedback = d.at("use_error_feedback").toBool();
+  warm_start = d.at("warm_start").toBool();
+  orthogonalization_epsilon = d.at("orthogonalization_epsilon").toDouble();
+  random_seed = static_cast<uint64_t>(d.at("random_seed").toInt());
+  batch_tensors_with_same_shape = d.at("batch_tensors_with_same_shape").toBool();
+  iter = d.at("iter").toInt();
+  total_numel_before_compression = d.at("total_numel_before_compression").toInt();
+  total_numel_after_compression = d.at("total_numel_after_compression").toInt();
+  auto tensors = [&](const char* key) {
+    std::map<int64_t, at::Tensor> m;
+    for (const auto& kv : d.at(key).toGenericDict()) m[kv.key().toInt()] = kv.value().toTensor().clone();
+    return m;
+  };
+  error_dict = tensors("error_dict");
+  p_memory_dict = tensors("p_memory_dict");
+  q_memory_dict = tensors("q_memory_dict");
+  std::istringstream rng_state(d.at("rng").toStringRef());
+  rng_state >> rng;
+  rng_seeded = d.at("rng_seeded").toBool();
+  validate();
+}
+
+PowerSGDHook::PowerSGDHook(std::shared_ptr<PowerSGDState> state) : state_(std::move(state)) {
+  TORCH_CHECK(state_ != nullptr, "PowerSGDHook needs a state");
+  state_->validate();
+}
+
+at::Tensor PowerSGDHook::parseHookResult(const c10::IValue& result) { return result.toTensor(); }
+
+c10::intrusive_ptr<c10::ivalue::Future> PowerSGDHook::runHook(c10d::GradBucket& bucket) {
+  PowerSGDState& s = *state_;
+  const comm::Group& group = s.group;
+  const int world = group.size();
+  at::Tensor input = bucket.getBufferRef();
+  auto maybe_increase_iter = [&] {
+    // The last bucket closes an iteration.
+    if (bucket.isLast()) ++s.iter;
+  };
+  if (s.iter < s.start_powerSGD_iter) {
+    input.div_(world);
+    allreduce(group, input);
+    maybe_increase_iter();
+    return done(input);
+  }
+  at::NoGradGuard no_grad;
+  const int64_t index = static_cast<int64_t>(bucket.getIndex());
+  at::Tensor input_copy;
+  if (s.use_error_feedback) {
+    auto it = s.error_dict.find(index);
+    if (it != s.error_dict.end()) {
+      input.add_(it->second);
+    } else {
+      s.error_dict[index] = at::zeros_like(input);
+    }
+    input_copy = input.clone();
+  }
+  // I. Split into compressed and uncompressed tensors.
+  std::vector<at::Tensor> to_compress, uncompressed;
+  int64_t ps_size = 0, qs_size = 0;
+  for (const at::Tensor& grad : bucket.getGradients()) {
+    const int64_t n = grad.dim() == 0 ? 1 : grad.size(0);
+    const int64_t m = grad.numel() / std::max<int64_t>(n, 1);
+    const int64_t r = std::min({n, m, s.matrix_approximation_rank});
+    const int64_t before = n * m, after = (n + m) * r;
+    s.total_numel_before_compression += before;
+    if (grad.dim() >= 2 && static_cast<double>(after) * s.min_compression_rate < static_cast<double>(before)) {
+      to_compress.push_back(grad.view({n, m}));
+      ps_size += n * r;
+      qs_size += m * r;
+      s.total_numel_after_compression += after;
+    } else {
+      uncompressed.push_back(grad);
+      s.total_numel_after_compression += before;
+    }
+  }
+  // II. Uncompressed tensors: one all-reduce of their concatenation.
+  std::vector<at::Tensor> flat_parts;
+  for (const auto& t : uncompressed) flat_parts.push_back(t.reshape(-1));
+  at::Tensor uncompressed_memory = flat_parts.empty() ? at::empty({0}, input.options()) : at::cat(flat_parts);
+  // III. P and Q memories (reused across iterations with warm start).
+  bool randomize_qs = false;
+  if (!s.warm_start || s.p_memory_dict.count(index) == 0 || s.p_memory_dict[index].numel() != ps_size) {
+    randomize_qs = true;
+    s.p_memory_dict[index] = at::empty({ps_size}, input.options());
+    s.q_memory_dict[index] = at::empty({qs_size}, input.options());
+  }
+  // Batches of matrices: same-shape ones stacked when asked.
+  std::vector<std::vector<at::Tensor>> batches;
+  if (s.batch_tensors_with_same_shape) {
+    std::map<std::pair<int64_t, int64_t>, size_t> by_shape;
+    for (const auto& t : to_compress) {
+      auto key = std::make_pair(t.size(0), t.size(1));
+      auto it = by_shape.find(key);
+      if (it == by_shape.end()) {
+        it = by_shape.emplace(key, batches.size()).first;
+        batches.emplace_back();
+      }
+      batches[it->second].push_back(t);
+    }
+  } else {
+    for (const auto& t : to_compress) batches.push_back({t});
+  }
+  std::vector<at::Tensor> mats, ps, qs;
+  int64_t p_idx = 0, q_idx = 0;
+  for (const auto& batch : batches) {
+    at::Tensor m = batch.size() == 1 ? batch[0].unsqueeze(0) : at::stack(batch);
+    const int64_t b = m.size(0), n = m.size(1), cols = m.size(2);
+    const int64_t r = std::min({n, cols, s.matrix_approximation_rank});
+    mats.push_back(m);
+    ps.push_back(s.p_memory_dict[index].narrow(0, p_idx, b * n * r).view({b, n, r}));
+    qs.push_back(s.q_memory_dict[index].narrow(0, q_idx, b * cols * r).view({b, cols, r}));
+    p_idx += b * n * r;
+    q_idx += b * cols * r;
+  }
+  if (!randomize_qs) {
+    for (auto& q : qs) orthogonalize(q, s.orthogonalization_epsilon);
+  } else {
+    // The same random Qs on every rank: a seeded generator advanced identically everywhere.
+    if (!s.rng_seeded) {
+      s.rng.seed(s.random_seed);
+      s.rng_seeded = true;
+    }
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(s.rng() % 1000000000ULL);
+    for (auto& q : qs) {
+      q.copy_(at::randn(q.sizes(), gen, q.options()));
+      orthogonalize(q, s.orthogonalization_epsilon);
+    }
+  }
+  // P = M Q, all-reduced (no division: P is orthogonalised next).
+  for (size_t k = 0; k < mats.size(); ++k) at::bmm_out(ps[k], mats[k], qs[k]);
+  allreduce(group, uncompressed_memory);
+  uncompressed_memory.div_(world);
+  int64_t offset = 0;
+  for (auto& t : uncompressed) {
+    t.copy_(uncompressed_memory.narrow(0, offset, t.numel()).view(t.sizes()));
+    offset += t.numel();
+  }
+  allreduce(group, s.p_memory_dict[index]);
+  for (auto& p : ps) orthogonalize(p, s.orthogonalization_epsilon);
+  // Q = M^T P, all-reduced and averaged.
+  for (size_t k = 0; k < mats.size(); ++k) at::bmm_out(qs[k], mats[k].transpose(1, 2), ps[k]);
+  allreduce(group, s.q_memory_dict[index]);
+  s.q_memory_dict[index].div_(world);
+  // Decompress: M ~ P Q^T, into the bucket.
+  for (size_t k = 0; k < mats.size(); ++k) {
+    at::Tensor approx = at::bmm(ps[k], qs[k].transpose(1, 2));
+    if (batches[k].size() == 1) {
+      batches[k][0].copy_(approx[0]);
+    } else {
+      for (size_t j = 0; j < batches[k].size(); ++j) batches[k][j].copy_(approx[static_cast<int64_t>(j)]);
+    }
+  }
+  if (s.use_error_feedback) s.error_dict[index] = input_copy - input;
+  if (!s.warm_start) {
+    s.p_memory_dict.clear();
+    s.q_memory_dict.clear();
+  }
+  maybe_increase_iter();
+  return done(input);
+}
+
+}  // namespace dtrain::ddp

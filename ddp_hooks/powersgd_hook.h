@@ -1,0 +1,82 @@
+// PowerSGD gradient compression (Vogels et al.), as PyTorch's powerSGD_hook and
+// batched_powerSGD-style batching: each compressible gradient matrix M (n x m) is sent as
+// P = M Q (n x r) and Q = M^T P (m x r) -- two all-reduces of (n + m) r numbers instead of n m --
+// with error feedback and warm start. 1-D tensors and matrices not worth compressing
+// (min_compression_rate) are all-reduced uncompressed in one batch. The first
+// start_powerSGD_iter iterations run plain all-reduce.
+//
+//   auto state = std::make_shared<dtrain::ddp::PowerSGDState>(group);
+//   state->matrix_approximation_rank = 2;
+//   state->start_powerSGD_iter = 10;
+//   ddp.register_comm_hook(std::make_unique<dtrain::ddp::PowerSGDHook>(state));
+//   c10::IValue saved = state->state_dict();   // resume later with load_state_dict (PyTorch #75666)
+//
+// The hook does its work when DDP hands it a bucket (the all-reduces run to completion there),
+// so it overlaps less with backward than the plain all-reduce does.
+#ifndef DTRAIN_DDP_HOOKS_POWERSGD_HOOK_H_
+#define DTRAIN_DDP_HOOKS_POWERSGD_HOOK_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <random>
+
+#include <torch/csrc/distributed/c10d/comm.hpp>
+
+#include "comm/process_group.h"
+
+namespace dtrain::ddp {
+
+struct PowerSGDState {
+  explicit PowerSGDState(comm::Group group) : group(std::move(group)) {}
+
+  // PyTorch's PowerSGDState fields, same meanings and defaults.
+  comm::Group group;
+  int64_t matrix_approximation_rank = 1;
+  int64_t start_powerSGD_iter = 1000;   // plain all-reduce before this iteration
+  double min_compression_rate = 2;      // compress only when (n + m) r * rate < n m
+  bool use_error_feedback = true;
+  bool warm_start = true;
+  double orthogonalization_epsilon = 0;
+  uint64_t random_seed = 0;
+  bool batch_tensors_with_same_shape = false;
+
+  // Run-time state.
+  int64_t iter = 0;
+  std::map<int64_t, at::Tensor> error_dict;     // per bucket: local compression error
+  std::map<int64_t, at::Tensor> p_memory_dict;  // per bucket: all Ps, flat
+  std::map<int64_t, at::Tensor> q_memory_dict;  // per bucket: all Qs, flat (warm start)
+  int64_t total_numel_before_compression = 0;
+  int64_t total_numel_after_compression = 0;
+
+  // TORCH_CHECK with PyTorch's message: start_powerSGD_iter must be > 1 with error feedback or
+  // warm start; rank >= 1; rate >= 1.
+  void validate() const;
+  // compression_rate = numel before / numel after, over everything sent so far.
+  double compression_rate() const;
+
+  // Everything needed to resume (hyper-parameters, iter, error / P / Q memories, RNG).
+  c10::IValue state_dict() const;
+  void load_state_dict(const c10::IValue& state_dict);
+
+  std::mt19937_64 rng{0};
+  bool rng_seeded = false;
+};
+
+class PowerSGDHook : public c10d::CommHookInterface {
+ public:
+  explicit PowerSGDHook(std::shared_ptr<PowerSGDState> state);
+  c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override;
+  at::Tensor parseHookResult(const c10::IValue& result) override;
+
+ private:
+  std::shared_ptr<PowerSGDState> state_;
+};
+
+// Orthonormalises the columns of each matrix in a batch (b x n x r), in place: Gram-Schmidt
+// (PyTorch's for rank <= 2) with `epsilon` guarding zero columns.
+void orthogonalize(at::Tensor& matrices, double epsilon);
+
+}  // namespace dtrain::ddp
+
+#endif  // DTRAIN_DDP_HOOKS_POWERSGD_HOOK_H_
