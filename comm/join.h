@@ -50,6 +50,11 @@ class Joinable {
   virtual c10::Device join_device() const = 0;
   virtual c10::intrusive_ptr<c10d::ProcessGroup> join_process_group() const = 0;
 
+ protected:
+  // True while this joinable is inside an enabled Join context (its forward must then mirror
+  // the join protocol's per-iteration collectives).
+  bool join_enabled() const { return join_enabled_; }
+
  private:
   friend class Join;
   // Set by Join: only the first joinable of a context does the per-iteration all-reduce.

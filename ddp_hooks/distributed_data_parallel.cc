@@ -279,12 +279,83 @@ void DistributedDataParallel::pre_forward() {
       TORCH_CHECK(false, message);
     }
   }
+  // Inside a Join: the same per-iteration collectives, in the same order, as a joined rank's
+  // hook runs: the join count, the buffers, whether this iteration syncs gradients.
+  comm::Join::notify_join_context(*this);
+  sync_buffers();
+  if (join_enabled()) {
+    std::vector<at::Tensor> flag = {at::full({1}, s.sync ? 1 : 0, at::kInt)};
+    s.options.group->allreduce(flag)->wait();
+  }
+}
+
+void DistributedDataParallel::sync_buffers() {
+  State& s = *state_;
   if (s.options.broadcast_buffers && !s.buffers.empty() && s.options.group.size() > 1) {
     at::NoGradGuard no_grad;
     std::vector<at::Tensor> buffers;
     for (const auto& b : s.buffers) buffers.push_back(b.detach());
     comm::broadcast_coalesced(s.options.group, buffers, 0).wait();
   }
+}
+
+void DistributedDataParallel::shadow_backward() {
+  State& s = *state_;
+  sync_buffers();
+  std::vector<at::Tensor> flag = {at::zeros({1}, at::kInt)};
+  s.options.group->allreduce(flag)->wait();
+  if (flag[0].item<int>() == 0) return;  // every working rank is in no_sync: nothing to match
+  std::lock_guard<std::mutex> lock(s.mu);
+  // One reduction per bucket, in order, with zeros (results discarded: this rank does not step).
+  for (size_t b = 0; b < s.buckets.size(); ++b) {
+    State::Bucket& bucket = s.buckets[b];
+    at::Tensor zeros = at::zeros_like(bucket.buffer);
+    std::vector<at::Tensor> params;
+    for (size_t i : bucket.params) params.push_back(s.params[i]);
+    c10d::GradBucket grad_bucket(b, s.buckets.size(), zeros, bucket.offsets, bucket.lengths, bucket.sizes, params);
+    s.hook->runHook(grad_bucket)->wait();
+  }
+  if (s.options.find_unused_parameters) {
+    std::vector<at::Tensor> used = {at::zeros({static_cast<int64_t>(s.params.size())}, at::kInt)};
+    s.options.group->allreduce(used)->wait();
+  }
+}
+
+void DistributedDataParallel::sync_final_model(bool is_last_joiner) {
+  State& s = *state_;
+  // The last rank to join trained longest: its model is the authoritative one.
+  std::vector<at::Tensor> who = {at::full({1}, is_last_joiner ? s.options.group.rank() : -1, at::kInt)};
+  c10d::AllreduceOptions max;
+  max.reduceOp = c10d::ReduceOp::MAX;
+  s.options.group->allreduce(who, max)->wait();
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> state;
+  for (const auto& p : s.params) state.push_back(p.detach());
+  for (const auto& b : s.buffers) state.push_back(b.detach());
+  comm::broadcast_coalesced(s.options.group, state, who[0].item<int>()).wait();
+}
+
+class DDPJoinHook : public comm::JoinHook {
+ public:
+  explicit DDPJoinHook(DistributedDataParallel* ddp) : ddp_(ddp) {}
+  void main_hook() override { ddp_->shadow_backward(); }
+  void post_hook(bool is_last_joiner) override { ddp_->sync_final_model(is_last_joiner); }
+
+ private:
+  DistributedDataParallel* ddp_;
+};
+
+std::unique_ptr<comm::JoinHook> DistributedDataParallel::join_hook(const comm::JoinOptions& options) {
+  TORCH_CHECK(options.divide_by_initial_world_size,
+              "DDP join with divide_by_initial_world_size=false is not supported yet: gradients are divided by the "
+              "initial world size while ranks are joined");
+  return std::make_unique<DDPJoinHook>(this);
+}
+
+c10::Device DistributedDataParallel::join_device() const { return state_->params.at(0).device(); }
+
+c10::intrusive_ptr<c10d::ProcessGroup> DistributedDataParallel::join_process_group() const {
+  return state_->options.group.pg();
 }
 
 void DistributedDataParallel::register_comm_hook(std::unique_ptr<c10d::CommHookInterface> hook) {

@@ -27,6 +27,7 @@
 #include <torch/csrc/distributed/c10d/comm.hpp>
 #include <torch/nn/module.h>
 
+#include "comm/join.h"
 #include "comm/process_group.h"
 
 namespace dtrain::ddp {
@@ -47,7 +48,7 @@ struct DDPOptions {
   bool static_graph = false;
 };
 
-class DistributedDataParallel {
+class DistributedDataParallel : public comm::Joinable {
  public:
   // Collective. Checks every rank has the same parameter names, shapes and dtypes (an error
   // naming the first difference, instead of a hang or silent corruption), broadcasts rank 0's
@@ -82,6 +83,14 @@ class DistributedDataParallel {
   };
   NoSyncGuard no_sync();
 
+  // comm::Joinable (PyTorch's _DDPJoinHook): a rank out of inputs shadows the others' buffer
+  // broadcasts and gradient all-reduces (contributing zeros; gradients stay divided by the
+  // initial world size), and at the end every rank takes the model of the last rank to join.
+  // JoinOptions::divide_by_initial_world_size=false is not supported yet (clear error).
+  std::unique_ptr<comm::JoinHook> join_hook(const comm::JoinOptions& options) override;
+  c10::Device join_device() const override;
+  c10::intrusive_ptr<c10d::ProcessGroup> join_process_group() const override;
+
   torch::nn::Module& module() { return *module_; }
   // Parameter indices (registration order) per bucket, in reduction order.
   std::vector<std::vector<size_t>> bucket_indices() const;
@@ -91,6 +100,10 @@ class DistributedDataParallel {
 
  private:
   void pre_forward();
+  void sync_buffers();
+  void shadow_backward();
+  void sync_final_model(bool is_last_joiner);
+  friend class DDPJoinHook;
 
   std::shared_ptr<torch::nn::Module> module_;
   std::shared_ptr<State> state_;

@@ -202,6 +202,41 @@ TEST(DistributedDataParallelTest, BuffersBroadcastFromRankZero) {
   });
 }
 
+TEST(DistributedDataParallelTest, JoinWithUnevenInputsMatchesTheExpectedTrajectory) {
+  // Rank 0 has 3 batches, rank 1 has 5. With Join, rank 0 shadows steps 4 and 5 (zeros), so
+  // rank 1's gradient there is its own divided by the initial world size; at the end both ranks
+  // hold rank 1's model. Reproduce that with one process and plain SGD.
+  auto x_for = [](int rank, int step) { return batch_x().narrow(0, 4 * rank, 4) * (1 + 0.1 * step); };
+  auto y_for = [](int rank) { return batch_y().narrow(0, 4 * rank, 4); };
+  Net ref = make_net(0);
+  {
+    torch::optim::SGD sgd(ref->parameters(), torch::optim::SGDOptions(0.1));
+    for (int step = 0; step < 5; ++step) {
+      sgd.zero_grad();
+      for (int r = 0; r < 2; ++r) {
+        if (r == 0 && step >= 3) continue;
+        (torch::mse_loss(ref->forward(x_for(r, step)), y_for(r)) / 2).backward();
+      }
+      sgd.step();
+    }
+  }
+  run_ranks_as_threads(2, [&](comm::Group& g) {
+    Net net = make_net(0);
+    DistributedDataParallel ddp(net.ptr(), options_for(g, false, 1e-6));
+    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+    comm::Join join({&ddp});
+    const int inputs = g.rank() == 0 ? 3 : 5;
+    for (int step = 0; step < inputs; ++step) {
+      sgd.zero_grad();
+      ddp.forward([&] { return torch::mse_loss(net->forward(x_for(g.rank(), step)), y_for(g.rank())); }).backward();
+      sgd.step();
+    }
+    join.finish();
+    auto a = net->parameters(), b = ref->parameters();
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(a[i].allclose(b[i], 1e-5, 1e-6)) << "rank " << g.rank() << " param " << i;
+  });
+}
+
 struct OtherImpl : torch::nn::Module {
   OtherImpl(int out) { fc = register_module("fc", torch::nn::Linear(4, out)); }
   torch::nn::Linear fc{nullptr};
