@@ -94,8 +94,9 @@ absl::StatusOr<c10::IValue> consolidate_state_dict(const comm::Group& group, con
         break;
       }
       std::set<int64_t> seen_here;
-      for (const c10::IValue e : parts.get(0).toList()) {
-        const int64_t index = e.toTupleRef().elements()[0].toInt();
+      const auto entries = parts.get(0).toList();
+      for (size_t k = 0; k < entries.size(); ++k) {
+        const int64_t index = entries.get(k).toTupleRef().elements()[0].toInt();
         if (!seen_here.insert(index).second) continue;
         auto [it, inserted] = holder.emplace(index, r);
         if (!inserted) {
@@ -175,7 +176,7 @@ absl::StatusOr<c10::IValue> consolidate_state_dict(const comm::Group& group, con
       auto theirs = (*all)[r].toList().get(1).toList();
       auto group_dict = theirs.get(g).toGenericDict();
       if (group_dict.contains("params")) {
-        for (const c10::IValue p : group_dict.at("params").toList()) params.insert(p.toInt());
+        for (int64_t p : group_dict.at("params").toIntVector()) params.insert(p);
       }
     }
     auto out = my_groups.get(g).toGenericDict().copy();
