@@ -10,15 +10,13 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include <array>
 #include <chrono>
 #include <cstdio>
-#include <mutex>
 
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
+#include "comm/thread_world.h"
 #include "checkpoint/consolidation.h"
 #include "checkpoint/sharded.h"
 #include "checkpoint/state_file.h"
@@ -39,22 +37,6 @@ double elapsed_ms(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 }
 
-comm::Group& rank_group(int rank) {
-  static auto store = c10::make_intrusive<c10d::HashStore>();
-  static std::array<comm::Group, kWorld> groups;
-  static std::array<std::once_flag, kWorld> once;
-  std::call_once(once[rank], [rank] {
-    comm::InitOptions o;
-    o.rank = rank;
-    o.world_size = kWorld;
-    o.store = store;
-    o.timeout = std::chrono::seconds(300);
-    auto g = comm::init_process_group(o);
-    TORCH_CHECK(g.ok(), g.status().ToString());
-    groups[rank] = *g;
-  });
-  return groups[rank];
-}
 
 // Parameters i with i % world == rank, as an optimizer's local state dict.
 c10::IValue local_state(int rank, int world) {
@@ -80,7 +62,7 @@ c10::IValue local_state(int rank, int world) {
 }
 
 void BM_Consolidate(benchmark::State& state) {
-  comm::Group& g = rank_group(state.thread_index());
+  comm::Group& g = comm::thread_world_rank(state.thread_index(), kWorld);
   const c10::IValue mine = local_state(g.rank(), kWorld);
   const auto start = std::chrono::steady_clock::now();
   for (auto _ : state) {
@@ -95,7 +77,7 @@ void BM_Consolidate(benchmark::State& state) {
 BENCHMARK(BM_Consolidate)->Threads(kWorld)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 void BM_RawGather(benchmark::State& state) {
-  comm::Group& g = rank_group(state.thread_index());
+  comm::Group& g = comm::thread_world_rank(state.thread_index(), kWorld);
   const int64_t half = kStateBytes / kWorld / 4;  // floats per rank
   std::vector<at::Tensor> in = {at::randn({half})};
   std::vector<std::vector<at::Tensor>> out;
@@ -148,7 +130,7 @@ void BM_LoadSingleFile(benchmark::State& state) {
 BENCHMARK(BM_LoadSingleFile)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 void BM_SaveSharded(benchmark::State& state) {
-  comm::Group& g = rank_group(state.thread_index());
+  comm::Group& g = comm::thread_world_rank(state.thread_index(), kWorld);
   ShardedState mine;
   for (int64_t i = g.rank(); i < kTensors; i += kWorld) {
     ShardedState::Param p;

@@ -6,14 +6,12 @@
 //   busbw  algbw * 2(n-1)/n (allreduce), 1 (broadcast), (n-1)/n (allgather, reduce_scatter)
 //   op_us  each rank's wall time per collective (read this, not the Time column, which for a
 //          threaded benchmark divides by the iterations of both threads)
-#include <array>
 #include <chrono>
-#include <mutex>
 
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
+#include "comm/thread_world.h"
 #include "comm/process_group.h"
 
 namespace dtrain::comm {
@@ -21,22 +19,6 @@ namespace {
 
 constexpr int kWorld = 2;
 
-Group& rank_group(int rank) {
-  static auto store = c10::make_intrusive<c10d::HashStore>();
-  static std::array<Group, kWorld> groups;
-  static std::array<std::once_flag, kWorld> once;
-  std::call_once(once[rank], [rank] {
-    InitOptions o;
-    o.rank = rank;
-    o.world_size = kWorld;
-    o.store = store;
-    o.timeout = std::chrono::seconds(120);
-    auto g = init_process_group(o);
-    TORCH_CHECK(g.ok(), g.status().ToString());
-    groups[rank] = *g;
-  });
-  return groups[rank];
-}
 
 enum class Op { kAllReduce, kBroadcast, kAllGather, kReduceScatter };
 
@@ -51,7 +33,7 @@ double bus_factor(Op op) {
 
 template <Op op>
 void BM_Collective(benchmark::State& state) {
-  Group& g = rank_group(state.thread_index());
+  Group& g = thread_world_rank(state.thread_index(), kWorld);
   const int64_t bytes = state.range(0);
   const int64_t numel = bytes / 4;
   const int64_t shard = numel / kWorld;

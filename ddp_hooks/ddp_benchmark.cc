@@ -8,14 +8,12 @@
 //   BM_AllReduce      all-reduce of the same gradient bytes in 25 MiB buckets (communication only)
 // overlap = DDP / max(backward, all-reduce): 1.0 is perfect overlap. PyTorch's DDP on the same
 // model: bench/peers/ddp_pytorch.py.
-#include <array>
 #include <chrono>
-#include <mutex>
 
 #include <benchmark/benchmark.h>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/torch.h>
 
+#include "comm/thread_world.h"
 #include "comm/coalesced.h"
 #include "ddp_hooks/distributed_data_parallel.h"
 
@@ -24,22 +22,6 @@ namespace {
 
 constexpr int kWorld = 2;
 
-comm::Group& rank_group(int rank) {
-  static auto store = c10::make_intrusive<c10d::HashStore>();
-  static std::array<comm::Group, kWorld> groups;
-  static std::array<std::once_flag, kWorld> once;
-  std::call_once(once[rank], [rank] {
-    comm::InitOptions o;
-    o.rank = rank;
-    o.world_size = kWorld;
-    o.store = store;
-    o.timeout = std::chrono::seconds(600);
-    auto g = comm::init_process_group(o);
-    TORCH_CHECK(g.ok(), g.status().ToString());
-    groups[rank] = *g;
-  });
-  return groups[rank];
-}
 
 torch::nn::Sequential make_mlp() {
   torch::nn::Sequential mlp;
@@ -55,7 +37,7 @@ double elapsed_ms(std::chrono::steady_clock::time_point start) {
 }
 
 void BM_DDPIteration(benchmark::State& state) {
-  comm::Group& g = rank_group(state.thread_index());
+  comm::Group& g = comm::thread_world_rank(state.thread_index(), kWorld);
   auto mlp = make_mlp();
   DDPOptions o;
   o.group = g;
@@ -88,7 +70,7 @@ void BM_Backward(benchmark::State& state) {
 BENCHMARK(BM_Backward)->Threads(kWorld)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 void BM_AllReduce(benchmark::State& state) {
-  comm::Group& g = rank_group(state.thread_index());
+  comm::Group& g = comm::thread_world_rank(state.thread_index(), kWorld);
   auto mlp = make_mlp();
   std::vector<torch::Tensor> grads;
   for (const auto& p : mlp->parameters()) grads.push_back(torch::randn_like(p));

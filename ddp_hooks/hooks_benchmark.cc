@@ -4,14 +4,12 @@
 // world 2 (benchmark threads with their own Gloo groups). Counters: `ms` per rank for all
 // buckets, `sent_MiB` per rank and `compression` (raw bytes / bytes sent). BM_RawAllReduce is the
 // plain all-reduce of the same bytes without any hook.
-#include <array>
 #include <chrono>
-#include <mutex>
 
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
+#include "comm/thread_world.h"
 #include "ddp_hooks/default_hooks.h"
 #include "ddp_hooks/powersgd_hook.h"
 
@@ -20,22 +18,6 @@ namespace {
 
 constexpr int kWorld = 2;
 
-comm::Group& rank_group(int rank) {
-  static auto store = c10::make_intrusive<c10d::HashStore>();
-  static std::array<comm::Group, kWorld> groups;
-  static std::array<std::once_flag, kWorld> once;
-  std::call_once(once[rank], [rank] {
-    comm::InitOptions o;
-    o.rank = rank;
-    o.world_size = kWorld;
-    o.store = store;
-    o.timeout = std::chrono::seconds(600);
-    auto g = comm::init_process_group(o);
-    TORCH_CHECK(g.ok(), g.status().ToString());
-    groups[rank] = *g;
-  });
-  return groups[rank];
-}
 
 struct Buckets {
   std::vector<at::Tensor> params;
@@ -77,7 +59,7 @@ Buckets make_buckets() {
 enum Kind { kAllReduce, kFp16, kBf16, kPowerSGD1, kPowerSGD4, kNoOp };
 
 void BM_Hook(benchmark::State& state) {
-  comm::Group& g = rank_group(state.thread_index());
+  comm::Group& g = comm::thread_world_rank(state.thread_index(), kWorld);
   const Kind kind = static_cast<Kind>(state.range(0));
   Buckets b = make_buckets();
   std::unique_ptr<c10d::CommHookInterface> hook;
@@ -126,7 +108,7 @@ BENCHMARK(BM_Hook)
     ->Unit(benchmark::kMillisecond);
 
 void BM_RawAllReduce(benchmark::State& state) {
-  comm::Group& g = rank_group(state.thread_index());
+  comm::Group& g = comm::thread_world_rank(state.thread_index(), kWorld);
   std::vector<at::Tensor> t = {at::randn({int64_t{20} << 20})};  // 80 MiB
   const auto start = std::chrono::steady_clock::now();
   for (auto _ : state) g->allreduce(t)->wait();

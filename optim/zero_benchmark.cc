@@ -11,15 +11,13 @@
 // Time column for threaded runs divides by the iterations of both threads), state_MiB_per_rank (optimizer state on rank 0), state_balance (largest shard /
 // ideal), consolidate_ms (consolidate_state_dict of the full state onto rank 0, once).
 // PyTorch's ZeroRedundancyOptimizer on the same shapes: bench/peers/zero_pytorch.py.
-#include <array>
 #include <chrono>
-#include <mutex>
 
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/optim/adam.h>
 
+#include "comm/thread_world.h"
 #include "optim/functional_adapter.h"
 #include "optim/zero_redundancy_optimizer.h"
 
@@ -29,22 +27,6 @@ namespace {
 constexpr int kWorld = 2;
 constexpr int64_t kM = int64_t{1} << 20;
 
-comm::Group& rank_group(int rank) {
-  static auto store = c10::make_intrusive<c10d::HashStore>();
-  static std::array<comm::Group, kWorld> groups;
-  static std::array<std::once_flag, kWorld> once;
-  std::call_once(once[rank], [rank] {
-    comm::InitOptions o;
-    o.rank = rank;
-    o.world_size = kWorld;
-    o.store = store;
-    o.timeout = std::chrono::seconds(600);
-    auto g = comm::init_process_group(o);
-    TORCH_CHECK(g.ok(), g.status().ToString());
-    groups[rank] = *g;
-  });
-  return groups[rank];
-}
 
 std::vector<int64_t> model_sizes(int model) {
   if (model == 0) return std::vector<int64_t>(20, kM);
@@ -59,7 +41,7 @@ void BM_Zero(benchmark::State& state) {
   const int model = static_cast<int>(state.range(0));
   const Config config = static_cast<Config>(state.range(1));
   const bool functional = state.range(2) == 0;
-  comm::Group& g = rank_group(state.thread_index());
+  comm::Group& g = comm::thread_world_rank(state.thread_index(), kWorld);
   std::vector<at::Tensor> params;
   for (int64_t n : model_sizes(model)) {
     params.push_back(at::full({n}, 0.5).requires_grad_());
