@@ -1,5 +1,7 @@
 #include "ddp_hooks/default_hooks.h"
 
+#include <cstdlib>
+
 #include <ATen/ATen.h>
 
 namespace dtrain::ddp {
@@ -37,6 +39,22 @@ CompressHook::CompressHook(comm::Group group, at::ScalarType dtype) : group_(std
 c10::intrusive_ptr<c10::ivalue::Future> CompressHook::runHook(c10d::GradBucket& bucket) {
   at::Tensor buffer = bucket.getBufferRef();
   at::Tensor compressed = buffer.to(dtype_).div_(group_.size());
+  if (dtype_ == at::kBFloat16 && group_.backend() == "gloo") {
+    // Gloo (LibTorch 1.13) cannot reduce bfloat16: gather the bfloat16 bytes (half the fp32
+    // traffic, as with a bf16 all-reduce) and sum them in fp32 here.
+    const int n = group_.size();
+    std::vector<at::Tensor> mine = {compressed.view(at::kByte)};
+    std::vector<std::vector<at::Tensor>> all(1);
+    for (int r = 0; r < n; ++r) all[0].push_back(at::empty_like(mine[0]));
+    auto fut = group_->allgather(all, mine)->getFuture();
+    return fut->then(
+        [buffer, parts = all[0]](c10::ivalue::Future&) mutable {
+          buffer.zero_();
+          for (const auto& p : parts) buffer.add_(p.view(at::kBFloat16).to(at::kFloat));
+          return c10::IValue(buffer);
+        },
+        c10::TensorType::get());
+  }
   std::vector<at::Tensor> t = {compressed};
   auto fut = group_->allreduce(t)->getFuture();
   // Decompress into the bucket in place, as PyTorch's hook does.
@@ -49,6 +67,71 @@ c10::intrusive_ptr<c10::ivalue::Future> CompressHook::runHook(c10d::GradBucket& 
 }
 
 at::Tensor CompressHook::parseHookResult(const c10::IValue& result) { return first_tensor(result); }
+
+CompressWrapper::CompressWrapper(std::unique_ptr<c10d::CommHookInterface> inner, at::ScalarType dtype)
+    : inner_(std::move(inner)), dtype_(dtype) {
+  TORCH_CHECK(inner_ != nullptr, "CompressWrapper needs a hook to wrap");
+  TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16, "CompressWrapper compresses to float16 or bfloat16, got ",
+              dtype);
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> CompressWrapper::runHook(c10d::GradBucket& bucket) {
+  at::Tensor original = bucket.getBufferRef();
+  at::Tensor compressed = original.to(dtype_);
+  bucket.setBuffer(compressed);
+  auto fut = inner_->runHook(bucket);
+  c10d::CommHookInterface* inner = inner_.get();
+  return fut->then(
+      [original, inner](c10::ivalue::Future& done) mutable {
+        // Decompress in place into the original bucket (no second full-size buffer).
+        original.copy_(inner->parseHookResult(done.value()));
+        return c10::IValue(original);
+      },
+      c10::TensorType::get());
+}
+
+at::Tensor CompressWrapper::parseHookResult(const c10::IValue& result) { return first_tensor(result); }
+
+PostLocalSGDState::PostLocalSGDState(comm::Group process_group, comm::Group subgroup, int64_t start_localSGD_iter,
+                                     bool post_local_gradient_allreduce)
+    : process_group(std::move(process_group)),
+      subgroup(std::move(subgroup)),
+      start_localSGD_iter(start_localSGD_iter),
+      post_local_gradient_allreduce(post_local_gradient_allreduce) {
+  TORCH_CHECK(this->process_group.is_member(), "PostLocalSGDState: the process group is not set or this rank is not in it");
+  TORCH_CHECK(start_localSGD_iter >= 0, "start_localSGD_iter must be >= 0, got ", start_localSGD_iter);
+}
+
+PostLocalSGDHook::PostLocalSGDHook(std::shared_ptr<PostLocalSGDState> state) : state_(std::move(state)) {
+  TORCH_CHECK(state_ != nullptr, "PostLocalSGDHook needs a state");
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> PostLocalSGDHook::runHook(c10d::GradBucket& bucket) {
+  PostLocalSGDState& s = *state_;
+  at::Tensor& input = bucket.getBufferRef();
+  auto allreduce_in = [&](const comm::Group& group) {
+    input.div_(group.size());
+    std::vector<at::Tensor> t = {input};
+    return group->allreduce(t)->getFuture();
+  };
+  if (s.iter < s.start_localSGD_iter) {
+    if (bucket.isLast()) ++s.iter;  // the last bucket closes an iteration
+    return allreduce_in(s.process_group);
+  }
+  if (!s.post_local_gradient_allreduce) return ready_future(input);
+  if (!s.subgroup.is_member()) {
+    // Every rank reaches this bucket together, so creating the subgroups here is safe.
+    const char* local = std::getenv("LOCAL_WORLD_SIZE");
+    TORCH_CHECK(local != nullptr, "post-local SGD started without a subgroup and LOCAL_WORLD_SIZE is not set: pass "
+                "PostLocalSGDState::subgroup (e.g. comm::new_subgroups(world, ranks_per_node).mine)");
+    auto sub = comm::new_subgroups(s.process_group, std::atoi(local));
+    TORCH_CHECK(sub.ok(), "post-local SGD: ", sub.status().ToString());
+    s.subgroup = sub->mine;
+  }
+  return allreduce_in(s.subgroup);
+}
+
+at::Tensor PostLocalSGDHook::parseHookResult(const c10::IValue& result) { return first_tensor(result); }
 
 c10::intrusive_ptr<c10::ivalue::Future> NoOpHook::runHook(c10d::GradBucket& bucket) {
   return ready_future(bucket.getBuffer());

@@ -8,6 +8,8 @@
 #ifndef DTRAIN_DDP_HOOKS_DEFAULT_HOOKS_H_
 #define DTRAIN_DDP_HOOKS_DEFAULT_HOOKS_H_
 
+#include <memory>
+
 #include <torch/csrc/distributed/c10d/comm.hpp>
 
 #include "comm/process_group.h"
@@ -36,6 +38,45 @@ class CompressHook : public c10d::CommHookInterface {
  private:
   comm::Group group_;
   at::ScalarType dtype_;
+};
+
+// PyTorch's fp16_compress_wrapper / bf16_compress_wrapper: runs `inner` on a copy of the bucket
+// cast to `dtype`, then writes the result back into the original bucket in its own dtype. Wraps
+// any hook (e.g. PowerSGD, which then works on half-precision matrices).
+class CompressWrapper : public c10d::CommHookInterface {
+ public:
+  CompressWrapper(std::unique_ptr<c10d::CommHookInterface> inner, at::ScalarType dtype);
+  c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override;
+  at::Tensor parseHookResult(const c10::IValue& result) override;
+
+ private:
+  std::unique_ptr<c10d::CommHookInterface> inner_;
+  at::ScalarType dtype_;
+};
+
+// PyTorch's post_localSGD_hook state: all-reduce globally for the first start_localSGD_iter
+// iterations, then only within `subgroup` (or not at all without post_local_gradient_allreduce);
+// a PostLocalSGDOptimizer then averages parameters globally every few steps.
+struct PostLocalSGDState {
+  PostLocalSGDState(comm::Group process_group, comm::Group subgroup, int64_t start_localSGD_iter,
+                    bool post_local_gradient_allreduce = true);
+  comm::Group process_group;
+  // The local group (e.g. the ranks of one node). If left empty, subgroups of LOCAL_WORLD_SIZE
+  // consecutive ranks (torchrun sets it) are created when local SGD starts.
+  comm::Group subgroup;
+  int64_t start_localSGD_iter;
+  bool post_local_gradient_allreduce;
+  int64_t iter = 0;
+};
+
+class PostLocalSGDHook : public c10d::CommHookInterface {
+ public:
+  explicit PostLocalSGDHook(std::shared_ptr<PostLocalSGDState> state);
+  c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override;
+  at::Tensor parseHookResult(const c10::IValue& result) override;
+
+ private:
+  std::shared_ptr<PostLocalSGDState> state_;
 };
 
 // PyTorch's noop_hook: no communication (to measure how much headroom communication leaves).

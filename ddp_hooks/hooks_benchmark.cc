@@ -85,9 +85,19 @@ void BM_Hook(benchmark::State& state) {
       c10d::GradBucket gb(k, b.buckets.size(), one.buffer, one.offsets, one.lengths, one.sizes, one.params);
       futures.push_back(hook->runHook(gb));
     }
-    for (auto& f : futures) f->wait();
+    for (auto& f : futures) {
+      f->wait();
+      if (f->hasError()) throw std::runtime_error(f->tryRetrieveErrorMessage());
+    }
   };
-  run();
+  try {
+    run();
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+    for (auto _ : state) {
+    }
+    return;
+  }
   const auto start = std::chrono::steady_clock::now();
   for (auto _ : state) run();
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() /

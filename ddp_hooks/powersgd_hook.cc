@@ -13,6 +13,20 @@ c10::intrusive_ptr<c10::ivalue::Future> done(const at::Tensor& t) {
   return fut;
 }
 
+// LibTorch's CPU kernels lack half-precision bmm (and norms): compute those in fp32 and store
+// the result in the tensor's own dtype (the fp16 wrapper hands PowerSGD half buckets).
+bool reduced_on_cpu(const at::Tensor& t) {
+  return t.device().is_cpu() && (t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16);
+}
+
+void bmm_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+  if (reduced_on_cpu(out)) {
+    out.copy_(at::bmm(a.to(at::kFloat), b.to(at::kFloat)));
+  } else {
+    at::bmm_out(out, a, b);
+  }
+}
+
 void allreduce(const comm::Group& group, at::Tensor& t) {
   if (t.numel() == 0) return;
   std::vector<at::Tensor> v = {t};
@@ -23,6 +37,12 @@ void allreduce(const comm::Group& group, at::Tensor& t) {
 
 void orthogonalize(at::Tensor& matrices, double epsilon) {
   TORCH_CHECK(matrices.dim() == 3 && matrices.size(2) <= matrices.size(1), "orthogonalize expects b x n x r with r <= n");
+  if (reduced_on_cpu(matrices)) {
+    at::Tensor wide = matrices.to(at::kFloat);
+    orthogonalize(wide, epsilon);
+    matrices.copy_(wide);
+    return;
+  }
   const int64_t cols = matrices.size(2);
   for (int64_t i = 0; i < cols; ++i) {
     at::Tensor col = matrices.narrow(2, i, 1);
@@ -216,7 +236,7 @@ c10::intrusive_ptr<c10::ivalue::Future> PowerSGDHook::runHook(c10d::GradBucket& 
     }
   }
   // P = M Q, all-reduced (no division: P is orthogonalised next).
-  for (size_t k = 0; k < mats.size(); ++k) at::bmm_out(ps[k], mats[k], qs[k]);
+  for (size_t k = 0; k < mats.size(); ++k) bmm_into(ps[k], mats[k], qs[k]);
   allreduce(group, uncompressed_memory);
   uncompressed_memory.div_(world);
   int64_t offset = 0;
@@ -227,12 +247,13 @@ c10::intrusive_ptr<c10::ivalue::Future> PowerSGDHook::runHook(c10d::GradBucket& 
   allreduce(group, s.p_memory_dict[index]);
   for (auto& p : ps) orthogonalize(p, s.orthogonalization_epsilon);
   // Q = M^T P, all-reduced and averaged.
-  for (size_t k = 0; k < mats.size(); ++k) at::bmm_out(qs[k], mats[k].transpose(1, 2), ps[k]);
+  for (size_t k = 0; k < mats.size(); ++k) bmm_into(qs[k], mats[k].transpose(1, 2), ps[k]);
   allreduce(group, s.q_memory_dict[index]);
   s.q_memory_dict[index].div_(world);
   // Decompress: M ~ P Q^T, into the bucket.
   for (size_t k = 0; k < mats.size(); ++k) {
-    at::Tensor approx = at::bmm(ps[k], qs[k].transpose(1, 2));
+    at::Tensor approx = reduced_on_cpu(ps[k]) ? at::bmm(ps[k].to(at::kFloat), qs[k].transpose(1, 2).to(at::kFloat))
+                                              : at::bmm(ps[k], qs[k].transpose(1, 2));
     if (batches[k].size() == 1) {
       batches[k][0].copy_(approx[0]);
     } else {

@@ -1,0 +1,103 @@
+#include "ddp_hooks/default_hooks.h"
+
+#include <ATen/ATen.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "comm/test_harness.h"
+#include "ddp_hooks/powersgd_hook.h"
+
+namespace dtrain::ddp {
+namespace {
+
+using comm::testing::run_ranks_as_threads;
+
+// One bucket of a 6x4 matrix and a 3-vector (last bucket of the iteration).
+struct OneBucket {
+  at::Tensor buffer;
+  std::vector<at::Tensor> params = {at::zeros({6, 4}), at::zeros({3})};
+  std::vector<c10::IntArrayRef> sizes;
+  explicit OneBucket(const at::Tensor& values) : buffer(values.clone()) {
+    for (const auto& p : params) sizes.push_back(p.sizes());
+  }
+  at::Tensor run(c10d::CommHookInterface& hook) {
+    c10d::GradBucket b(0, 1, buffer, {0, 24}, {24, 3}, sizes, params);
+    auto fut = hook.runHook(b);
+    fut->wait();
+    at::Tensor result = hook.parseHookResult(fut->value());
+    if (!result.is_same(buffer)) buffer.copy_(result);  // what DDP does with a hook's result
+    return buffer;
+  }
+};
+
+at::Tensor values_for(int rank) { return at::sin(at::arange(27, at::kFloat) * 0.37 + rank); }
+
+TEST(DefaultHooksTest, CompressHooks) {
+  // fp16 all-reduces in fp16; bf16 on Gloo (which cannot reduce bf16) gathers bf16 and sums in fp32.
+  run_ranks_as_threads(2, [](comm::Group& g) {
+    for (at::ScalarType dtype : {at::kHalf, at::kBFloat16}) {
+      CompressHook hook(g, dtype);
+      OneBucket b(values_for(g.rank()));
+      at::Tensor out = b.run(hook);
+      const at::Tensor want = (values_for(0) + values_for(1)) / 2;
+      EXPECT_EQ(out.scalar_type(), at::kFloat);
+      EXPECT_TRUE(out.allclose(want, 0, dtype == at::kHalf ? 2e-3 : 2e-2)) << dtype;
+      EXPECT_FALSE(out.equal(want)) << "values went through " << dtype;
+    }
+  });
+}
+
+TEST(DefaultHooksTest, CompressWrapperAroundAllReduce) {
+  run_ranks_as_threads(2, [](comm::Group& g) {
+    for (at::ScalarType dtype : {at::kHalf}) {  // Gloo cannot all-reduce bf16
+      CompressWrapper hook(std::make_unique<AllReduceHook>(g), dtype);
+      OneBucket b(values_for(g.rank()));
+      at::Tensor out = b.run(hook);
+      const at::Tensor want = (values_for(0) + values_for(1)) / 2;
+      EXPECT_EQ(out.scalar_type(), at::kFloat);
+      EXPECT_TRUE(out.allclose(want, 0, dtype == at::kHalf ? 2e-3 : 2e-2)) << dtype;
+      EXPECT_FALSE(out.equal(want)) << "values went through " << dtype;
+    }
+  });
+}
+
+TEST(DefaultHooksTest, CompressWrapperAroundPowerSGD) {
+  run_ranks_as_threads(2, [](comm::Group& g) {
+    auto state = std::make_shared<PowerSGDState>(g);
+    state->start_powerSGD_iter = 2;
+    state->iter = 2;
+    CompressWrapper hook(std::make_unique<PowerSGDHook>(state), at::kHalf);
+    // A rank-1 matrix: PowerSGD reproduces it up to float16 rounding.
+    at::Tensor matrix = at::outer(at::cos(at::arange(6, at::kFloat)), at::sin(at::arange(4, at::kFloat) + 1));
+    OneBucket b(at::cat({matrix.reshape(-1), at::ones({3})}));
+    at::Tensor out = b.run(hook);
+    EXPECT_TRUE(out.narrow(0, 0, 24).view({6, 4}).allclose(matrix, 0, 3e-2));
+    EXPECT_EQ(state->p_memory_dict.at(0).scalar_type(), at::kHalf);
+  });
+}
+
+TEST(DefaultHooksTest, PostLocalSGDSwitchesToTheSubgroup) {
+  run_ranks_as_threads(4, [](comm::Group& g) {
+    auto pairs = comm::new_subgroups(g, 2);
+    ASSERT_TRUE(pairs.ok());
+    auto state = std::make_shared<PostLocalSGDState>(g, pairs->mine, /*start_localSGD_iter=*/2);
+    PostLocalSGDHook hook(state);
+    const int pair = g.rank() / 2;
+    for (int iter = 0; iter < 4; ++iter) {
+      OneBucket b(values_for(g.rank()));
+      at::Tensor out = b.run(hook);
+      const at::Tensor global = (values_for(0) + values_for(1) + values_for(2) + values_for(3)) / 4;
+      const at::Tensor local = (values_for(2 * pair) + values_for(2 * pair + 1)) / 2;
+      EXPECT_TRUE(out.allclose(iter < 2 ? global : local, 1e-6, 1e-6)) << "iter " << iter;
+    }
+    EXPECT_EQ(state->iter, 2);  // counted only until local SGD starts, as PyTorch
+    // Without post-local gradient all-reduce: no communication after the start.
+    auto quiet = std::make_shared<PostLocalSGDState>(g, pairs->mine, 0, /*post_local_gradient_allreduce=*/false);
+    PostLocalSGDHook none(quiet);
+    OneBucket b(values_for(g.rank()));
+    EXPECT_TRUE(b.run(none).equal(values_for(g.rank())));
+  });
+}
+
+}  // namespace
+}  // namespace dtrain::ddp
