@@ -5,12 +5,13 @@ processes, Gloo over loopback): 8 x Linear(1024, 1024) + ReLU, batch 2 per rank.
 Prints the mean iteration time (zero_grad + forward + backward) with and without bucket views,
 and backward alone."""
 import os
-import socket
+import sys
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from two_ranks import run_two_ranks
 
 STEPS = int(os.environ.get("STEPS", "30"))
 
@@ -53,16 +54,7 @@ def run(rank, port, q):
 
 
 if __name__ == "__main__":
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=run, args=(r, port, q)) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join()
-    for k, v in sorted(q.get().items()):
+    items, code = run_two_ranks(run)
+    for k, v in sorted(items[0].items()):
         print("%s %.1f ms" % (k, v))
+    sys.exit(code)

@@ -10,8 +10,9 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.distributed.optim import ZeroRedundancyOptimizer
+
+from two_ranks import run_two_ranks
 
 M = 1 << 20
 MODELS = {"equal": [M] * 20, "dominant": [10 * M] + [M] * 10}
@@ -48,19 +49,8 @@ def run(rank, port, out):
 
 
 if __name__ == "__main__":
-    import socket
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=run, args=(r, port, q)) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join()
+    items, code = run_two_ranks(run)
     print("model config step_ms state_MiB_rank0 consolidate_ms")
-    while not q.empty():
-        print(q.get())
-    sys.exit(max(p.exitcode for p in procs))
+    for line in items:
+        print(line)
+    sys.exit(code)
