@@ -37,6 +37,10 @@ struct DistributedDataParallel::State {
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
   std::unique_ptr<c10d::CommHookInterface> hook;
   bool custom_hook = false;
+  // Join with divide_by_initial_world_size=false: ranks still training this iteration (0 when
+  // not in a Join), to average over them instead of the initial world size.
+  bool divide_by_initial_world_size = true;
+  int active_ranks = 0;
 
   std::mutex mu;
   bool sync = true;
@@ -128,10 +132,16 @@ struct DistributedDataParallel::State {
           "detection by setting find_unused_parameters=true in DDPOptions. Parameters which did not receive grad "
           "for rank ", options.group.rank(), ": ", absl::StrJoin(which, ", "));
     }
+    // As PyTorch's reducer: only the built-in all-reduce honours divide_by_initial_world_size;
+    // it divided by the world size, joined ranks sent zeros, so rescale to the active ranks.
+    const int world = options.group.size();
+    const bool rescale =
+        !divide_by_initial_world_size && !custom_hook && active_ranks > 0 && active_ranks < world;
     for (Bucket& bucket : buckets) {
       bucket.future->wait();
       at::Tensor result = hook->parseHookResult(bucket.future->value());
       if (!result.is_same(bucket.buffer)) bucket.buffer.copy_(result);
+      if (rescale) bucket.buffer.mul_(static_cast<double>(world) / active_ranks);
     }
     for (size_t i = 0; i < params.size(); ++i) {
       if (globally_used.defined() && globally_used[static_cast<int64_t>(i)].item<int>() == 0) {
@@ -284,8 +294,15 @@ void DistributedDataParallel::pre_forward() {
   comm::Join::notify_join_context(*this);
   sync_buffers();
   if (join_enabled()) {
+    // Joined ranks add 0 to the same call (shadow_backward), so the sum counts the active ranks
+    // (all ranks follow the same no_sync pattern, so 0 means nobody syncs).
     std::vector<at::Tensor> flag = {at::full({1}, s.sync ? 1 : 0, at::kInt)};
     s.options.group->allreduce(flag)->wait();
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.active_ranks = flag[0].item<int>();
+  } else {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.active_ranks = 0;
   }
 }
 
@@ -346,9 +363,8 @@ class DDPJoinHook : public comm::JoinHook {
 };
 
 std::unique_ptr<comm::JoinHook> DistributedDataParallel::join_hook(const comm::JoinOptions& options) {
-  TORCH_CHECK(options.divide_by_initial_world_size,
-              "DDP join with divide_by_initial_world_size=false is not supported yet: gradients are divided by the "
-              "initial world size while ranks are joined");
+  std::lock_guard<std::mutex> lock(state_->mu);
+  state_->divide_by_initial_world_size = options.divide_by_initial_world_size;
   return std::make_unique<DDPJoinHook>(this);
 }
 
@@ -392,5 +408,7 @@ std::vector<std::vector<size_t>> DistributedDataParallel::bucket_indices() const
 }
 
 const std::vector<std::string>& DistributedDataParallel::parameter_names() const { return state_->names; }
+
+const std::vector<at::Tensor>& DistributedDataParallel::parameters() const { return state_->params; }
 
 }  // namespace dtrain::ddp

@@ -86,7 +86,8 @@ class DistributedDataParallel : public comm::Joinable {
   // comm::Joinable (PyTorch's _DDPJoinHook): a rank out of inputs shadows the others' buffer
   // broadcasts and gradient all-reduces (contributing zeros; gradients stay divided by the
   // initial world size), and at the end every rank takes the model of the last rank to join.
-  // JoinOptions::divide_by_initial_world_size=false is not supported yet (clear error).
+  // With JoinOptions::divide_by_initial_world_size=false the default all-reduce averages over
+  // the ranks still training instead (custom hooks keep their own division, as in PyTorch).
   std::unique_ptr<comm::JoinHook> join_hook(const comm::JoinOptions& options) override;
   c10::Device join_device() const override;
   c10::intrusive_ptr<c10d::ProcessGroup> join_process_group() const override;
@@ -95,6 +96,8 @@ class DistributedDataParallel : public comm::Joinable {
   // Parameter indices (registration order) per bucket, in reduction order.
   std::vector<std::vector<size_t>> bucket_indices() const;
   const std::vector<std::string>& parameter_names() const;
+  // The parameters DDP reduces (those requiring grad, registration order).
+  const std::vector<at::Tensor>& parameters() const;
 
   struct State;  // shared with the autograd hooks
 

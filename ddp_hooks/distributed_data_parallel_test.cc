@@ -202,10 +202,11 @@ TEST(DistributedDataParallelTest, BuffersBroadcastFromRankZero) {
   });
 }
 
-TEST(DistributedDataParallelTest, JoinWithUnevenInputsMatchesTheExpectedTrajectory) {
-  // Rank 0 has 3 batches, rank 1 has 5. With Join, rank 0 shadows steps 4 and 5 (zeros), so
-  // rank 1's gradient there is its own divided by the initial world size; at the end both ranks
-  // hold rank 1's model. Reproduce that with one process and plain SGD.
+// Rank 0 has 3 batches, rank 1 has 5. With Join, rank 0 shadows steps 4 and 5 (zeros), so
+// rank 1's gradient there is its own divided by the initial world size (or by the one rank still
+// training, with divide_by_initial_world_size=false); at the end both ranks hold rank 1's model.
+// Reproduce that with one process and plain SGD.
+void check_join_with_uneven_inputs(bool divide_by_initial_world_size) {
   auto x_for = [](int rank, int step) { return batch_x().narrow(0, 4 * rank, 4) * (1 + 0.1 * step); };
   auto y_for = [](int rank) { return batch_y().narrow(0, 4 * rank, 4); };
   Net ref = make_net(0);
@@ -213,9 +214,11 @@ TEST(DistributedDataParallelTest, JoinWithUnevenInputsMatchesTheExpectedTrajecto
     torch::optim::SGD sgd(ref->parameters(), torch::optim::SGDOptions(0.1));
     for (int step = 0; step < 5; ++step) {
       sgd.zero_grad();
+      const int active = step >= 3 ? 1 : 2;
+      const double divisor = divide_by_initial_world_size ? 2 : active;
       for (int r = 0; r < 2; ++r) {
         if (r == 0 && step >= 3) continue;
-        (torch::mse_loss(ref->forward(x_for(r, step)), y_for(r)) / 2).backward();
+        (torch::mse_loss(ref->forward(x_for(r, step)), y_for(r)) / divisor).backward();
       }
       sgd.step();
     }
@@ -224,7 +227,9 @@ TEST(DistributedDataParallelTest, JoinWithUnevenInputsMatchesTheExpectedTrajecto
     Net net = make_net(0);
     DistributedDataParallel ddp(net.ptr(), options_for(g, false, 1e-6));
     torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
-    comm::Join join({&ddp});
+    comm::JoinOptions join_options;
+    join_options.divide_by_initial_world_size = divide_by_initial_world_size;
+    comm::Join join({&ddp}, join_options);
     const int inputs = g.rank() == 0 ? 3 : 5;
     for (int step = 0; step < inputs; ++step) {
       sgd.zero_grad();
@@ -235,6 +240,14 @@ TEST(DistributedDataParallelTest, JoinWithUnevenInputsMatchesTheExpectedTrajecto
     auto a = net->parameters(), b = ref->parameters();
     for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(a[i].allclose(b[i], 1e-5, 1e-6)) << "rank " << g.rank() << " param " << i;
   });
+}
+
+TEST(DistributedDataParallelTest, JoinWithUnevenInputsMatchesTheExpectedTrajectory) {
+  check_join_with_uneven_inputs(/*divide_by_initial_world_size=*/true);
+}
+
+TEST(DistributedDataParallelTest, JoinDividingByTheActiveRanksMatchesTheExpectedTrajectory) {
+  check_join_with_uneven_inputs(/*divide_by_initial_world_size=*/false);
 }
 
 struct OtherImpl : torch::nn::Module {
