@@ -56,6 +56,20 @@ struct DistributedDataParallel::State {
         .view(params[i].sizes());
   }
 
+  // The same memory as bucket_view(i), but not an autograd view: LibTorch's
+  // Optimizer::zero_grad() calls detach_() on every gradient, which a view rejects.
+  at::Tensor grad_alias(size_t i) {
+    const auto [b, k] = where[i];
+    const at::Tensor& buffer = buckets[b].buffer;
+    const auto sizes = params[i].sizes();
+    std::vector<int64_t> strides(sizes.size(), 1);
+    for (size_t d = sizes.size(); d-- > 1;) strides[d - 1] = strides[d] * std::max<int64_t>(sizes[d], 1);
+    at::Tensor alias = at::empty({0}, buffer.options());
+    alias.set_(buffer.storage(), buffer.storage_offset() + static_cast<int64_t>(buckets[b].offsets[k]), sizes,
+               strides);
+    return alias;
+  }
+
   // Puts parameter i's gradient into its bucket (or zeros when it has none).
   void gather_grad(size_t i) {
     at::Tensor view = bucket_view(i);
@@ -65,7 +79,9 @@ struct DistributedDataParallel::State {
     } else if (!grad.is_same(view) && grad.data_ptr() != view.data_ptr()) {
       view.copy_(grad);
     }
-    if (options.gradient_as_bucket_view) params[i].mutable_grad() = view;
+    if (options.gradient_as_bucket_view && (!grad.defined() || grad.data_ptr() != view.data_ptr())) {
+      params[i].mutable_grad() = grad_alias(i);
+    }
   }
 
   void launch_ready_buckets() {
@@ -149,7 +165,9 @@ struct DistributedDataParallel::State {
       }
       at::Tensor view = bucket_view(i);
       if (options.gradient_as_bucket_view) {
-        params[i].mutable_grad() = view;
+        if (!params[i].grad().defined() || params[i].grad().data_ptr() != view.data_ptr()) {
+          params[i].mutable_grad() = grad_alias(i);
+        }
       } else if (params[i].grad().defined()) {
         params[i].mutable_grad().copy_(view);
       } else {
@@ -259,7 +277,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     for (size_t i = 0; i < s.params.size(); ++i) {
       at::Tensor view = s.bucket_view(i);
       if (s.params[i].grad().defined()) view.copy_(s.params[i].grad());
-      s.params[i].mutable_grad() = view;
+      s.params[i].mutable_grad() = s.grad_alias(i);
     }
   }
   s.hook = std::make_unique<AllReduceHook>(s.options.group);

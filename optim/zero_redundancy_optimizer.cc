@@ -72,12 +72,18 @@ void ZeroRedundancyOptimizer::init(std::vector<torch::optim::OptimizerParamGroup
                 "strategy, not kFlat");
     TORCH_CHECK(param_groups_.size() == 1, "Specifying `params_per_rank` only supports a single parameter group");
   }
+  if (options_.overlap_with_ddp) {
+    TORCH_CHECK(!flat(), "overlap_with_ddp partitions whole parameters by DDP bucket: use the sorted_greedy strategy, "
+                "not kFlat");
+    TORCH_CHECK(param_groups_.size() == 1, "overlap_with_ddp supports a single parameter group, got ",
+                param_groups_.size());
+  }
   TORCH_CHECK(options_.flat_alignment >= 1, "flat_alignment must be at least 1 element, got ", options_.flat_alignment);
   // One name per instance for control-plane keys (rank 0's), and a check that every rank built
   // the same optimizer: mismatched settings would otherwise pair unrelated collectives.
   std::string fingerprint = absl::StrCat("strategy=", static_cast<int>(options_.strategy), " alignment=",
                                          options_.flat_alignment, " bucket_view=", options_.parameters_as_bucket_view,
-                                         " groups=",
+                                         " overlap=", options_.overlap_with_ddp, " groups=",
                                          param_groups_.size(), " params_per_rank=", options_.params_per_rank.size(),
                                          " sizes=");
   for (const auto& g : param_groups_) {
@@ -99,8 +105,100 @@ void ZeroRedundancyOptimizer::init(std::vector<torch::optim::OptimizerParamGroup
   partition_parameters();
   if (flat()) build_flat_layout();
   build_local_optimizer();
+  TORCH_CHECK(!options_.overlap_with_ddp || dynamic_cast<FunctionalOptimizerAdapter*>(local_.get()) != nullptr,
+              "overlap_with_ddp steps parameters bucket by bucket, which needs a functional local optimizer: pass "
+              "local_optimizer<FunctionalOptimizerAdapter>(name, options) instead of a torch::optim type");
   trainable_ = trainable_mask();
   build_buckets();
+}
+
+void ZeroRedundancyOptimizer::set_overlap_partition(std::vector<std::vector<int64_t>> params_per_rank) {
+  TORCH_CHECK(options_.overlap_with_ddp, "set_overlap_partition is for overlap_with_ddp: set "
+              "ZeroOptions::overlap_with_ddp = true");
+  TORCH_CHECK(!stepped_ && local_state_bytes() == 0, "the ZeRO overlap hook must be registered before the first "
+              "step: the optimizer already holds state for the old partition");
+  options_.params_per_rank = std::move(params_per_rank);
+  partition_parameters();
+  global_to_local_.clear();
+  build_local_optimizer();
+  trainable_ = trainable_mask();
+  build_buckets();
+  consolidated_ = c10::IValue();
+}
+
+void ZeroRedundancyOptimizer::overlap_step(const std::vector<int64_t>& params, const std::vector<at::Tensor>& grads) {
+  TORCH_CHECK(params.size() == grads.size(), "overlap_step: ", params.size(), " parameters but ", grads.size(),
+              " gradients");
+  auto& adapter = dynamic_cast<FunctionalOptimizerAdapter&>(*local_);
+  std::vector<at::Tensor> local_grads;
+  bool any = false;
+  for (size_t k = 0; k < params.size(); ++k) {
+    const int64_t i = params[k];
+    TORCH_CHECK(i >= 0 && i < static_cast<int64_t>(all_params_.size()), "overlap_step: parameter index ", i,
+                " out of range");
+    if (partition_.owner[i] != rank()) continue;
+    if (local_grads.empty()) {
+      local_grads.resize(local_to_global_.size());
+      if (global_to_local_.empty()) {
+        global_to_local_.assign(all_params_.size(), -1);
+        for (size_t l = 0; l < local_to_global_.size(); ++l) global_to_local_[local_to_global_[l]] = static_cast<int64_t>(l);
+      }
+    }
+    local_grads[static_cast<size_t>(global_to_local_[i])] = grads[k];
+    any = true;
+  }
+  if (!any) return;
+  sync_options(/*to_local=*/true);
+  at::NoGradGuard no_grad;
+  adapter.functional(0).step(local_grads);
+  stepped_ = true;
+  consolidated_ = c10::IValue();
+}
+
+std::vector<c10::intrusive_ptr<c10d::Work>> ZeroRedundancyOptimizer::overlap_broadcast(
+    const std::vector<int64_t>& params) {
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  c10d::ProcessGroup& pg = *options_.group.pg();
+  // Runs of consecutive parameters with one owner go out as one tensor when they sit next to
+  // each other in the owner's bucket (bucket views), else one broadcast per parameter.
+  std::vector<int64_t> offset(all_params_.size(), -1);
+  if (options_.parameters_as_bucket_view) {
+    for (int r = 0; r < world_size(); ++r) {
+      int64_t o = 0;
+      for (int64_t i : partition_.params_per_rank[r][0]) {
+        if (!trainable_[i]) continue;
+        offset[i] = o;
+        o += all_params_[i].numel();
+      }
+    }
+  }
+  at::NoGradGuard no_grad;
+  size_t k = 0;
+  while (k < params.size()) {
+    const int owner = partition_.owner.at(params[k]);
+    c10d::BroadcastOptions bo;
+    bo.rootRank = owner;
+    if (owner < 0) {
+      ++k;
+      continue;
+    }
+    if (offset[params[k]] >= 0) {
+      size_t end = k + 1;
+      int64_t hi = offset[params[k]] + all_params_[params[k]].numel();
+      while (end < params.size() && partition_.owner.at(params[end]) == owner && offset[params[end]] == hi) {
+        hi += all_params_[params[end]].numel();
+        ++end;
+      }
+      std::vector<at::Tensor> t = {buckets_[owner].narrow(0, offset[params[k]], hi - offset[params[k]])};
+      works.push_back(pg.broadcast(t, bo));
+      k = end;
+      continue;
+    }
+    std::vector<at::Tensor> t = {all_params_[params[k]].detach()};
+    works.push_back(pg.broadcast(t, bo));
+    ++k;
+  }
+  return works;
 }
 
 void ZeroRedundancyOptimizer::validate_params() const {
@@ -296,6 +394,8 @@ void ZeroRedundancyOptimizer::add_param_group(const torch::optim::OptimizerParam
   TORCH_CHECK(!flat(), "add_param_group is not supported with PartitionStrategy::kFlat yet (the flat buffer and "
               "every rank's range would move); create the optimizer with all groups, or use kSortedGreedy");
   check_add_param_group_agreement(/*calling=*/true);
+  TORCH_CHECK(!options_.overlap_with_ddp, "add_param_group: overlap_with_ddp supports a single parameter group, "
+              "created with the optimizer");
   TORCH_CHECK(options_.params_per_rank.empty(),
               "add_param_group: this ZeroRedundancyOptimizer uses a manual params_per_rank, which supports a single "
               "parameter group");
@@ -343,6 +443,16 @@ at::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
   // Inside a Join context: tell it this rank still has inputs (no-op otherwise).
   if (!in_join_hook_) comm::Join::notify_join_context(*this);
   check_add_param_group_agreement(/*calling=*/false);
+  if (options_.overlap_with_ddp) {
+    // The DDP hook already stepped and synchronised every parameter during backward.
+    at::Tensor loss;
+    if (closure) {
+      at::AutoGradMode enable(true);
+      loss = closure();
+    }
+    return loss;
+  }
+  stepped_ = true;
   if (flat()) {
     sync_options(/*to_local=*/true);
     at::Tensor loss;

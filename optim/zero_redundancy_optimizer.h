@@ -94,6 +94,11 @@ struct ZeroOptions {
   // Manual partition (PyTorch's params_per_rank): global parameter indices per rank, one
   // parameter group only. Empty: sorted-greedy.
   std::vector<std::vector<int64_t>> params_per_rank;
+  // PyTorch's overlap_with_ddp: the optimizer step runs inside DDP's communication hook, bucket
+  // by bucket as the gradient all-reduces finish (ddp_hooks/zero_hook.h), and step() only
+  // evaluates the closure. Needs a functional local optimizer and one parameter group; the hook
+  // re-partitions the parameters by DDP bucket. Unlike PyTorch, no warm-up iterations are lost.
+  bool overlap_with_ddp = false;
 };
 
 class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public comm::Joinable {
@@ -132,6 +137,18 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public comm::Joi
   std::unique_ptr<comm::JoinHook> join_hook(const comm::JoinOptions& options) override;
   c10::Device join_device() const override;
   c10::intrusive_ptr<c10d::ProcessGroup> join_process_group() const override;
+
+  // For ddp_hooks' ZeRO overlap hook (overlap_with_ddp), which calls them identically on every
+  // rank. set_overlap_partition: whole parameters per rank (indices into this optimizer's single
+  // group) derived from the DDP buckets; REQUIRES no step has been taken. overlap_step: steps
+  // the parameters among `params` that this rank owns with the given (averaged) gradients.
+  // overlap_broadcast: starts the broadcasts of `params` from their owners (a collective on
+  // every rank, in call order); the caller waits on the returned works.
+  void set_overlap_partition(std::vector<std::vector<int64_t>> params_per_rank);
+  void overlap_step(const std::vector<int64_t>& params, const std::vector<at::Tensor>& grads);
+  std::vector<c10::intrusive_ptr<c10d::Work>> overlap_broadcast(const std::vector<int64_t>& params);
+  const std::vector<at::Tensor>& parameters() const { return all_params_; }
+  bool overlap_with_ddp() const { return options_.overlap_with_ddp; }
 
   // Introspection. With kFlat, partition().numel_per_rank holds each rank's range size and
   // owner[i] is the rank holding parameter i's first element.
@@ -186,6 +203,7 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public comm::Joi
   std::vector<std::vector<int64_t>> group_sizes_;  // numel per param, per group
   partition::ParamPartition partition_;
   std::vector<int64_t> local_to_global_;         // this rank's local order -> global index
+  std::vector<int64_t> global_to_local_;         // overlap_with_ddp: the inverse (-1: not mine)
   std::vector<at::Tensor> buckets_;              // per rank, with parameters_as_bucket_view
   std::vector<bool> trainable_;
   c10::IValue consolidated_;
@@ -194,6 +212,7 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public comm::Joi
   // Set while the join hook shadows a step: that step must not count itself as a rank with
   // inputs (PyTorch's hook does, which breaks ZeRO as the first or only joinable).
   bool in_join_hook_ = false;
+  bool stepped_ = false;
   friend class ZeroJoinHook;
 };
 
