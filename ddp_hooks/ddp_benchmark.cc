@@ -6,6 +6,9 @@
 //   BM_DDPIteration   zero_grad + forward + backward through DDP (gradients averaged)
 //   BM_Backward       the same without DDP (compute only)
 //   BM_AllReduce      all-reduce of the same gradient bytes in 25 MiB buckets (communication only)
+//   BM_DDPZeroStep    iteration + ZeroRedundancyOptimizer(Adam) step: overlap=0 steps after
+//                     backward (ZeRO's own chunked step+broadcast), overlap=1 steps inside the
+//                     DDP hook bucket by bucket (hook_with_zero_step), 4 MiB buckets
 // overlap = DDP / max(backward, all-reduce): 1.0 is perfect overlap. PyTorch's DDP on the same
 // model: bench/peers/ddp_pytorch.py.
 #include <chrono>
@@ -15,7 +18,10 @@
 
 #include "comm/thread_world.h"
 #include "comm/coalesced.h"
+#include "ddp_hooks/default_hooks.h"
 #include "ddp_hooks/distributed_data_parallel.h"
+#include "ddp_hooks/zero_hook.h"
+#include "optim/zero_redundancy_optimizer.h"
 
 namespace dtrain::ddp {
 namespace {
@@ -79,6 +85,39 @@ void BM_AllReduce(benchmark::State& state) {
   state.counters["ms"] = elapsed_ms(start) / state.iterations() / kWorld;
 }
 BENCHMARK(BM_AllReduce)->Threads(kWorld)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+void BM_DDPZeroStep(benchmark::State& state) {
+  comm::Group& g = comm::thread_world_rank(state.thread_index(), kWorld);
+  const bool overlap = state.range(0) == 1;
+  auto mlp = make_mlp();
+  DDPOptions o;
+  o.group = g;
+  o.gradient_as_bucket_view = true;
+  o.bucket_cap_mb = 4;
+  DistributedDataParallel ddp(mlp.ptr(), o);
+  optim::OptionsDict adam = optim::new_options_dict();
+  adam.insert("lr", 1e-4);
+  optim::ZeroOptions zo;
+  zo.group = g;
+  zo.parameters_as_bucket_view = true;
+  zo.overlap_with_ddp = overlap;
+  optim::ZeroRedundancyOptimizer zero(
+      mlp->parameters(), optim::local_optimizer<optim::FunctionalOptimizerAdapter>("Adam", adam), zo);
+  if (overlap) ddp.register_comm_hook(hook_with_zero_step(std::make_unique<AllReduceHook>(g), ddp, zero));
+  const torch::Tensor x = torch::randn({2, 1024});
+  auto iteration = [&] {
+    zero.zero_grad();
+    ddp.forward([&] { return mlp->forward(x).sum(); }).backward();
+    zero.step();
+  };
+  iteration();
+  const auto start = std::chrono::steady_clock::now();
+  for (auto _ : state) iteration();
+  state.counters["ms"] = elapsed_ms(start) / state.iterations() / kWorld;
+  // Counters sum over the rank threads: per rank is the average.
+  state.counters["state_MiB"] = static_cast<double>(zero.local_state_bytes()) / (1 << 20) / kWorld;
+}
+BENCHMARK(BM_DDPZeroStep)->ArgName("overlap")->Arg(0)->Arg(1)->Threads(kWorld)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace dtrain::ddp
