@@ -1,0 +1,437 @@
+// The main job: a real multi-rank training run with DDP, a communication hook,
+// ZeroRedundancyOptimizer(Adam) and checkpoints.
+//
+//   ./bazelw run //examples:train                         # 2 local ranks, defaults
+//   ./bazelw run //examples:train -- --steps=600 --hook=powersgd --zero=flat
+//   ./bazelw run //examples:train -- --resume             # continue from the latest checkpoint
+//   RANK=0 WORLD_SIZE=4 MASTER_ADDR=node0 MASTER_PORT=29500 bazel-bin/examples/train   # multi-node
+//
+// Without torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) the binary launches
+// --nproc_per_node copies of itself on loopback; with them it is one rank of that job.
+//
+// The task: a student MLP learns a fixed random teacher MLP from data every rank generates for
+// itself (deterministic per step and rank, so a resumed run sees the same batches).
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "checkpoint/state_file.h"
+#include "comm/local_launcher.h"
+#include "comm/process_group.h"
+#include "ddp_hooks/default_hooks.h"
+#include "ddp_hooks/distributed_data_parallel.h"
+#include "ddp_hooks/powersgd_hook.h"
+#include "ddp_hooks/zero_hook.h"
+#include "optim/functional_adapter.h"
+#include "optim/model_averagers.h"
+#include "optim/post_local_sgd_optimizer.h"
+#include "optim/zero_redundancy_optimizer.h"
+
+ABSL_FLAG(int, nproc_per_node, 2, "Ranks to launch on this machine (ignored when RANK/WORLD_SIZE are set).");
+ABSL_FLAG(int, steps, 300, "Total optimizer steps (a resumed run continues up to this step).");
+ABSL_FLAG(std::string, hook, "allreduce", "DDP communication hook: allreduce|fp16|bf16|powersgd|post_local_sgd|noop.");
+ABSL_FLAG(std::string, zero, "sorted_greedy", "Optimizer state sharding: off|sorted_greedy|flat.");
+ABSL_FLAG(bool, zero_overlap, false, "Step ZeRO inside the DDP hook, bucket by bucket (needs --zero=sorted_greedy).");
+ABSL_FLAG(bool, bucket_view, true, "Gradients (DDP) and parameters (ZeRO) as views into communication buckets.");
+ABSL_FLAG(std::string, checkpoint_dir, "/tmp/dtrain-train", "Where checkpoints go; empty: no checkpoints.");
+ABSL_FLAG(int, checkpoint_every, 100, "Steps between checkpoints (and one at the end).");
+ABSL_FLAG(bool, resume, false, "Continue from the checkpoint in --checkpoint_dir.");
+ABSL_FLAG(double, lr, 3e-3, "Adam learning rate.");
+ABSL_FLAG(int, batch_size, 64, "Samples per rank per step.");
+ABSL_FLAG(int, hidden, 256, "Width of the student's hidden layers.");
+ABSL_FLAG(int, log_every, 0, "Steps between progress lines when stdout is not a terminal; 0: steps / 10.");
+ABSL_FLAG(uint64_t, seed, 0, "Seed of the teacher, the student's initial weights and the data.");
+
+namespace {
+
+using namespace dtrain;  // NOLINT: an example reads better with short names
+
+constexpr int64_t kIn = 32, kOut = 8;
+constexpr char kCheckpointFile[] = "checkpoint.pt";
+
+// One-line errors for the user: "train: ..." and an exit code (2: usage, 1: runtime).
+[[noreturn]] void die(int code, const std::string& message) {
+  std::fprintf(stderr, "train: %s\n", message.c_str());
+  std::exit(code);
+}
+
+struct Config {
+  int steps;
+  std::string hook, zero, checkpoint_dir;
+  bool zero_overlap, bucket_view, resume;
+  int checkpoint_every, batch_size, hidden, log_every;
+  double lr;
+  uint64_t seed;
+};
+
+Config read_flags() {
+  Config c{absl::GetFlag(FLAGS_steps),       absl::GetFlag(FLAGS_hook),          absl::GetFlag(FLAGS_zero),
+           absl::GetFlag(FLAGS_checkpoint_dir), absl::GetFlag(FLAGS_zero_overlap), absl::GetFlag(FLAGS_bucket_view),
+           absl::GetFlag(FLAGS_resume),      absl::GetFlag(FLAGS_checkpoint_every), absl::GetFlag(FLAGS_batch_size),
+           absl::GetFlag(FLAGS_hidden),      absl::GetFlag(FLAGS_log_every),     absl::GetFlag(FLAGS_lr),
+           absl::GetFlag(FLAGS_seed)};
+  const std::vector<std::string> hooks = {"allreduce", "fp16", "bf16", "powersgd", "post_local_sgd", "noop"};
+  const std::vector<std::string> zeros = {"off", "sorted_greedy", "flat"};
+  if (std::find(hooks.begin(), hooks.end(), c.hook) == hooks.end()) {
+    die(2, absl::StrCat("unknown --hook=", c.hook, "; choose one of ", absl::StrJoin(hooks, "|")));
+  }
+  if (std::find(zeros.begin(), zeros.end(), c.zero) == zeros.end()) {
+    die(2, absl::StrCat("unknown --zero=", c.zero, "; choose one of ", absl::StrJoin(zeros, "|")));
+  }
+  if (c.steps < 1) die(2, absl::StrCat("--steps must be at least 1, got ", c.steps));
+  if (c.batch_size < 1 || c.hidden < 1) die(2, "--batch_size and --hidden must be at least 1");
+  if (!(c.lr > 0)) die(2, absl::StrCat("--lr must be positive, got ", c.lr));
+  if (c.checkpoint_every < 1) die(2, absl::StrCat("--checkpoint_every must be at least 1, got ", c.checkpoint_every));
+  if (c.hook == "post_local_sgd" && c.zero != "off") {
+    die(2, "--hook=post_local_sgd lets ranks drift apart between averagings, which ZeRO's parameter broadcast "
+           "would undo; use it with --zero=off");
+  }
+  if (c.zero_overlap && (c.zero != "sorted_greedy" || c.hook == "powersgd" || c.hook == "post_local_sgd" ||
+                         c.hook == "noop")) {
+    die(2, "--zero_overlap needs --zero=sorted_greedy and --hook=allreduce|fp16|bf16");
+  }
+  if (c.resume && c.checkpoint_dir.empty()) die(2, "--resume needs a --checkpoint_dir");
+  return c;
+}
+
+torch::nn::Sequential make_mlp(int64_t hidden, torch::Generator& gen) {
+  torch::nn::Sequential mlp(torch::nn::Linear(kIn, hidden), torch::nn::GELU(), torch::nn::Linear(hidden, hidden),
+                            torch::nn::GELU(), torch::nn::Linear(hidden, hidden), torch::nn::GELU(),
+                            torch::nn::Linear(hidden, kOut));
+  torch::NoGradGuard no_grad;
+  for (auto& p : mlp->parameters()) {
+    const double fan_in = p.dim() == 2 ? static_cast<double>(p.size(1)) : static_cast<double>(hidden);
+    p.copy_(torch::randn(p.sizes(), gen) / std::sqrt(fan_in));
+  }
+  return mlp;
+}
+
+torch::Generator generator(uint64_t seed) { return at::detail::createCPUGenerator(seed); }
+
+// Optimizer state tensors' bytes in a PyTorch-format state dict.
+int64_t state_bytes(const c10::IValue& sd) {
+  int64_t bytes = 0;
+  for (const auto& kv : sd.toGenericDict().at("state").toGenericDict()) {
+    for (const auto& e : kv.value().toGenericDict()) {
+      if (e.value().isTensor()) bytes += static_cast<int64_t>(e.value().toTensor().nbytes());
+    }
+  }
+  return bytes;
+}
+
+std::string kib(int64_t bytes) { return absl::StrFormat("%.1f KiB", static_cast<double>(bytes) / 1024); }
+
+// The optimizer behind one of three shapes: ZeRO, plain Adam, or post-local SGD around Adam.
+struct Optimizer {
+  std::unique_ptr<optim::ZeroRedundancyOptimizer> zero;
+  std::unique_ptr<optim::FunctionalOptimizerAdapter> adam;
+  std::unique_ptr<optim::PostLocalSGDOptimizer> post_local;
+
+  torch::optim::Optimizer& get() {
+    if (zero) return *zero;
+    if (post_local) return *post_local;
+    return *adam;
+  }
+  int64_t local_state_bytes() {
+    if (zero) return zero->local_state_bytes();
+    if (post_local) return state_bytes(post_local->state_dict());
+    return state_bytes(adam->state_dict());
+  }
+  // Collective with ZeRO: the global state, valid on rank 0.
+  c10::IValue global_state_dict() {
+    if (zero) {
+      zero->consolidate_state_dict(0);
+      return zero->rank() == 0 ? zero->state_dict() : c10::IValue();
+    }
+    if (post_local) return post_local->state_dict();
+    return adam->state_dict();
+  }
+  void load_state_dict(const c10::IValue& sd) {
+    if (zero) return zero->load_state_dict(sd);
+    if (post_local) return post_local->load_state_dict(sd);
+    adam->load_state_dict(sd);
+  }
+};
+
+class Progress {
+ public:
+  // `tty`: whether rank 0 writes to a terminal, the same value on every rank (reporting involves a
+  // collective, so every rank must agree on when it happens).
+  Progress(bool enabled, bool tty, int total, int log_every) : enabled_(enabled), total_(total), tty_(tty) {
+    every_ = log_every > 0 ? log_every : std::max(1, total / 10);
+  }
+  // Whether step `step` (1-based) reports: every step on a terminal, else every log_every.
+  bool due(int step) const { return tty_ || step % every_ == 0 || step == total_; }
+  void show(int step, double loss, double steps_per_s, int64_t state) {
+    if (!enabled_) return;
+    const std::string line = absl::StrFormat("step %*d/%d  loss %.6f  %.1f steps/s  optimizer state %s/rank",
+                                             static_cast<int>(std::to_string(total_).size()), step, total_, loss,
+                                             steps_per_s, kib(state));
+    if (tty_) {
+      std::printf("\r%s\x1b[K", line.c_str());
+      if (step == total_) std::printf("\n");
+    } else {
+      std::printf("%s\n", line.c_str());
+    }
+    std::fflush(stdout);
+  }
+  void note(const std::string& message) {
+    if (!enabled_) return;
+    std::printf("%s\n", message.c_str());
+    std::fflush(stdout);
+  }
+
+ private:
+  bool enabled_;
+  int total_;
+  bool tty_;
+  int every_ = 1;
+};
+
+int train(const Config& c) {
+  comm::InitOptions init;
+  init.init_method = "env://";
+  init.timeout = std::chrono::minutes(5);
+  absl::StatusOr<comm::Group> joined = comm::init_process_group(init);
+  if (!joined.ok()) die(2, absl::StrCat("cannot join the job: ", joined.status().message()));
+  comm::Group world = *joined;
+  const int rank = world.rank(), world_size = world.size();
+  std::vector<at::Tensor> tty = {torch::full({1}, rank == 0 && ::isatty(1) == 1 ? 1 : 0, torch::kInt)};
+  c10d::BroadcastOptions from_rank0;
+  world->broadcast(tty, from_rank0)->wait();
+  Progress progress(rank == 0, tty[0].item<int>() == 1, c.steps, c.log_every);
+
+  torch::Generator init_gen = generator(c.seed);
+  torch::nn::Sequential teacher = make_mlp(64, init_gen);
+  torch::nn::Sequential model = make_mlp(c.hidden, init_gen);
+  for (auto& p : teacher->parameters()) p.set_requires_grad(false);
+
+  ddp::DDPOptions ddp_options;
+  ddp_options.group = world;
+  ddp_options.gradient_as_bucket_view = c.bucket_view;
+  // Small buckets for a small model: several of them overlap backward, and --zero_overlap has
+  // buckets to spread over the ranks.
+  ddp_options.bucket_cap_mb = 0.25;
+  ddp_options.first_bucket_cap_mb = 0.25;
+  ddp::DistributedDataParallel ddp(model.ptr(), ddp_options);
+
+  optim::OptionsDict adam_options = optim::new_options_dict();
+  adam_options.insert("lr", c.lr);
+  Optimizer opt;
+  std::shared_ptr<ddp::PowerSGDState> powersgd;
+  std::shared_ptr<ddp::PostLocalSGDState> post_local;
+  const int64_t local_sgd_start = std::min(50, std::max(2, c.steps / 4));
+  if (c.zero != "off") {
+    optim::ZeroOptions zo;
+    zo.group = world;
+    zo.strategy = c.zero == "flat" ? optim::PartitionStrategy::kFlat : optim::PartitionStrategy::kSortedGreedy;
+    zo.parameters_as_bucket_view = c.bucket_view;
+    zo.overlap_with_ddp = c.zero_overlap;
+    opt.zero = std::make_unique<optim::ZeroRedundancyOptimizer>(
+        model->parameters(), optim::local_optimizer<optim::FunctionalOptimizerAdapter>("Adam", adam_options), zo);
+  } else if (c.hook == "post_local_sgd") {
+    auto local = std::make_unique<optim::FunctionalOptimizerAdapter>(model->parameters(), "Adam", adam_options);
+    auto averager = std::make_shared<optim::PeriodicModelAverager>(4, local_sgd_start, world);
+    opt.post_local = std::make_unique<optim::PostLocalSGDOptimizer>(std::move(local), averager);
+  } else {
+    opt.adam = std::make_unique<optim::FunctionalOptimizerAdapter>(model->parameters(), "Adam", adam_options);
+  }
+
+  std::unique_ptr<c10d::CommHookInterface> hook;
+  if (c.hook == "allreduce") {
+    hook = std::make_unique<ddp::AllReduceHook>(world);
+  } else if (c.hook == "fp16" || c.hook == "bf16") {
+    hook = std::make_unique<ddp::CompressHook>(world, c.hook == "fp16" ? at::kHalf : at::kBFloat16);
+  } else if (c.hook == "powersgd") {
+    powersgd = std::make_shared<ddp::PowerSGDState>(world);
+    powersgd->matrix_approximation_rank = 8;
+    powersgd->start_powerSGD_iter = local_sgd_start;
+    hook = std::make_unique<ddp::PowerSGDHook>(powersgd);
+  } else if (c.hook == "post_local_sgd") {
+    const char* local = std::getenv("LOCAL_WORLD_SIZE");
+    const int local_world = local != nullptr ? std::atoi(local) : world_size;
+    absl::StatusOr<comm::Subgroups> sub = comm::new_subgroups(world, local_world > 0 ? local_world : world_size);
+    if (!sub.ok()) die(2, absl::StrCat("post_local_sgd subgroups: ", sub.status().message()));
+    post_local = std::make_shared<ddp::PostLocalSGDState>(world, sub->mine, local_sgd_start);
+    hook = std::make_unique<ddp::PostLocalSGDHook>(post_local);
+  } else {
+    hook = std::make_unique<ddp::NoOpHook>();
+  }
+  if (c.zero_overlap) hook = ddp::hook_with_zero_step(std::move(hook), ddp, *opt.zero);
+  ddp.register_comm_hook(std::move(hook));
+
+  // Resume: the model and the global optimizer state from the shared checkpoint (any world
+  // size), the hook's per-rank state when it was saved at this world size.
+  int start = 0;
+  const std::filesystem::path dir = c.checkpoint_dir;
+  if (c.resume) {
+    absl::StatusOr<c10::IValue> loaded = checkpoint::load_state((dir / kCheckpointFile).string());
+    if (!loaded.ok()) {
+      die(2, absl::StrCat("--resume: ", loaded.status().message(), absl::IsNotFound(loaded.status())
+                              ? "; run once without --resume to create a checkpoint" : ""));
+    }
+    auto ckpt = loaded->toGenericDict();
+    start = static_cast<int>(ckpt.at("step").toInt());
+    auto weights = ckpt.at("model").toGenericDict();
+    torch::NoGradGuard no_grad;
+    for (const auto& item : model->named_parameters()) {
+      if (!weights.contains(item.key())) die(2, absl::StrCat("--resume: the checkpoint has no parameter ", item.key(),
+                                                             "; was it written with another --hidden?"));
+      const at::Tensor saved = weights.at(item.key()).toTensor();
+      if (!saved.sizes().equals(item.value().sizes())) {
+        die(2, absl::StrCat("--resume: parameter ", item.key(), " has shape [", absl::StrJoin(saved.sizes(), ","),
+                            "] in the checkpoint but [", absl::StrJoin(item.value().sizes(), ","),
+                            "] here; use the --hidden it was written with"));
+      }
+      item.value().copy_(saved);
+    }
+    opt.load_state_dict(ckpt.at("optimizer"));
+    if (post_local) post_local->iter = start;
+    const std::string hook_file = (dir / absl::StrCat("hook-rank", rank, ".pt")).string();
+    if (powersgd && ckpt.at("world_size").toInt() == world_size) {
+      absl::StatusOr<c10::IValue> hs = checkpoint::load_state(hook_file);
+      if (hs.ok()) powersgd->load_state_dict(*hs);
+    } else if (powersgd) {
+      powersgd->iter = start;
+    }
+    progress.note(absl::StrCat("resumed from step ", start, " (", (dir / kCheckpointFile).string(), ", written by ",
+                               ckpt.at("world_size").toInt(), " ranks)"));
+    if (start >= c.steps) {
+      progress.note(absl::StrCat("the checkpoint is at step ", start, ", at or past --steps=", c.steps,
+                                 "; nothing to train (raise --steps)"));
+      return 0;
+    }
+  }
+  if (!c.checkpoint_dir.empty() && rank == 0) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) die(1, absl::StrCat("cannot create --checkpoint_dir ", dir.string(), ": ", ec.message()));
+  }
+
+  auto save = [&](int step) {
+    c10::IValue optimizer_state = opt.global_state_dict();  // collective with ZeRO
+    if (powersgd) {
+      absl::Status s = checkpoint::save_state((dir / absl::StrCat("hook-rank", rank, ".pt")).string(),
+                                              powersgd->state_dict());
+      if (!s.ok()) die(1, absl::StrCat("checkpoint: ", s.message()));
+    }
+    if (rank != 0) return;
+    c10::impl::GenericDict weights(c10::StringType::get(), c10::AnyType::get());
+    for (const auto& item : model->named_parameters()) weights.insert(item.key(), item.value().detach().clone());
+    c10::impl::GenericDict ckpt(c10::StringType::get(), c10::AnyType::get());
+    ckpt.insert("step", static_cast<int64_t>(step));
+    ckpt.insert("world_size", static_cast<int64_t>(world_size));
+    ckpt.insert("model", weights);
+    ckpt.insert("optimizer", optimizer_state);
+    ckpt.insert("hook", c.hook);
+    ckpt.insert("zero", c.zero);
+    absl::Status s = checkpoint::save_state((dir / kCheckpointFile).string(), ckpt);
+    if (!s.ok()) die(1, absl::StrCat("checkpoint: ", s.message()));
+  };
+
+  const auto t0 = std::chrono::steady_clock::now();
+  double first_loss = NAN, last_loss = NAN;
+  int64_t state = 0;
+  for (int step = start + 1; step <= c.steps; ++step) {
+    // The batch of (step, rank): the same whatever happened before, so resuming is exact.
+    torch::Generator data_gen = generator(c.seed * 1000003 + static_cast<uint64_t>(step) * 4099 + rank);
+    const torch::Tensor x = torch::randn({c.batch_size, kIn}, data_gen);
+    torch::Tensor y;
+    {
+      torch::NoGradGuard no_grad;
+      y = teacher->forward(x);
+    }
+    opt.get().zero_grad();
+    torch::Tensor loss = ddp.forward([&] { return torch::mse_loss(model->forward(x), y); });
+    loss.backward();
+    opt.get().step();
+    if (progress.due(step) || step == start + 1 || step == c.steps) {
+      std::vector<at::Tensor> mean = {loss.detach().reshape({1}) / world_size};
+      world->allreduce(mean)->wait();
+      last_loss = mean[0].item<double>();
+      if (std::isnan(first_loss)) first_loss = last_loss;
+    }
+    if (progress.due(step)) {
+      if (state == 0 || step % 50 == 0) state = opt.local_state_bytes();
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      progress.show(step, last_loss, (step - start) / seconds, state);
+    }
+    if (!c.checkpoint_dir.empty() && (step % c.checkpoint_every == 0 || step == c.steps)) save(step);
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  // Summary: optimizer state per rank next to one unsharded replica.
+  std::vector<at::Tensor> mine = {torch::full({1}, opt.local_state_bytes(), torch::kLong)};
+  std::vector<std::vector<at::Tensor>> all(1);
+  for (int r = 0; r < world_size; ++r) all[0].push_back(torch::zeros({1}, torch::kLong));
+  world->allgather(all, mine)->wait();
+  int64_t total = 0;
+  for (const auto& t : all[0]) total += t.item<int64_t>();
+  const int64_t unsharded = c.zero == "off" ? all[0][0].item<int64_t>() : total;
+  if (rank == 0) {
+    std::printf("\n| run | %d ranks, hook %s, zero %s%s, bucket_view %s |\n|---|---|\n", world_size, c.hook.c_str(),
+                c.zero.c_str(), c.zero_overlap ? " (overlapped with DDP)" : "", c.bucket_view ? "on" : "off");
+    std::printf("| loss | %.6f at step %d -> final loss %.6f at step %d |\n", first_loss, start + 1, last_loss, c.steps);
+    std::printf("| time | %.2f s for %d steps (%.1f steps/s) |\n", seconds, c.steps - start, (c.steps - start) / seconds);
+    for (int r = 0; r < world_size; ++r) {
+      std::printf("| optimizer state, rank %d | %s |\n", r, kib(all[0][r].item<int64_t>()).c_str());
+    }
+    std::printf("| optimizer state, unsharded | %s (%.2fx of it on the largest rank) |\n", kib(unsharded).c_str(),
+                static_cast<double>(torch::cat(all[0]).max().item<int64_t>()) / static_cast<double>(unsharded));
+    if (!c.checkpoint_dir.empty()) std::printf("| checkpoint | %s (step %d) |\n", (dir / kCheckpointFile).c_str(), c.steps);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Trains a small MLP with DDP + a communication hook + ZeroRedundancyOptimizer(Adam) on local ranks it "
+      "launches, or as one rank of a torchrun-style job (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).");
+  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  if (rest.size() > 1) die(2, absl::StrCat("unexpected argument '", rest[1], "'; flags look like --steps=100"));
+  const Config config = read_flags();
+  const bool in_job = std::getenv("RANK") != nullptr || std::getenv("WORLD_SIZE") != nullptr;
+  if (!in_job) {
+    // Checked once here, not by every rank.
+    const std::filesystem::path ckpt = std::filesystem::path(config.checkpoint_dir) / kCheckpointFile;
+    if (config.resume && !std::filesystem::exists(ckpt)) {
+      die(2, absl::StrCat("--resume: no checkpoint at ", ckpt.string(), "; run once without --resume to create one"));
+    }
+    const int nproc = absl::GetFlag(FLAGS_nproc_per_node);
+    if (nproc < 1) die(2, absl::StrCat("--nproc_per_node must be at least 1, got ", nproc));
+    comm::LaunchOptions o;
+    o.nproc_per_node = nproc;
+    o.rank0_owns_terminal = true;
+    std::vector<std::string> args = {"/proc/self/exe"};
+    for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
+    absl::StatusOr<int> code = comm::launch_local(args, o);
+    if (!code.ok()) die(1, std::string(code.status().message()));
+    return *code;
+  }
+  try {
+    return train(config);
+  } catch (const c10::Error& e) {
+    die(1, absl::StrCat("rank ", std::getenv("RANK") ? std::getenv("RANK") : "?", ": ", e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    die(1, absl::StrCat("rank ", std::getenv("RANK") ? std::getenv("RANK") : "?", ": ", e.what()));
+  }
+}

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Runs //examples:train as a user would: the loss falls, a resumed run ends exactly where an
+# uninterrupted one does, PyTorch reads the checkpoint, and bad input gets a one-line error.
+set -uo pipefail
+TRAIN=examples/train
+TMP="${TEST_TMPDIR:-$(mktemp -d)}"
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+
+final_loss() { sed -n 's/.*final loss \([0-9.]*\) at step.*/\1/p' "$1"; }
+first_loss() { sed -n 's/^| loss | \([0-9.]*\) at step.*/\1/p' "$1"; }
+
+# 1. An uninterrupted run of 40 steps.
+"$TRAIN" --steps=40 --checkpoint_every=20 --checkpoint_dir="$TMP/a" >"$TMP/a.log" 2>&1 || fail "train exited with $?: $(cat "$TMP/a.log")"
+first=$(first_loss "$TMP/a.log"); last=$(final_loss "$TMP/a.log")
+echo "straight run: loss $first -> $last"
+[[ -n "$first" && -n "$last" ]] || fail "no loss in the summary: $(cat "$TMP/a.log")"
+awk -v f="$first" -v l="$last" 'BEGIN { exit !(l < f / 2) }' || fail "loss did not halve: $first -> $last"
+grep -q "optimizer state, rank 1" "$TMP/a.log" || fail "no per-rank state rows"
+
+# 2. 20 steps, then --resume to 40: the same final loss, to the printed digit.
+"$TRAIN" --steps=20 --checkpoint_dir="$TMP/b" >"$TMP/b1.log" 2>&1 || fail "first half exited with $?"
+"$TRAIN" --steps=40 --resume --checkpoint_dir="$TMP/b" >"$TMP/b2.log" 2>&1 || fail "resume exited with $?: $(cat "$TMP/b2.log")"
+grep -q "resumed from step 20" "$TMP/b2.log" || fail "no 'resumed from step 20': $(cat "$TMP/b2.log")"
+resumed=$(final_loss "$TMP/b2.log")
+echo "resumed run: final loss $resumed"
+[[ "$resumed" == "$last" ]] || fail "resumed run ends at loss $resumed, the straight run at $last"
+
+# 3. The checkpoint is a PyTorch file: torch.load reads it.
+/usr/bin/python3 - "$TMP/a/checkpoint.pt" <<'PY' || fail "torch.load could not read the checkpoint"
+import sys, torch
+ckpt = torch.load(sys.argv[1])
+assert ckpt["step"] == 40, ckpt["step"]
+assert ckpt["model"]["0.weight"].shape == (256, 32), ckpt["model"]["0.weight"].shape
+state = ckpt["optimizer"]["state"]
+assert len(state) == 8 and "exp_avg" in state[0], list(state)
+print("torch.load: step", ckpt["step"], "with", len(state), "parameter states")
+PY
+
+# 4. Bad input: exit code 2 and one line that says what to do.
+for args in "--hook=foo" "--zero=nope" "--steps=0" "--resume --checkpoint_dir=$TMP/none" "--hook=post_local_sgd"; do
+  out=$("$TRAIN" $args 2>&1); code=$?
+  [[ $code -eq 2 ]] || fail "$args: exit code $code, expected 2"
+  [[ $(printf '%s\n' "$out" | wc -l) -eq 1 ]] || fail "$args: expected one line, got: $out"
+  [[ "$out" == train:* ]] || fail "$args: unexpected message: $out"
+done
+
+if [[ $fails -ne 0 ]]; then echo "$fails check(s) failed"; exit 1; fi
+echo "all checks passed"
