@@ -285,6 +285,16 @@ absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> make_pg(
 
 }  // namespace
 
+absl::StatusOr<RendezvousResult> rendezvous_store(const InitOptions& options) {
+  if (options.timeout.count() <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("timeout must be positive, got ", options.timeout.count(), " ms"));
+  }
+  absl::StatusOr<Rendezvous> rv = rendezvous(options);
+  if (!rv.ok()) return rv.status();
+  return RendezvousResult{rv->store, rv->rank, rv->world_size};
+}
+
 absl::StatusOr<Group> init_process_group(const InitOptions& options) {
   if (options.backend != "gloo" && options.backend != "nccl") {
     return absl::InvalidArgumentError(

@@ -100,6 +100,16 @@ class Group {
   const State& state() const;  // TORCH_CHECKs that the Group was initialised
 
   friend absl::StatusOr<Group> init_process_group(const InitOptions& options);
+
+// Only the rendezvous of init_process_group (the store, this rank, the world size), for layers
+// that bring their own transport (rpc/'s TensorPipe agent). Same options and errors; `backend`
+// and the Gloo fields are ignored.
+struct RendezvousResult {
+  c10::intrusive_ptr<c10d::Store> store;
+  int rank = -1;
+  int world_size = -1;
+};
+absl::StatusOr<RendezvousResult> rendezvous_store(const InitOptions& options);
   friend absl::StatusOr<Group> new_group(const Group& parent, std::vector<int> ranks);
 };
 
@@ -112,6 +122,16 @@ class Group {
 //   DeadlineExceeded the master (named host:port) unreachable or peers missing within the timeout;
 //   Unavailable      the master port cannot be bound, other transport failures.
 absl::StatusOr<Group> init_process_group(const InitOptions& options);
+
+// Only the rendezvous of init_process_group (the store, this rank, the world size), for layers
+// that bring their own transport (rpc/'s TensorPipe agent). Same options and errors; `backend`
+// and the Gloo fields are ignored.
+struct RendezvousResult {
+  c10::intrusive_ptr<c10d::Store> store;
+  int rank = -1;
+  int world_size = -1;
+};
+absl::StatusOr<RendezvousResult> rendezvous_store(const InitOptions& options);
 
 // A group of some of `parent`'s ranks (parent ranks, any order, no duplicates), as
 // torch.distributed.new_group. Collective over `parent`: every parent rank calls it with the same

@@ -52,6 +52,12 @@ class FunctionalRegistry {
     return twin_name(std::type_index(typeid(TorchOptimizer))) != nullptr;
   }
   std::vector<std::string> names() const;
+  // The registry name of a LibTorch optimizer type's twin ("" when it has none).
+  template <typename TorchOptimizer>
+  std::string name_of() const {
+    const std::string* name = twin_name(std::type_index(typeid(TorchOptimizer)));
+    return name == nullptr ? std::string() : *name;
+  }
 
   // Creates the functional optimizer registered under `name` (TORCH_CHECK listing the known
   // names if there is none).

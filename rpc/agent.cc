@@ -1,0 +1,250 @@
+#include "rpc/agent.h"
+
+#include <condition_variable>
+#include <cstdlib>
+#include <mutex>
+
+#include <torch/csrc/distributed/rpc/message.h>
+#include <torch/csrc/distributed/rpc/request_callback.h>
+#include <torch/csrc/distributed/rpc/tensorpipe_agent.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "comm/process_group.h"
+
+namespace dtrain::rpc {
+namespace tdr = torch::distributed::rpc;
+
+struct Agent::InFlight {
+  std::mutex mu;
+  std::condition_variable cv;
+  int64_t calls = 0;
+};
+
+void Handlers::add(const std::string& name, Handler handler) {
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  handlers_[name] = std::make_shared<const Handler>(std::move(handler));
+}
+
+std::shared_ptr<const Handler> Handlers::find(const std::string& name) const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  auto it = handlers_.find(name);
+  return it == handlers_.end() ? nullptr : it->second;
+}
+
+std::vector<std::string> Handlers::names() const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  std::vector<std::string> out;
+  for (const auto& kv : handlers_) out.push_back(kv.first);
+  return out;
+}
+
+namespace {
+
+c10::intrusive_ptr<tdr::JitFuture> completed(c10::intrusive_ptr<tdr::Message> message) {
+  auto future = c10::make_intrusive<tdr::JitFuture>(at::getCustomClassType<c10::intrusive_ptr<tdr::Message>>());
+  auto [m, storages] = tdr::withStorages(std::move(message));
+  future->markCompleted(c10::IValue(std::move(m)), std::move(storages));
+  return future;
+}
+
+// Decodes the request, runs its handler, encodes the reply. Everything that goes wrong (a
+// malformed message, an unknown handler, a handler's exception) becomes an EXCEPTION reply,
+// which the caller's agent turns into an error: the agent itself never throws here.
+class Callback : public tdr::RequestCallback {
+ public:
+  Callback(std::shared_ptr<Handlers> handlers, std::string self) : handlers_(std::move(handlers)), self_(std::move(self)) {}
+
+ protected:
+  c10::intrusive_ptr<tdr::JitFuture> processMessage(tdr::Message& request, std::vector<c10::Stream>) const override {
+    const int64_t id = request.id();
+    std::string handler_name = "?";
+    try {
+      Envelope e = decode_envelope(request.payload(), request.tensors().size());
+      handler_name = e.handler;
+      std::shared_ptr<const Handler> handler = handlers_ ? handlers_->find(e.handler) : nullptr;
+      if (handler == nullptr) {
+        throw std::runtime_error(absl::StrCat("no handler named '", e.handler, "' is registered"));
+      }
+      Request r{"", e.handler, std::move(e.body), std::move(request.tensors())};
+      Reply reply = (*handler)(r);
+      std::vector<char> payload = encode_envelope("reply", reply.body, reply.tensors.size());
+      return completed(c10::make_intrusive<tdr::Message>(std::move(payload), std::move(reply.tensors),
+                                                         tdr::MessageType::SCRIPT_RET, id));
+    } catch (const c10::Error& e) {
+      return error(handler_name, e.what_without_backtrace(), id);
+    } catch (const std::exception& e) {
+      return error(handler_name, e.what(), id);
+    } catch (...) {
+      return error(handler_name, "unknown exception", id);
+    }
+  }
+
+ private:
+  c10::intrusive_ptr<tdr::JitFuture> error(const std::string& handler, const std::string& what, int64_t id) const {
+    return completed(tdr::createExceptionResponse(
+        absl::StrCat("worker '", self_, "', handler '", handler, "': ", what), id));
+  }
+
+  std::shared_ptr<Handlers> handlers_;
+  std::string self_;
+};
+
+absl::Status call_error(const std::string& to, const std::string& message) {
+  if (absl::StrContains(message, "timed out") || absl::StrContains(message, "more than set timeout") ||
+      absl::StrContains(message, "RPCErr:1:")) {
+    return absl::DeadlineExceededError(absl::StrCat("RPC to worker '", to, "' timed out: ", message));
+  }
+  if (absl::StrContains(message, "worker '") && absl::StrContains(message, "handler '")) {
+    return absl::InternalError(absl::StrCat("RPC to worker '", to, "' failed remotely: ", message));
+  }
+  return absl::UnavailableError(absl::StrCat("RPC to worker '", to, "' failed: ", message));
+}
+
+}  // namespace
+
+absl::StatusOr<Response> CallFuture::get() {
+  if (!future_) return absl::FailedPreconditionError("empty CallFuture");
+  future_->wait();
+  if (future_->hasError()) return call_error(to_, future_->tryRetrieveErrorMessage());
+  try {
+    auto message = future_->value().toCustomClass<tdr::Message>();
+    Envelope e = decode_envelope(message->payload(), message->tensors().size());
+    return Response{std::move(e.body), std::move(message->tensors())};
+  } catch (const std::exception& e) {
+    return absl::DataLossError(absl::StrCat("malformed reply from worker '", to_, "': ", e.what()));
+  }
+}
+
+absl::StatusOr<std::unique_ptr<Agent>> Agent::create(AgentOptions options) {
+  if (options.name.empty()) return absl::InvalidArgumentError("AgentOptions::name is required (e.g. \"trainer0\")");
+  if (options.num_worker_threads < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("num_worker_threads must be at least 1, got ",
+                                                   options.num_worker_threads));
+  }
+  if (options.timeout.count() <= 0) return absl::InvalidArgumentError("AgentOptions::timeout must be positive");
+  comm::InitOptions init;
+  init.init_method = options.init_method;
+  init.rank = options.rank;
+  init.world_size = options.world_size;
+  init.store = options.store;
+  init.timeout = options.timeout;
+  absl::StatusOr<comm::RendezvousResult> rv = comm::rendezvous_store(init);
+  if (!rv.ok()) return rv.status();
+  if (!options.listen_interface.empty()) ::setenv("TP_SOCKET_IFNAME", options.listen_interface.c_str(), 1);
+
+  std::unique_ptr<Agent> agent(new Agent());
+  agent->rank_ = rv->rank;
+  agent->world_size_ = rv->world_size;
+  agent->store_ = c10::make_intrusive<c10d::PrefixStore>("dtrain/rpc-shutdown", rv->store);
+  agent->in_flight_ = std::make_shared<InFlight>();
+  try {
+    auto store = c10::make_intrusive<c10d::PrefixStore>("dtrain/rpc", rv->store);
+    // uv (TCP) and the basic channel: no shared memory or ptrace permissions needed.
+    tdr::TensorPipeRpcBackendOptions opts(options.num_worker_threads, std::vector<std::string>{"uv"},
+                                          std::vector<std::string>{"basic"},
+                                          static_cast<float>(options.timeout.count()) / 1000.0f, "env://");
+    agent->agent_ = std::make_shared<tdr::TensorPipeAgent>(
+        store, options.name, rv->rank, rv->world_size, opts, std::unordered_map<std::string, tdr::DeviceMap>{},
+        std::vector<c10::Device>{}, std::make_unique<Callback>(options.handlers, options.name));
+    agent->agent_->start();
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("RPC agent '", options.name, "' could not start: ",
+                                            e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("RPC agent '", options.name, "' could not start: ", e.what()));
+  }
+  agent->options_ = std::move(options);
+  return agent;
+}
+
+Agent::~Agent() {
+  if (agent_ && !shut_down_) {
+    try {
+      agent_->shutdown();
+    } catch (...) {
+    }
+  }
+}
+
+CallFuture Agent::rpc_async(const std::string& to, const std::string& handler, const Writer& body,
+                            std::vector<at::Tensor> tensors, std::chrono::milliseconds timeout) {
+  const size_t n = tensors.size();
+  return send_raw(to, encode_envelope(handler, body, n), std::move(tensors), timeout);
+}
+
+absl::StatusOr<Response> Agent::rpc_sync(const std::string& to, const std::string& handler, const Writer& body,
+                                         std::vector<at::Tensor> tensors, std::chrono::milliseconds timeout) {
+  return rpc_async(to, handler, body, std::move(tensors), timeout).get();
+}
+
+CallFuture Agent::send_raw(const std::string& to, std::vector<char> payload, std::vector<at::Tensor> tensors,
+                           std::chrono::milliseconds timeout) {
+  auto failed = [&](const std::string& why) {
+    auto f = c10::make_intrusive<tdr::JitFuture>(at::AnyType::get());
+    f->setError(std::make_exception_ptr(std::runtime_error(why)));
+    return CallFuture(to, f);
+  };
+  if (shut_down_) return failed("this agent is shut down");
+  if (!has_worker(to)) return failed(absl::StrCat("no worker named '", to, "' in this job"));
+  try {
+    auto message = c10::make_intrusive<tdr::Message>(std::move(payload), std::move(tensors),
+                                                     tdr::MessageType::SCRIPT_CALL);
+    const auto ms = timeout.count() > 0 ? timeout : options_.timeout;
+    const float seconds = static_cast<float>(ms.count()) / 1000.0f;
+    auto future = agent_->send(agent_->getWorkerInfo(to), std::move(message), seconds);
+    {
+      std::lock_guard<std::mutex> lock(in_flight_->mu);
+      ++in_flight_->calls;
+    }
+    std::weak_ptr<InFlight> weak = in_flight_;
+    future->addCallback([weak](c10::ivalue::Future&) {
+      if (auto f = weak.lock()) {
+        std::lock_guard<std::mutex> lock(f->mu);
+        --f->calls;
+        f->cv.notify_all();
+      }
+    });
+    return CallFuture(to, future);
+  } catch (const c10::Error& e) {
+    return failed(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return failed(e.what());
+  }
+}
+
+absl::Status Agent::shutdown() {
+  if (shut_down_) return absl::OkStatus();
+  try {
+    // Drain: this worker's calls are answered (or failed) ...
+    {
+      std::unique_lock<std::mutex> lock(in_flight_->mu);
+      in_flight_->cv.wait(lock, [&] { return in_flight_->calls == 0; });
+    }
+    // ... then every worker's: nobody stops serving while a peer may still call it.
+    if (store_->add("arrived", 1) == world_size_) store_->set("go", std::vector<uint8_t>{1});
+    store_->wait({"go"}, options_.timeout + std::chrono::seconds(60));
+    agent_->shutdown();
+  } catch (const c10::Error& e) {
+    return absl::UnavailableError(absl::StrCat("RPC shutdown of '", name(), "': ", e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("RPC shutdown of '", name(), "': ", e.what()));
+  }
+  shut_down_ = true;
+  return absl::OkStatus();
+}
+
+std::vector<std::string> Agent::worker_names() const {
+  std::vector<std::string> names;
+  for (const auto& w : agent_->getWorkerInfos()) names.push_back(w.name_);
+  return names;
+}
+
+bool Agent::has_worker(const std::string& name) const {
+  for (const auto& w : agent_->getWorkerInfos()) {
+    if (w.name_ == name) return true;
+  }
+  return false;
+}
+
+}  // namespace dtrain::rpc

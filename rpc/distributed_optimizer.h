@@ -1,0 +1,62 @@
+// The RPC DistributedOptimizer (torch.distributed.optim.DistributedOptimizer): one local
+// functional optimizer per owner of the parameters, created there through the registry (so
+// built-ins, QHM and your own registered optimizers all work), stepped with the gradients of a
+// GradientContext.
+//
+//   auto opt = dtrain::rpc::DistributedOptimizer::create(*agent, "Adam", adam_options, remote_params);
+//   GradientContext ctx(*agent);
+//   ... forward/backward locally, ctx.send(remote_params, grads) ...
+//   absl::Status s = (*opt)->step(ctx.id());    // every owner steps, in parallel
+//
+// Concurrency (as PyTorch documents): step() calls from one or several clients are serialised
+// per owner; different owners run in parallel; there is no global lock. A step on an owner
+// updates only parameters that have a gradient in that context.
+#ifndef DTRAIN_RPC_DISTRIBUTED_OPTIMIZER_H_
+#define DTRAIN_RPC_DISTRIBUTED_OPTIMIZER_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "optim/registry.h"
+#include "rpc/agent.h"
+#include "rpc/remote.h"
+
+namespace dtrain::rpc {
+
+class DistributedOptimizer {
+ public:
+  // Creates the local optimizers on every owner in parallel. Errors name the owner and carry its
+  // message (an unknown optimizer name, invalid options, an unknown parameter); optimizers
+  // already created on other owners are destroyed again.
+  static absl::StatusOr<std::unique_ptr<DistributedOptimizer>> create(Agent& agent, const std::string& optimizer,
+                                                                      const optim::OptionsDict& options,
+                                                                      std::vector<RemoteRef> params);
+  // From a LibTorch optimizer type and its options: create<torch::optim::Adam>(agent, AdamOptions(1e-3), params).
+  template <typename TorchOptimizer, typename Options>
+  static absl::StatusOr<std::unique_ptr<DistributedOptimizer>> create(Agent& agent, const Options& options,
+                                                                      std::vector<RemoteRef> params) {
+    const std::string name = optim::FunctionalRegistry::global().name_of<TorchOptimizer>();
+    if (name.empty()) return absl::InvalidArgumentError("this LibTorch optimizer type has no functional twin");
+    return create(agent, name, optim::options_from_torch(options), std::move(params));
+  }
+  ~DistributedOptimizer();  // destroys the remote optimizers (errors ignored)
+
+  // Every owner applies its optimizer to the gradients of `context_id`, in parallel; returns
+  // when all are done. The first error, naming its owner, if any failed.
+  absl::Status step(int64_t context_id);
+
+  const std::vector<std::string>& owners() const { return owners_; }
+
+ private:
+  DistributedOptimizer(Agent& agent, std::string key) : agent_(agent), key_(std::move(key)) {}
+  Agent& agent_;
+  std::string key_;
+  std::vector<std::string> owners_;
+};
+
+}  // namespace dtrain::rpc
+
+#endif  // DTRAIN_RPC_DISTRIBUTED_OPTIMIZER_H_

@@ -1,0 +1,346 @@
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/torch.h>
+
+#include "optim/functional_optimizers.h"
+#include "optim/registry.h"
+#include "rpc/agent.h"
+#include "rpc/codec.h"
+#include "rpc/distributed_optimizer.h"
+#include "rpc/remote.h"
+
+namespace dtrain::rpc {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Worker {
+  int rank;
+  Agent& agent;
+  ParameterOwner& owner;
+};
+
+// Runs one thread per name, each with its own TensorPipe agent over a shared in-process store,
+// a ParameterOwner and `extra` handlers; fn runs between creation and the collective shutdown.
+void run_workers(const std::vector<std::string>& names, const std::function<void(Worker&)>& fn,
+                 std::chrono::milliseconds timeout = std::chrono::seconds(30),
+                 const std::function<void(int, Handlers&)>& extra = nullptr) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < static_cast<int>(names.size()); ++rank) {
+    threads.emplace_back([&, rank] {
+      auto handlers = std::make_shared<Handlers>();
+      ParameterOwner owner(handlers);
+      if (extra) extra(rank, *handlers);
+      AgentOptions o;
+      o.name = names[rank];
+      o.rank = rank;
+      o.world_size = static_cast<int>(names.size());
+      o.store = store;
+      o.handlers = handlers;
+      o.timeout = timeout;
+      o.num_worker_threads = 4;
+      absl::StatusOr<std::unique_ptr<Agent>> agent = Agent::create(o);
+      ASSERT_TRUE(agent.ok()) << agent.status();
+      Worker w{rank, **agent, owner};
+      fn(w);
+      absl::Status s = (*agent)->shutdown();
+      EXPECT_TRUE(s.ok()) << s;
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+TEST(RpcTest, CallsErrorsAndMalformedMessages) {
+  run_workers(
+      {"w0", "w1"},
+      [](Worker& w) {
+        if (w.rank != 0) return;
+        absl::StatusOr<Response> r = w.agent.rpc_sync("w1", "echo", Writer().str("hi").i64(3), {torch::ones({2})});
+        ASSERT_TRUE(r.ok()) << r.status();
+        EXPECT_EQ(r->body.str(), "hi!");
+        ASSERT_EQ(r->tensors.size(), 1u);
+        EXPECT_TRUE(r->tensors[0].equal(torch::full({2}, 3.0)));
+
+        absl::StatusOr<Response> boom = w.agent.rpc_sync("w1", "boom", Writer());
+        EXPECT_EQ(boom.status().code(), absl::StatusCode::kInternal);
+        EXPECT_THAT(std::string(boom.status().message()), HasSubstr("worker 'w1', handler 'boom': kaput"));
+        EXPECT_THAT(std::string(w.agent.rpc_sync("w1", "nope", Writer()).status().message()),
+                    HasSubstr("no handler named 'nope' is registered"));
+        EXPECT_THAT(std::string(w.agent.rpc_sync("w9", "echo", Writer()).status().message()),
+                    HasSubstr("no worker named 'w9'"));
+        // A body of the wrong types reaches the handler's reader, which refuses it.
+        EXPECT_THAT(std::string(w.agent.rpc_sync("w1", "echo", Writer().i64(1)).status().message()),
+                    HasSubstr("expected a string (tag 4) but found tag 1"));
+
+        // Raw, malformed payloads: error replies, and the worker keeps serving.
+        std::vector<char> good = encode_envelope("echo", Writer().str("x").i64(1), 0);
+        std::vector<char> truncated(good.begin(), good.end() - 3);
+        EXPECT_THAT(std::string(w.agent.send_raw("w1", truncated).get().status().message()),
+                    HasSubstr("body declares"));
+        std::vector<char> old_version = good;
+        old_version[4] = 7;
+        EXPECT_THAT(std::string(w.agent.send_raw("w1", old_version).get().status().message()),
+                    HasSubstr("unsupported message version 7"));
+        std::vector<char> huge = encode_envelope("echo", Writer().str("x"), 0);
+        const uint32_t lie = 0x7FFFFFFF;
+        std::memcpy(huge.data() + huge.size() - 5, &lie, sizeof(lie));  // the string's declared length
+        EXPECT_THAT(std::string(w.agent.send_raw("w1", huge).get().status().message()),
+                    HasSubstr("declares 2147483647 elements"));
+        EXPECT_THAT(std::string(w.agent.send_raw("w1", {'a', 'b'}).get().status().message()),
+                    HasSubstr("truncated message"));
+        EXPECT_THAT(std::string(w.agent.send_raw("w1", good, {torch::ones({1})}).get().status().message()),
+                    HasSubstr("declares 0 tensors but carries 1"));
+        absl::StatusOr<Response> again = w.agent.rpc_sync("w1", "echo", Writer().str("still").i64(1));
+        ASSERT_TRUE(again.ok()) << again.status();
+        EXPECT_EQ(again->body.str(), "still!");
+      },
+      std::chrono::seconds(30), [](int rank, Handlers& h) {
+        if (rank != 1) return;
+        h.add("echo", [](Request& r) {
+          Reply reply;
+          reply.body.str(r.body.str() + "!");
+          const int64_t k = r.body.i64();
+          r.body.expect_done();
+          for (auto& t : r.tensors) reply.tensors.push_back(t * k);
+          return reply;
+        });
+        h.add("boom", [](Request&) -> Reply { throw std::runtime_error("kaput"); });
+      });
+}
+
+// The model of PyTorch's dist_optimizer_test: two owners, a trainer that computes gradients
+// locally on fetched parameters.
+struct Model {
+  std::vector<torch::Tensor> init = {torch::sin(torch::arange(12, torch::kDouble).view({4, 3})),
+                                     torch::cos(torch::arange(6, torch::kDouble).view({3, 2})),
+                                     torch::arange(2, torch::kDouble) * 0.1};
+  std::vector<std::string> owners = {"ps1", "ps2", "ps2"};
+  static std::vector<torch::Tensor> grads(const std::vector<torch::Tensor>& params, int step) {
+    std::vector<torch::Tensor> p;
+    for (const auto& t : params) p.push_back(t.detach().clone().requires_grad_(true));
+    const torch::Tensor x = torch::cos(torch::arange(8, torch::kDouble).view({2, 4}) + step);
+    (torch::tanh(x.matmul(p[0])).matmul(p[1]) + p[2]).pow(2).sum().backward();
+    std::vector<torch::Tensor> g;
+    for (auto& t : p) g.push_back(t.grad());
+    return g;
+  }
+};
+
+void check_parity(const std::string& name, optim::OptionsDict options) {
+  constexpr int kSteps = 4;
+  Model model;
+  // Local reference: the same functional optimizer, in this process.
+  std::vector<torch::Tensor> local;
+  for (const auto& t : model.init) local.push_back(t.clone());
+  auto reference = optim::FunctionalRegistry::global().create(name, local, options);
+  for (int s = 0; s < kSteps; ++s) reference->step(Model::grads(local, s));
+
+  run_workers({"trainer", "ps1", "ps2"}, [&](Worker& w) {
+    if (w.rank != 0) return;
+    std::vector<RemoteRef> refs;
+    for (size_t i = 0; i < model.init.size(); ++i) {
+      auto ref = remote_parameter(w.agent, model.owners[i], model.init[i]);
+      ASSERT_TRUE(ref.ok()) << ref.status();
+      refs.push_back(*ref);
+    }
+    auto opt = DistributedOptimizer::create(w.agent, name, options, refs);
+    ASSERT_TRUE(opt.ok()) << opt.status();
+    for (int s = 0; s < kSteps; ++s) {
+      std::vector<torch::Tensor> params;
+      for (const auto& r : refs) params.push_back(*to_here(w.agent, r));
+      GradientContext ctx(w.agent);
+      ASSERT_TRUE(ctx.send(refs, Model::grads(params, s)).ok());
+      absl::Status st = (*opt)->step(ctx.id());
+      ASSERT_TRUE(st.ok()) << st;
+    }
+    for (size_t i = 0; i < refs.size(); ++i) {
+      torch::Tensor remote = *to_here(w.agent, refs[i]);
+      EXPECT_TRUE(remote.allclose(local[i], 1e-12, 1e-14)) << name << " param " << i << "\n" << remote << "\n" << local[i];
+      EXPECT_FALSE(remote.equal(model.init[i])) << name << " param " << i << " never moved";
+    }
+  });
+}
+
+optim::OptionsDict dict(std::initializer_list<std::pair<const char*, c10::IValue>> items) {
+  optim::OptionsDict d = optim::new_options_dict();
+  for (const auto& [k, v] : items) d.insert(k, v);
+  return d;
+}
+
+TEST(RpcTest, DistributedOptimizerMatchesTheLocalOptimizer) {
+  check_parity("Adagrad", dict({{"lr", 0.05}}));
+  check_parity("Adam", dict({{"lr", 0.05}, {"amsgrad", true}}));
+  check_parity("AdamW", dict({{"lr", 0.05}, {"amsgrad", true}, {"betas", c10::ivalue::Tuple::create({0.8, 0.99})}}));
+  check_parity("SGD", dict({{"lr", 0.05}}));
+  check_parity("SGD", dict({{"lr", 0.05}, {"momentum", 0.9}, {"nesterov", true}, {"weight_decay", 0.01}}));
+  check_parity("Adadelta", dict({{"lr", 0.5}}));
+  check_parity("RMSprop", dict({{"lr", 0.01}}));
+  check_parity("Adamax", dict({{"lr", 0.05}}));
+  check_parity("Rprop", dict({{"lr", 0.05}}));
+}
+
+TEST(RpcTest, ParametersWithoutGradientsAreUntouchedAndContextsAreReleased) {
+  run_workers({"trainer", "ps1", "ps2"}, [](Worker& w) {
+    if (w.rank == 0) {
+      Model model;
+      std::vector<RemoteRef> refs;
+      for (size_t i = 0; i < model.init.size(); ++i) refs.push_back(*remote_parameter(w.agent, model.owners[i], model.init[i]));
+      auto opt = DistributedOptimizer::create(w.agent, "Adam", dict({{"lr", 0.1}}), refs);
+      ASSERT_TRUE(opt.ok()) << opt.status();
+      {
+        GradientContext ctx(w.agent);
+        ASSERT_TRUE(ctx.send({refs[0]}, {torch::ones({4, 3}, torch::kDouble)}).ok());
+        ASSERT_TRUE((*opt)->step(ctx.id()).ok());
+        EXPECT_FALSE(to_here(w.agent, refs[0])->equal(model.init[0]));
+        EXPECT_TRUE(to_here(w.agent, refs[1])->equal(model.init[1]));
+        EXPECT_TRUE(to_here(w.agent, refs[2])->equal(model.init[2]));
+        // Gradients accumulate within a context: a second push adds.
+        ASSERT_TRUE(ctx.send({refs[1], refs[1]}, {torch::ones({3, 2}, torch::kDouble), torch::ones({3, 2}, torch::kDouble)}).ok());
+        ASSERT_TRUE(ctx.release().ok());
+      }
+      // A shape that does not match the owner's parameter is the owner's error, named.
+      GradientContext bad(w.agent);
+      absl::Status s = bad.send({refs[2]}, {torch::ones({5}, torch::kDouble)});
+      EXPECT_THAT(std::string(s.message()), HasSubstr("worker 'ps2'"));
+      EXPECT_THAT(std::string(s.message()), HasSubstr("has shape [5]"));
+    }
+  });
+}
+
+class FailingOptimizer : public optim::FunctionalSGD {
+ public:
+  FailingOptimizer(std::vector<at::Tensor> params, const optim::OptionsDict& o)
+      : optim::FunctionalSGD(std::move(params), optim::SGDOptions(0.1)) {
+    TORCH_CHECK(!o.contains("refuse"), "Failing refuses to be built");
+  }
+  std::string name() const override { return "Failing"; }
+
+ protected:
+  void update(size_t, const at::Tensor&) override { TORCH_CHECK(false, "Failing.step exploded"); }
+  void update_all(const std::vector<at::Tensor>&) override { TORCH_CHECK(false, "Failing.step exploded"); }
+};
+
+TEST(RpcTest, ErrorsFromConstructionAndStepReachTheCaller) {
+  optim::FunctionalRegistry::global().register_optimizer("Failing", [](std::vector<at::Tensor> p, const optim::OptionsDict& o) {
+    return std::unique_ptr<optim::FunctionalOptimizer>(std::make_unique<FailingOptimizer>(std::move(p), o));
+  });
+  run_workers({"trainer", "ps1", "ps2"}, [](Worker& w) {
+    if (w.rank != 0) return;
+    Model model;
+    std::vector<RemoteRef> refs;
+    for (size_t i = 0; i < model.init.size(); ++i) refs.push_back(*remote_parameter(w.agent, model.owners[i], model.init[i]));
+    auto unknown = DistributedOptimizer::create(w.agent, "NoSuchOptimizer", dict({}), refs);
+    EXPECT_THAT(std::string(unknown.status().message()), HasSubstr("creating NoSuchOptimizer on 'ps1' failed"));
+    EXPECT_THAT(std::string(unknown.status().message()), HasSubstr("NoSuchOptimizer"));
+    auto negative = DistributedOptimizer::create(w.agent, "Adam", dict({{"lr", -1.0}}), refs);
+    EXPECT_THAT(std::string(negative.status().message()), HasSubstr("Invalid learning rate: -1"));
+    auto refused = DistributedOptimizer::create(w.agent, "Failing", dict({{"refuse", true}}), refs);
+    EXPECT_THAT(std::string(refused.status().message()), HasSubstr("Failing refuses to be built"));
+    auto failing = DistributedOptimizer::create(w.agent, "Failing", dict({}), refs);
+    ASSERT_TRUE(failing.ok()) << failing.status();
+    GradientContext ctx(w.agent);
+    ASSERT_TRUE(ctx.send(refs, Model::grads(model.init, 0)).ok());
+    absl::Status s = (*failing)->step(ctx.id());
+    EXPECT_THAT(std::string(s.message()), HasSubstr("DistributedOptimizer::step on 'ps1' failed"));
+    EXPECT_THAT(std::string(s.message()), HasSubstr("Failing.step exploded"));
+  });
+}
+
+// A user optimizer registered by name and used remotely: SGD whose step is scaled by "scale".
+class ScaledSGD : public optim::FunctionalSGD {
+ public:
+  ScaledSGD(std::vector<at::Tensor> params, const optim::OptionsDict& o)
+      : optim::FunctionalSGD(std::move(params), optim::SGDOptions(o.at("lr").toDouble() * o.at("scale").toDouble())) {}
+  std::string name() const override { return "ScaledSGD"; }
+};
+
+TEST(RpcTest, UserRegisteredOptimizerWorksRemotely) {
+  optim::FunctionalRegistry::global().register_optimizer("ScaledSGD", [](std::vector<at::Tensor> p, const optim::OptionsDict& o) {
+    return std::unique_ptr<optim::FunctionalOptimizer>(std::make_unique<ScaledSGD>(std::move(p), o));
+  });
+  run_workers({"trainer", "ps1"}, [](Worker& w) {
+    if (w.rank != 0) return;
+    RemoteRef p = *remote_parameter(w.agent, "ps1", torch::ones({3}));
+    auto opt = DistributedOptimizer::create(w.agent, "ScaledSGD", dict({{"lr", 0.5}, {"scale", 4.0}}), {p});
+    ASSERT_TRUE(opt.ok()) << opt.status();
+    GradientContext ctx(w.agent);
+    ASSERT_TRUE(ctx.send({p}, {torch::full({3}, 0.25)}).ok());
+    ASSERT_TRUE((*opt)->step(ctx.id()).ok());
+    EXPECT_TRUE(to_here(w.agent, p)->allclose(torch::full({3}, 0.5)));  // 1 - 0.5 * 4 * 0.25
+  });
+}
+
+TEST(RpcTest, ConcurrentClientsGiveTheResultOfSomeSerialOrder) {
+  // SGD with weight decay: the update depends on the parameter, so the two orders differ and a
+  // torn (interleaved) update would match neither.
+  const double lr = 0.1, wd = 0.5;
+  const torch::Tensor p0 = torch::linspace(-1, 1, 1 << 16, torch::kDouble);
+  const torch::Tensor ga = torch::full_like(p0, 1.0), gb = torch::full_like(p0, -3.0);
+  auto sgd = [&](const torch::Tensor& p, const torch::Tensor& g) { return p - lr * (g + wd * p); };
+  const torch::Tensor ab = sgd(sgd(p0, ga), gb), ba = sgd(sgd(p0, gb), ga);
+  ASSERT_FALSE(ab.allclose(ba));
+  for (int round = 0; round < 3; ++round) {
+    std::atomic<int> ready{0};
+    std::vector<RemoteRef> shared(1);
+    std::atomic<bool> created{false};
+    run_workers({"ps", "t0", "t1"}, [&](Worker& w) {
+      if (w.rank == 0) {
+        shared[0] = w.owner.own("ps", p0.clone());
+        created = true;
+        while (ready.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        EXPECT_TRUE(w.owner.local(shared[0].id).allclose(ab, 1e-12) || w.owner.local(shared[0].id).allclose(ba, 1e-12))
+            << "round " << round;
+        return;
+      }
+      while (!created) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      auto opt = DistributedOptimizer::create(w.agent, "SGD", dict({{"lr", lr}, {"weight_decay", wd}}), shared);
+      ASSERT_TRUE(opt.ok()) << opt.status();
+      GradientContext ctx(w.agent);
+      ASSERT_TRUE(ctx.send(shared, {w.rank == 1 ? ga : gb}).ok());
+      ++ready;
+      while (ready.load() < 2) {
+      }
+      ASSERT_TRUE((*opt)->step(ctx.id()).ok());
+    });
+  }
+}
+
+TEST(RpcTest, AnOwnerThatDoesNotAnswerFailsTheStepWithinTheTimeout) {
+  optim::FunctionalRegistry::global().register_optimizer("Sleepy", [](std::vector<at::Tensor> p, const optim::OptionsDict&) {
+    struct Sleepy : optim::FunctionalSGD {
+      explicit Sleepy(std::vector<at::Tensor> p) : optim::FunctionalSGD(std::move(p), optim::SGDOptions(0.1)) {}
+      std::string name() const override { return "Sleepy"; }
+      void update_all(const std::vector<at::Tensor>&) override { std::this_thread::sleep_for(std::chrono::seconds(4)); }
+    };
+    return std::unique_ptr<optim::FunctionalOptimizer>(std::make_unique<Sleepy>(std::move(p)));
+  });
+  run_workers(
+      {"trainer", "ps1"},
+      [](Worker& w) {
+        if (w.rank != 0) return;
+        RemoteRef p = *remote_parameter(w.agent, "ps1", torch::ones({3}));
+        auto opt = DistributedOptimizer::create(w.agent, "Sleepy", dict({}), {p});
+        ASSERT_TRUE(opt.ok()) << opt.status();
+        GradientContext ctx(w.agent);
+        ASSERT_TRUE(ctx.send({p}, {torch::ones({3})}).ok());
+        const auto t0 = std::chrono::steady_clock::now();
+        absl::Status s = (*opt)->step(ctx.id());
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+        EXPECT_THAT(std::string(s.message()), HasSubstr("'ps1'"));
+        EXPECT_LT(seconds, 3.0);
+        std::this_thread::sleep_for(std::chrono::seconds(3));  // let the owner finish before shutdown
+      },
+      std::chrono::seconds(1));
+}
+
+}  // namespace
+}  // namespace dtrain::rpc
