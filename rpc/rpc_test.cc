@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/torch.h>
 
+#include "comm/test_harness.h"
 #include "optim/functional_optimizers.h"
 #include "optim/registry.h"
 #include "rpc/agent.h"
@@ -340,6 +341,43 @@ TEST(RpcTest, AnOwnerThatDoesNotAnswerFailsTheStepWithinTheTimeout) {
         std::this_thread::sleep_for(std::chrono::seconds(3));  // let the owner finish before shutdown
       },
       std::chrono::seconds(1));
+}
+
+TEST(RpcTest, ADeadOwnerFailsTheStepWithinTheTimeout) {
+  // Real processes: the owner exits abruptly (no shutdown) once the optimizer exists.
+  comm::testing::run_ranks_as_processes(2, [](comm::Group& world) {
+    auto handlers = std::make_shared<Handlers>();
+    ParameterOwner owner(handlers);
+    RemoteRef p{"ps1", 0};
+    if (world.rank() == 1) p = owner.own("ps1", torch::ones({3}));
+    AgentOptions o;
+    o.name = world.rank() == 0 ? "trainer" : "ps1";
+    o.rank = world.rank();
+    o.world_size = 2;
+    o.store = world.store();
+    o.handlers = handlers;
+    o.timeout = std::chrono::seconds(5);
+    auto agent = Agent::create(o);
+    ASSERT_TRUE(agent.ok()) << agent.status();
+    if (world.rank() == 1) {
+      world.store()->wait({"optimizer-ready"});
+      std::_Exit(0);  // dies with the optimizer and its parameters
+    }
+    p.id = 1;
+    auto opt = DistributedOptimizer::create(**agent, "SGD", dict({{"lr", 0.1}}), {p});
+    ASSERT_TRUE(opt.ok()) << opt.status();
+    GradientContext ctx(**agent);
+    ASSERT_TRUE(ctx.send({p}, {torch::ones({3})}).ok());
+    world.store()->set("optimizer-ready", std::vector<uint8_t>{1});
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::Status s = (*opt)->step(ctx.id());
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_FALSE(s.ok());
+    EXPECT_THAT(std::string(s.message()), HasSubstr("'ps1'"));
+    EXPECT_LT(seconds, 6.0);
+    std::_Exit(::testing::Test::HasFailure() ? 1 : 0);  // no collective shutdown: the peer is gone
+  });
 }
 
 }  // namespace
