@@ -193,7 +193,8 @@ TEST(RpcTest, ParametersWithoutGradientsAreUntouchedAndContextsAreReleased) {
       Model model;
       std::vector<RemoteRef> refs;
       for (size_t i = 0; i < model.init.size(); ++i) refs.push_back(*remote_parameter(w.agent, model.owners[i], model.init[i]));
-      auto opt = DistributedOptimizer::create(w.agent, "Adam", dict({{"lr", 0.1}}), refs);
+      // From the LibTorch optimizer type, through the registry's twin.
+      auto opt = DistributedOptimizer::create<torch::optim::Adam>(w.agent, torch::optim::AdamOptions(0.1), refs);
       ASSERT_TRUE(opt.ok()) << opt.status();
       {
         GradientContext ctx(w.agent);
