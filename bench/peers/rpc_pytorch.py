@@ -6,15 +6,15 @@ floats, gradients already in the distributed autograd context.
     /usr/bin/python3 bench/peers/rpc_pytorch.py
 Prints "empty_call_us <us>" and "dist_optim_step_ms <ms>"."""
 import os
-import socket
 import sys
 import time
 
 import torch
 import torch.distributed.autograd as dist_autograd
 import torch.distributed.rpc as rpc
-import torch.multiprocessing as mp
 from torch.distributed.optim import DistributedOptimizer
+
+from two_ranks import run_ranks
 
 STEPS = int(os.environ.get("STEPS", "200"))
 
@@ -55,18 +55,7 @@ def run(rank, port, q):
 
 
 if __name__ == "__main__":
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=run, args=(r, port, q)) for r in range(3)]
-    for p in procs:
-        p.start()
-    result = q.get(timeout=600)
-    for p in procs:
-        p.join()
-    for k, v in result.items():
+    items, code = run_ranks(run, 3)
+    for k, v in items[0].items():
         print(k, v)
-    sys.exit(max(p.exitcode for p in procs))
+    sys.exit(code)
