@@ -10,6 +10,7 @@
 
 #include "comm/test_harness.h"
 #include "optim/functional_optimizers.h"
+#include "optim/qhm_for_testing.h"
 #include "optim/registry.h"
 #include "rpc/agent.h"
 #include "rpc/codec.h"
@@ -185,6 +186,9 @@ TEST(RpcTest, DistributedOptimizerMatchesTheLocalOptimizer) {
   check_parity("RMSprop", dict({{"lr", 0.01}}));
   check_parity("Adamax", dict({{"lr", 0.05}}));
   check_parity("Rprop", dict({{"lr", 0.05}}));
+  // A user optimizer (QHM) registered by name and built on the owners through the registry.
+  optim::testing::register_qhm();
+  check_parity("QHM", dict({{"lr", 0.05}, {"momentum", 0.9}, {"nu", 0.7}, {"weight_decay", 0.01}}));
 }
 
 TEST(RpcTest, ParametersWithoutGradientsAreUntouchedAndContextsAreReleased) {
