@@ -70,6 +70,12 @@ struct DistributedDataParallel::State {
     return alias;
   }
 
+  // Makes .grad of parameter i the alias of its bucket slot, unless it already is.
+  void point_grad_at_bucket(size_t i) {
+    const at::Tensor& grad = params[i].grad();
+    if (!grad.defined() || grad.data_ptr() != bucket_view(i).data_ptr()) params[i].mutable_grad() = grad_alias(i);
+  }
+
   // Puts parameter i's gradient into its bucket (or zeros when it has none).
   void gather_grad(size_t i) {
     at::Tensor view = bucket_view(i);
@@ -79,9 +85,7 @@ struct DistributedDataParallel::State {
     } else if (!grad.is_same(view) && grad.data_ptr() != view.data_ptr()) {
       view.copy_(grad);
     }
-    if (options.gradient_as_bucket_view && (!grad.defined() || grad.data_ptr() != view.data_ptr())) {
-      params[i].mutable_grad() = grad_alias(i);
-    }
+    if (options.gradient_as_bucket_view) point_grad_at_bucket(i);
   }
 
   void launch_ready_buckets() {
@@ -136,7 +140,8 @@ struct DistributedDataParallel::State {
     at::Tensor globally_used;
     if (options.find_unused_parameters) {
       globally_used = at::zeros({static_cast<int64_t>(params.size())}, at::kInt);
-      for (size_t i = 0; i < params.size(); ++i) globally_used[static_cast<int64_t>(i)] = locally_used[i] ? 1 : 0;
+      int* used = globally_used.data_ptr<int>();  // element-wise tensor indexing costs a dispatch each
+      for (size_t i = 0; i < params.size(); ++i) used[i] = locally_used[i] ? 1 : 0;
       std::vector<at::Tensor> t = {globally_used};
       options.group->allreduce(t)->wait();
     } else if (!unused.empty()) {
@@ -160,18 +165,15 @@ struct DistributedDataParallel::State {
       if (rescale) bucket.buffer.mul_(static_cast<double>(world) / active_ranks);
     }
     for (size_t i = 0; i < params.size(); ++i) {
-      if (globally_used.defined() && globally_used[static_cast<int64_t>(i)].item<int>() == 0) {
+      if (globally_used.defined() && globally_used.data_ptr<int>()[i] == 0) {
         continue;  // unused on every rank: leave .grad as it was
       }
-      at::Tensor view = bucket_view(i);
       if (options.gradient_as_bucket_view) {
-        if (!params[i].grad().defined() || params[i].grad().data_ptr() != view.data_ptr()) {
-          params[i].mutable_grad() = grad_alias(i);
-        }
+        point_grad_at_bucket(i);
       } else if (params[i].grad().defined()) {
-        params[i].mutable_grad().copy_(view);
+        params[i].mutable_grad().copy_(bucket_view(i));
       } else {
-        params[i].mutable_grad() = view.clone();
+        params[i].mutable_grad() = bucket_view(i).clone();
       }
     }
     reset();

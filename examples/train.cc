@@ -41,6 +41,7 @@
 #include "optim/functional_adapter.h"
 #include "optim/model_averagers.h"
 #include "optim/post_local_sgd_optimizer.h"
+#include "optim/torch_state.h"
 #include "optim/zero_redundancy_optimizer.h"
 
 ABSL_FLAG(int, nproc_per_node, 2, "Ranks to launch on this machine (ignored when RANK/WORLD_SIZE are set).");
@@ -124,17 +125,6 @@ torch::nn::Sequential make_mlp(int64_t hidden, torch::Generator& gen) {
 
 torch::Generator generator(uint64_t seed) { return at::detail::createCPUGenerator(seed); }
 
-// Optimizer state tensors' bytes in a PyTorch-format state dict.
-int64_t state_bytes(const c10::IValue& sd) {
-  int64_t bytes = 0;
-  for (const auto& kv : sd.toGenericDict().at("state").toGenericDict()) {
-    for (const auto& e : kv.value().toGenericDict()) {
-      if (e.value().isTensor()) bytes += static_cast<int64_t>(e.value().toTensor().nbytes());
-    }
-  }
-  return bytes;
-}
-
 std::string kib(int64_t bytes) { return absl::StrFormat("%.1f KiB", static_cast<double>(bytes) / 1024); }
 
 // The optimizer behind one of three shapes: ZeRO, plain Adam, or post-local SGD around Adam.
@@ -150,8 +140,8 @@ struct Optimizer {
   }
   int64_t local_state_bytes() {
     if (zero) return zero->local_state_bytes();
-    if (post_local) return state_bytes(post_local->state_dict());
-    return state_bytes(adam->state_dict());
+    if (post_local) return optim::state_tensor_bytes(post_local->state_dict());
+    return optim::state_tensor_bytes(adam->state_dict());
   }
   // Collective with ZeRO: the global state, valid on rank 0.
   c10::IValue global_state_dict() {

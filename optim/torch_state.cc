@@ -187,4 +187,14 @@ void load_torch_optim_state_dict(torch::optim::Optimizer& optimizer, const c10::
   optimizer.state() = std::move(loaded);
 }
 
+int64_t state_tensor_bytes(const c10::IValue& state_dict) {
+  int64_t bytes = 0;
+  for (const auto& kv : state_dict.toGenericDict().at("state").toGenericDict()) {
+    for (const auto& e : kv.value().toGenericDict()) {
+      if (e.value().isTensor()) bytes += static_cast<int64_t>(e.value().toTensor().nbytes());
+    }
+  }
+  return bytes;
+}
+
 }  // namespace dtrain::optim

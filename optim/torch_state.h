@@ -25,6 +25,10 @@ c10::IValue torch_optim_state_dict(const torch::optim::Optimizer& optimizer);
 // groups and of parameters per group must match; state tensors must match their parameter's shape.
 void load_torch_optim_state_dict(torch::optim::Optimizer& optimizer, const c10::IValue& state_dict);
 
+// Bytes held by the tensors of a PyTorch-format optimizer state dict's "state" (what sharding
+// divides among ranks; step counters that are Python ints count nothing).
+int64_t state_tensor_bytes(const c10::IValue& state_dict);
+
 }  // namespace dtrain::optim
 
 #endif  // DTRAIN_OPTIM_TORCH_STATE_H_

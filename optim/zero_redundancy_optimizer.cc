@@ -161,17 +161,7 @@ std::vector<c10::intrusive_ptr<c10d::Work>> ZeroRedundancyOptimizer::overlap_bro
   c10d::ProcessGroup& pg = *options_.group.pg();
   // Runs of consecutive parameters with one owner go out as one tensor when they sit next to
   // each other in the owner's bucket (bucket views), else one broadcast per parameter.
-  std::vector<int64_t> offset(all_params_.size(), -1);
-  if (options_.parameters_as_bucket_view) {
-    for (int r = 0; r < world_size(); ++r) {
-      int64_t o = 0;
-      for (int64_t i : partition_.params_per_rank[r][0]) {
-        if (!trainable_[i]) continue;
-        offset[i] = o;
-        o += all_params_[i].numel();
-      }
-    }
-  }
+  const std::vector<int64_t>& offset = bucket_offset_;
   at::NoGradGuard no_grad;
   size_t k = 0;
   while (k < params.size()) {
@@ -323,6 +313,7 @@ std::vector<bool> ZeroRedundancyOptimizer::trainable_mask() const {
 }
 
 void ZeroRedundancyOptimizer::build_buckets() {
+  bucket_offset_.assign(all_params_.size(), -1);
   if (!options_.parameters_as_bucket_view || flat()) return;
   buckets_.assign(world_size(), at::Tensor());
   for (int r = 0; r < world_size(); ++r) {
@@ -348,6 +339,7 @@ void ZeroRedundancyOptimizer::build_buckets() {
       at::Tensor view = bucket.narrow(0, offset, p.numel()).view(p.sizes());
       view.copy_(p.detach());
       p.set_data(view);
+      bucket_offset_[i] = offset;
       offset += p.numel();
     }
     buckets_[r] = bucket;
@@ -532,20 +524,7 @@ void ZeroRedundancyOptimizer::step_and_sync_overlapped(FunctionalOptimizerAdapte
     const auto& ids = partition_.params_per_rank[rank()][g];
     for (size_t k = 0; k < ids.size(); ++k) where[ids[k]] = {g, k};
   }
-  // Bucket offsets of every parameter (bucket view mode): trainable ones, in partition order.
-  std::vector<int64_t> offset(all_params_.size(), -1);
-  if (options_.parameters_as_bucket_view) {
-    for (int r = 0; r < world_size(); ++r) {
-      int64_t o = 0;
-      for (const auto& g : partition_.params_per_rank[r]) {
-        for (int64_t i : g) {
-          if (!trainable_[i]) continue;
-          offset[i] = o;
-          o += all_params_[i].numel();
-        }
-      }
-    }
-  }
+  const std::vector<int64_t>& offset = bucket_offset_;
   c10d::ProcessGroup& pg = *options_.group.pg();
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
   std::vector<std::vector<at::Tensor>> grads;
@@ -765,15 +744,6 @@ c10::intrusive_ptr<c10d::ProcessGroup> ZeroRedundancyOptimizer::join_process_gro
   return options_.group.pg();
 }
 
-int64_t ZeroRedundancyOptimizer::local_state_bytes() {
-  int64_t bytes = 0;
-  auto sd = local_state_dict(*local_).toGenericDict();
-  for (const auto& kv : sd.at("state").toGenericDict()) {
-    for (const auto& e : kv.value().toGenericDict()) {
-      if (e.value().isTensor()) bytes += static_cast<int64_t>(e.value().toTensor().nbytes());
-    }
-  }
-  return bytes;
-}
+int64_t ZeroRedundancyOptimizer::local_state_bytes() { return state_tensor_bytes(local_state_dict(*local_)); }
 
 }  // namespace dtrain::optim

@@ -205,6 +205,7 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public comm::Joi
   std::vector<int64_t> local_to_global_;         // this rank's local order -> global index
   std::vector<int64_t> global_to_local_;         // overlap_with_ddp: the inverse (-1: not mine)
   std::vector<at::Tensor> buckets_;              // per rank, with parameters_as_bucket_view
+  std::vector<int64_t> bucket_offset_;           // per parameter: offset in its owner's bucket, -1 outside
   std::vector<bool> trainable_;
   c10::IValue consolidated_;
   std::string store_prefix_;
