@@ -10,9 +10,11 @@
 //                     every iteration; overlap = ddp / max(backward, comm). link_ms = 0: Gloo;
 //                     link_ms > 0: a hook modelling communication that costs no CPU (a NIC doing
 //                     the transfer): each bucket completes bytes / bandwidth after the link is
-//                     free, gradients untouched, all gradients take link_ms. It shows how much of
-//                     the communication the engine hides behind backward when the transfer does
-//                     not share the CPU (here Gloo's copies compete with both ranks' backward).
+//                     free, gradients untouched, all gradients take link_ms. link_ms = 1 is the
+//                     engine's own cost; 40 shows how much communication the engine hides behind
+//                     backward when the transfer does not share the CPU (Gloo's copies here compete
+//                     with both ranks' backward on two cores); 100 is link-bound (communication
+//                     cannot start before the forward pass and the first bucket).
 //   BM_DDPZeroStep    iteration + ZeroRedundancyOptimizer(Adam) step: overlap=0 steps after
 //                     backward (ZeRO's own chunked step+broadcast), overlap=1 steps inside the
 //                     DDP hook bucket by bucket (hook_with_zero_step), 4 MiB buckets
@@ -229,6 +231,7 @@ BENCHMARK(BM_Overlap)
     ->ArgNames({"link_ms", "cap_mb"})
     ->Args({0, 25})
     ->Args({0, 4})
+    ->Args({1, 4})
     ->Args({40, 25})
     ->Args({40, 4})
     ->Args({100, 4})
