@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "checkpoint/consolidation.h"
 #include "comm/object_collectives.h"
 #include "optim/torch_state.h"
@@ -604,20 +605,9 @@ c10::IValue ZeroRedundancyOptimizer::flat_local_state_pieces() {
   for (const auto& kv : sd.at("state").toGenericDict()) {
     state.insert(pieces_.at(static_cast<size_t>(kv.key().toInt())).flat_offset, kv.value());
   }
-  c10::impl::GenericList groups(c10::AnyType::get());
-  const auto local_groups = sd.at("param_groups").toList();
-  int64_t first = 0;
-  for (size_t g = 0; g < local_groups.size(); ++g) {
-    auto group = local_groups.get(g).toGenericDict().copy();
-    std::vector<int64_t> indices(param_groups_[g].params().size());
-    for (size_t i = 0; i < indices.size(); ++i) indices[i] = first + static_cast<int64_t>(i);
-    first += static_cast<int64_t>(indices.size());
-    group.insert_or_assign("params", c10::List<int64_t>(indices));
-    groups.push_back(group);
-  }
   c10::impl::GenericDict out(c10::StringType::get(), c10::AnyType::get());
   out.insert("state", state);
-  out.insert("param_groups", groups);
+  out.insert("param_groups", global_param_groups(sd.at("param_groups")));
   return out;
 }
 
@@ -664,8 +654,6 @@ void ZeroRedundancyOptimizer::load_state_dict(const c10::IValue& state_dict) {
   TORCH_CHECK(state_dict.isGenericDict(), "load_state_dict: expected a dict");
   auto sd = state_dict.toGenericDict();
   auto groups = sd.at("param_groups").toList();
-  TORCH_CHECK(groups.size() == param_groups_.size(), "load_state_dict: the state dict has ", groups.size(),
-              " parameter groups, this optimizer has ", param_groups_.size());
   auto state = sd.at("state").toGenericDict();
   // The global format does not depend on the partition: pick this rank's parameters by index
   // (kFlat: the slices of them this rank holds).
@@ -692,6 +680,13 @@ void ZeroRedundancyOptimizer::load_state_dict(const c10::IValue& state_dict) {
       if (state.contains(key)) local_state.insert(static_cast<int64_t>(l), state.at(key));
     }
   }
+  load_local_state(groups, local_state);
+}
+
+void ZeroRedundancyOptimizer::load_local_state(const c10::impl::GenericList& groups,
+                                               c10::impl::GenericDict local_state) {
+  TORCH_CHECK(groups.size() == param_groups_.size(), "load_state_dict: the state dict has ", groups.size(),
+              " parameter groups, this optimizer has ", param_groups_.size());
   c10::impl::GenericList local_groups(c10::AnyType::get());
   int64_t next = 0;
   for (size_t g = 0; g < groups.size(); ++g) {
@@ -708,11 +703,146 @@ void ZeroRedundancyOptimizer::load_state_dict(const c10::IValue& state_dict) {
     local_groups.push_back(group);
   }
   c10::impl::GenericDict local_sd(c10::StringType::get(), c10::AnyType::get());
-  local_sd.insert("state", local_state);
+  local_sd.insert("state", std::move(local_state));
   local_sd.insert("param_groups", local_groups);
   load_local_state_dict(*local_, local_sd);
   sync_options(/*to_local=*/false);
   consolidated_ = c10::IValue();
+}
+
+std::pair<int64_t, checkpoint::ElementRange> ZeroRedundancyOptimizer::local_entry(size_t k) const {
+  if (flat()) {
+    const Piece& piece = pieces_.at(k);
+    return {piece.param, {piece.begin, piece.end}};
+  }
+  const int64_t param = local_to_global_.at(k);
+  return {param, {0, all_params_[static_cast<size_t>(param)].numel()}};
+}
+
+c10::impl::GenericList ZeroRedundancyOptimizer::global_param_groups(const c10::IValue& local_groups) const {
+  // Every group lists all of its parameters by global index, as the unsharded optimizer would.
+  c10::impl::GenericList groups(c10::AnyType::get());
+  const auto local = local_groups.toList();
+  int64_t first = 0;
+  for (size_t g = 0; g < local.size(); ++g) {
+    auto group = local.get(g).toGenericDict().copy();
+    std::vector<int64_t> indices(param_groups_[g].params().size());
+    for (size_t i = 0; i < indices.size(); ++i) indices[i] = first + static_cast<int64_t>(i);
+    first += static_cast<int64_t>(indices.size());
+    group.insert_or_assign("params", c10::List<int64_t>(indices));
+    groups.push_back(group);
+  }
+  return groups;
+}
+
+std::map<int64_t, checkpoint::ElementRange> ZeroRedundancyOptimizer::owned_ranges() const {
+  std::map<int64_t, checkpoint::ElementRange> out;
+  const size_t count = flat() ? pieces_.size() : local_to_global_.size();
+  for (size_t k = 0; k < count; ++k) {
+    auto [param, range] = local_entry(k);
+    if (range.size() > 0) out[param] = range;
+  }
+  return out;
+}
+
+checkpoint::ShardedState ZeroRedundancyOptimizer::sharded_state() {
+  sync_options(/*to_local=*/true);
+  auto sd = local_state_dict(*local_).toGenericDict();
+  checkpoint::ShardedState out;
+  for (const auto& kv : sd.at("state").toGenericDict()) {
+    auto [param, range] = local_entry(static_cast<size_t>(kv.key().toInt()));
+    const at::Tensor& p = all_params_[static_cast<size_t>(param)];
+    checkpoint::ShardedState::Param entry;
+    entry.shape = p.sizes().vec();
+    entry.range = range;
+    const bool whole = range.begin == 0 && range.end == p.numel();
+    for (const auto& e : kv.value().toGenericDict()) {
+      const c10::IValue& v = e.value();
+      // The sharded format: a whole parameter's state is full-shaped, a slice's is 1-D.
+      if (v.isTensor() && v.toTensor().dim() > 0) {
+        entry.entries.insert(e.key(), whole ? v.toTensor().reshape(p.sizes()) : v.toTensor().reshape(-1));
+      } else {
+        entry.entries.insert(e.key(), v);
+      }
+    }
+    out.params[param] = std::move(entry);
+  }
+  out.param_groups = global_param_groups(sd.at("param_groups"));
+  return out;
+}
+
+void ZeroRedundancyOptimizer::load_sharded_state(const checkpoint::ShardedState& state) {
+  TORCH_CHECK(state.param_groups.isList(), "load_sharded_state: the state has no param_groups list");
+  c10::impl::GenericDict local_state(c10::IntType::get(), c10::AnyType::get());
+  const size_t count = flat() ? pieces_.size() : local_to_global_.size();
+  for (size_t k = 0; k < count; ++k) {
+    auto [param, range] = local_entry(k);
+    auto it = state.params.find(param);
+    if (it == state.params.end()) continue;  // no state for it yet (never stepped)
+    const checkpoint::ShardedState::Param& saved = it->second;
+    const at::Tensor& p = all_params_[static_cast<size_t>(param)];
+    TORCH_CHECK(saved.range.begin == range.begin && saved.range.end == range.end, "load_sharded_state: parameter ",
+                param, " holds elements [", saved.range.begin, ", ", saved.range.end, ") in the given state, but rank ",
+                rank(), " owns [", range.begin, ", ", range.end, "); ask checkpoint::load_sharded for owned_ranges()");
+    TORCH_CHECK(c10::IntArrayRef(saved.shape).equals(p.sizes()), "load_sharded_state: parameter ", param,
+                " has shape ", c10::IntArrayRef(saved.shape), " in the given state but ", p.sizes(), " here");
+    c10::impl::GenericDict entry(c10::StringType::get(), c10::AnyType::get());
+    for (const auto& e : saved.entries) {
+      const c10::IValue& v = e.value();
+      if (v.isTensor() && v.toTensor().dim() > 0) {
+        const at::Tensor t = v.toTensor();
+        TORCH_CHECK(t.numel() == range.size(), "load_sharded_state: entry '", e.key().toStringRef(), "' of parameter ",
+                    param, " has ", t.numel(), " elements for a range of ", range.size());
+        entry.insert(e.key(), flat() ? t.reshape(-1) : t.reshape(p.sizes()));
+      } else {
+        entry.insert(e.key(), v);
+      }
+    }
+    local_state.insert(static_cast<int64_t>(k), entry);
+  }
+  load_local_state(state.param_groups.toList(), std::move(local_state));
+}
+
+absl::Status ZeroRedundancyOptimizer::save_sharded(const std::string& dir, const c10::IValue& extra) {
+  checkpoint::ShardedState mine = sharded_state();
+  mine.extra = extra;
+  return checkpoint::save_sharded(options_.group, dir, mine, flat() ? "zero_flat" : "zero_whole_parameters");
+}
+
+absl::StatusOr<c10::IValue> ZeroRedundancyOptimizer::load_sharded(const std::string& dir) {
+  absl::StatusOr<checkpoint::ShardedInfo> info = checkpoint::read_sharded_info(dir);
+  if (!info.ok()) return info.status();
+  // The saved parameters are the ones that had state; each must be one of ours, shaped the same.
+  for (const auto& [param, shape] : info->shapes) {
+    if (param < 0 || param >= static_cast<int64_t>(all_params_.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("ZeRO checkpoint ", dir, " has state for parameter ", param,
+                                                     " but this optimizer has ", all_params_.size(),
+                                                     " parameters; load it into the same model"));
+    }
+    const at::Tensor& p = all_params_[static_cast<size_t>(param)];
+    if (!c10::IntArrayRef(shape).equals(p.sizes())) {
+      return absl::InvalidArgumentError(absl::StrCat("ZeRO checkpoint ", dir, ": parameter ", param, " has shape [",
+                                                     absl::StrJoin(shape, ", "), "] there but [",
+                                                     absl::StrJoin(p.sizes(), ", "), "] here"));
+    }
+  }
+  if (!info->param_groups.isList() || info->param_groups.toList().size() != param_groups_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ZeRO checkpoint ", dir, " has ", info->param_groups.isList() ? info->param_groups.toList().size() : 0,
+        " parameter groups, this optimizer has ", param_groups_.size()));
+  }
+  std::map<int64_t, checkpoint::ElementRange> wanted;
+  for (const auto& [param, range] : owned_ranges()) {
+    if (info->shapes.count(param) > 0) wanted[param] = range;
+  }
+  absl::StatusOr<checkpoint::ShardedState> state = checkpoint::load_sharded(dir, wanted);
+  if (!state.ok()) return state.status();
+  try {
+    load_sharded_state(*state);
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(absl::StrCat("ZeRO checkpoint ", dir, ": ", e.what_without_backtrace()));
+  }
+  return state->extra;
 }
 
 class ZeroJoinHook : public comm::JoinHook {

@@ -14,6 +14,10 @@
 //   opt.step();                                             // local step + parameter sync
 //   opt.consolidate_state_dict(/*to=*/0);                   // collective
 //   if (rank == 0) save(opt.state_dict());                  // global, PyTorch's format
+//   // Or without gathering anything on one rank: every rank writes its own shard, and any
+//   // world size or strategy reads back the pieces it owns.
+//   absl::Status s = opt.save_sharded("/ckpt/zero");        // collective
+//   absl::StatusOr<c10::IValue> extra = opt.load_sharded("/ckpt/zero");
 //
 // With a functional local optimizer (through FunctionalOptimizerAdapter), step() updates the
 // shard in chunks and starts each chunk's broadcast as soon as it is updated, overlapping the
@@ -25,6 +29,7 @@
 #define DTRAIN_OPTIM_ZERO_REDUNDANCY_OPTIMIZER_H_
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -32,6 +37,9 @@
 
 #include <torch/optim/optimizer.h>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "checkpoint/sharded.h"
 #include "comm/join.h"
 #include "comm/process_group.h"
 #include "optim/functional_adapter.h"
@@ -132,6 +140,25 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public comm::Joi
   // optimizer, or saved at another world size) into the local optimizer, and the groups' options.
   void load_state_dict(const c10::IValue& state_dict);
 
+  // Sharded checkpoints (checkpoint/sharded.h), with no rank holding more than its own shard.
+  // save_sharded: collective; writes this rank's shard of the optimizer state (whole parameters,
+  // or element ranges with kFlat) and, from rank 0, the param groups and `extra` (user metadata
+  // such as the step) into the existing directory `dir`. Errors: the first failing rank's I/O
+  // error, on every rank.
+  absl::Status save_sharded(const std::string& dir, const c10::IValue& extra = c10::IValue());
+  // Not collective: reads the pieces this rank owns now (any saved world size or strategy) and
+  // loads them with the groups' options, as load_state_dict does. Returns the saved `extra`.
+  // Errors: load_sharded's (NotFound, FailedPrecondition for an unfinished save, DataLoss);
+  // InvalidArgument when the checkpoint's parameter count, shapes or group count differ from
+  // this optimizer's.
+  absl::StatusOr<c10::IValue> load_sharded(const std::string& dir);
+  // The parts of the two above, for callers that bring their own storage: this rank's shard
+  // (param groups included on every rank), the pieces it owns (global index -> element range),
+  // and loading a state holding exactly those pieces (a piece may be missing: no state yet).
+  checkpoint::ShardedState sharded_state();
+  std::map<int64_t, checkpoint::ElementRange> owned_ranges() const;
+  void load_sharded_state(const checkpoint::ShardedState& state);
+
   // comm::Joinable (PyTorch's _ZeROJoinHook): a rank out of inputs keeps calling step() in the
   // join hook, so its shard is still updated and broadcast while other ranks train on.
   std::unique_ptr<comm::JoinHook> join_hook(const comm::JoinOptions& options) override;
@@ -169,6 +196,10 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public comm::Joi
   void sync_options(bool to_local);
   void check_add_param_group_agreement(bool calling);
   c10::IValue local_state_global_indices();
+  // The global parameter index and element range of local optimizer entry k.
+  std::pair<int64_t, checkpoint::ElementRange> local_entry(size_t k) const;
+  c10::impl::GenericList global_param_groups(const c10::IValue& local_groups) const;
+  void load_local_state(const c10::impl::GenericList& groups, c10::impl::GenericDict local_state);
   void sync_params();
   // With a functional local optimizer: steps this rank's shard in chunks and broadcasts each
   // chunk (of every rank) as soon as it is ready, so communication overlaps computation.

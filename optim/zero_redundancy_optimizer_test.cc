@@ -1,5 +1,7 @@
 #include "optim/zero_redundancy_optimizer.h"
 
+#include <filesystem>
+
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -410,6 +412,117 @@ TEST(ZeroRedundancyOptimizerTest, LoadsStateSavedAtAnotherWorldSize) {
       zero.step();
     }
     for (size_t i = 0; i < zp.size(); ++i) EXPECT_TRUE(zp[i].allclose(rp[i], 1e-5, 1e-6)) << i;
+  });
+}
+
+// A fresh empty directory under the test's temporary directory.
+std::string fresh_dir(const std::string& name) {
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+ZeroOptions with_strategy(comm::Group& g, PartitionStrategy strategy) {
+  ZeroOptions o = zero_options(g, false);
+  o.strategy = strategy;
+  o.flat_alignment = 4;
+  return o;
+}
+
+TEST(ZeroRedundancyOptimizerTest, ShardedSaveLoadsAtAnotherWorldSizeAndStrategy) {
+  // World 2 trains 4 steps and saves shards (each rank only its own state); world 3 with the
+  // other strategy loads them and continues exactly like one unsharded Adam loaded from the
+  // consolidated state. Both directions: sorted-greedy -> flat and flat -> sorted-greedy.
+  for (const auto& [from, to] : {std::pair{PartitionStrategy::kSortedGreedy, PartitionStrategy::kFlat},
+                                 std::pair{PartitionStrategy::kFlat, PartitionStrategy::kSortedGreedy}}) {
+    SCOPED_TRACE(from == PartitionStrategy::kFlat ? "flat -> sorted_greedy" : "sorted_greedy -> flat");
+    const std::string dir = fresh_dir("zero_sharded");
+    c10::IValue consolidated;
+    std::vector<at::Tensor> after_save;
+    run_ranks_as_threads(2, [&](comm::Group& g) {
+      std::vector<at::Tensor> zp = make_params(kSizes);
+      ZeroRedundancyOptimizer zero(zp, local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)),
+                                   with_strategy(g, from));
+      for (int step = 0; step < 4; ++step) {
+        set_averaged_grads(g, zp, step);
+        zero.step();
+      }
+      // The shard holds exactly what this rank owns, nothing of the other rank's.
+      const checkpoint::ShardedState mine = zero.sharded_state();
+      const auto owned = zero.owned_ranges();
+      ASSERT_EQ(mine.params.size(), owned.size());
+      for (const auto& [param, piece] : mine.params) {
+        ASSERT_EQ(owned.count(param), 1u) << param;
+        EXPECT_EQ(piece.range.begin, owned.at(param).begin);
+        EXPECT_EQ(piece.range.end, owned.at(param).end);
+      }
+      ASSERT_TRUE(zero.save_sharded(dir, c10::IValue(int64_t{4})).ok());
+      zero.consolidate_state_dict(0);
+      if (g.rank() == 0) {
+        consolidated = zero.state_dict();
+        for (const auto& p : zp) after_save.push_back(p.detach().clone());
+      }
+    });
+    std::vector<at::Tensor> rp = clone_params(after_save);
+    torch::optim::Adam reference(rp, torch::optim::AdamOptions(0.01));
+    load_torch_optim_state_dict(reference, consolidated);
+    for (int step = 4; step < 7; ++step) {
+      for (size_t i = 0; i < rp.size(); ++i) {
+        at::Tensor sum = at::zeros_like(rp[i]);
+        for (int r = 0; r < 3; ++r) sum += grad_for(rp[i], r, step, i);
+        rp[i].mutable_grad() = sum / 3;
+      }
+      reference.step();
+    }
+    run_ranks_as_threads(3, [&](comm::Group& g) {
+      std::vector<at::Tensor> zp = clone_params(after_save);
+      ZeroRedundancyOptimizer zero(zp, local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.5)),
+                                   with_strategy(g, to));
+      absl::StatusOr<c10::IValue> extra = zero.load_sharded(dir);
+      ASSERT_TRUE(extra.ok()) << extra.status();
+      EXPECT_EQ(extra->toInt(), 4);
+      // The saved options (lr 0.01) replace the constructor's.
+      EXPECT_DOUBLE_EQ(zero.param_groups()[0].options().get_lr(), 0.01);
+      for (int step = 4; step < 7; ++step) {
+        set_averaged_grads(g, zp, step);
+        zero.step();
+      }
+      for (size_t i = 0; i < zp.size(); ++i) EXPECT_TRUE(zp[i].allclose(rp[i], 1e-6, 1e-7)) << i;
+    });
+  }
+}
+
+TEST(ZeroRedundancyOptimizerTest, ShardedLoadErrors) {
+  const std::string dir = fresh_dir("zero_sharded_errors");
+  run_ranks_as_threads(2, [&](comm::Group& g) {
+    std::vector<at::Tensor> zp = make_params(kSizes);
+    ZeroRedundancyOptimizer zero(zp, local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)),
+                                 zero_options(g, false));
+    absl::StatusOr<c10::IValue> none = zero.load_sharded(dir);
+    EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound) << none.status();
+    set_averaged_grads(g, zp, 0);
+    zero.step();
+    ASSERT_TRUE(zero.save_sharded(dir).ok());
+    // Another model: a parameter with another shape, and one with more parameters.
+    std::vector<int64_t> reshaped = kSizes;
+    reshaped[4] = 41;
+    ZeroRedundancyOptimizer other(make_params(reshaped),
+                                  local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)),
+                                  zero_options(g, false));
+    absl::StatusOr<c10::IValue> bad = other.load_sharded(dir);
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(bad.status().message()), HasSubstr("parameter 4 has shape [40] there but [41] here"));
+    ZeroRedundancyOptimizer fewer(make_params({9, 7}),
+                                  local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)),
+                                  zero_options(g, false));
+    bad = fewer.load_sharded(dir);
+    EXPECT_THAT(std::string(bad.status().message()), HasSubstr("but this optimizer has 2 parameters"));
+    // A piece that is not the one this rank owns.
+    checkpoint::ShardedState wrong = zero.sharded_state();
+    auto& piece = wrong.params.begin()->second;
+    piece.range.end -= 1;
+    expect_error([&] { zero.load_sharded_state(wrong); }, "in the given state, but rank");
   });
 }
 
