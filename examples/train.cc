@@ -4,6 +4,7 @@
 //   ./bazelw run //examples:train                         # 2 local ranks, defaults
 //   ./bazelw run //examples:train -- --steps=600 --hook=powersgd --zero=flat
 //   ./bazelw run //examples:train -- --resume             # continue from the latest checkpoint
+//   ./bazelw run //examples:train -- --sharded_checkpoint # each rank saves its own optimizer shard
 //   RANK=0 WORLD_SIZE=4 MASTER_ADDR=node0 MASTER_PORT=29500 bazel-bin/examples/train   # multi-node
 //
 // Without torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) the binary launches
@@ -53,6 +54,9 @@ ABSL_FLAG(bool, bucket_view, true, "Gradients (DDP) and parameters (ZeRO) as vie
 ABSL_FLAG(std::string, checkpoint_dir, "/tmp/dtrain-train", "Where checkpoints go; empty: no checkpoints.");
 ABSL_FLAG(int, checkpoint_every, 100, "Steps between checkpoints (and one at the end).");
 ABSL_FLAG(bool, resume, false, "Continue from the checkpoint in --checkpoint_dir.");
+ABSL_FLAG(bool, sharded_checkpoint, false,
+          "With ZeRO: every rank writes its own optimizer-state shard (--checkpoint_dir/optimizer/) instead of "
+          "gathering the state on rank 0; resumable at any rank count and --zero strategy.");
 ABSL_FLAG(double, lr, 3e-3, "Adam learning rate.");
 ABSL_FLAG(int, batch_size, 64, "Samples per rank per step.");
 ABSL_FLAG(int, hidden, 256, "Width of the student's hidden layers.");
@@ -65,6 +69,7 @@ using namespace dtrain;  // NOLINT: an example reads better with short names
 
 constexpr int64_t kIn = 32, kOut = 8;
 constexpr char kCheckpointFile[] = "checkpoint.pt";
+constexpr char kShardDir[] = "optimizer";  // inside --checkpoint_dir, with --sharded_checkpoint
 
 // One-line errors for the user: "train: ..." and an exit code (2: usage, 1: runtime).
 [[noreturn]] void die(int code, const std::string& message) {
@@ -79,6 +84,7 @@ struct Config {
   int checkpoint_every, batch_size, hidden, log_every;
   double lr;
   uint64_t seed;
+  bool sharded_checkpoint;
 };
 
 Config read_flags() {
@@ -86,7 +92,7 @@ Config read_flags() {
            absl::GetFlag(FLAGS_checkpoint_dir), absl::GetFlag(FLAGS_zero_overlap), absl::GetFlag(FLAGS_bucket_view),
            absl::GetFlag(FLAGS_resume),      absl::GetFlag(FLAGS_checkpoint_every), absl::GetFlag(FLAGS_batch_size),
            absl::GetFlag(FLAGS_hidden),      absl::GetFlag(FLAGS_log_every),     absl::GetFlag(FLAGS_lr),
-           absl::GetFlag(FLAGS_seed)};
+           absl::GetFlag(FLAGS_seed),        absl::GetFlag(FLAGS_sharded_checkpoint)};
   const std::vector<std::string> hooks = {"allreduce", "fp16", "bf16", "powersgd", "post_local_sgd", "noop"};
   const std::vector<std::string> zeros = {"off", "sorted_greedy", "flat"};
   if (std::find(hooks.begin(), hooks.end(), c.hook) == hooks.end()) {
@@ -108,6 +114,9 @@ Config read_flags() {
     die(2, "--zero_overlap needs --zero=sorted_greedy and --hook=allreduce|fp16|bf16");
   }
   if (c.resume && c.checkpoint_dir.empty()) die(2, "--resume needs a --checkpoint_dir");
+  if (c.sharded_checkpoint && c.zero == "off") {
+    die(2, "--sharded_checkpoint shards ZeRO's optimizer state; use it with --zero=sorted_greedy or --zero=flat");
+  }
   return c;
 }
 
@@ -291,7 +300,21 @@ int train(const Config& c) {
       }
       item.value().copy_(saved);
     }
-    opt.load_state_dict(ckpt.at("optimizer"));
+    if (ckpt.contains("optimizer")) {
+      opt.load_state_dict(ckpt.at("optimizer"));
+    } else if (!opt.zero) {
+      die(2, "--resume: this checkpoint's optimizer state is sharded (written with --sharded_checkpoint); resume "
+             "with --zero=sorted_greedy or --zero=flat");
+    } else {
+      // Each rank reads only the pieces of the shards it owns now.
+      absl::StatusOr<c10::IValue> saved_step = opt.zero->load_sharded((dir / kShardDir).string());
+      if (!saved_step.ok()) die(2, absl::StrCat("--resume: ", saved_step.status().message()));
+      if (!saved_step->isInt() || saved_step->toInt() != start) {
+        die(2, absl::StrCat("--resume: the optimizer shards in ", (dir / kShardDir).string(), " are not from step ",
+                            start, " of ", kCheckpointFile, " (a save was interrupted); delete the directory or "
+                            "resume from a complete checkpoint"));
+      }
+    }
     if (post_local) post_local->iter = start;
     const std::string hook_file = (dir / absl::StrCat("hook-rank", rank, ".pt")).string();
     if (powersgd && ckpt.at("world_size").toInt() == world_size) {
@@ -312,10 +335,20 @@ int train(const Config& c) {
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
     if (ec) die(1, absl::StrCat("cannot create --checkpoint_dir ", dir.string(), ": ", ec.message()));
+    if (c.sharded_checkpoint) std::filesystem::create_directories(dir / kShardDir, ec);
+    if (ec) die(1, absl::StrCat("cannot create ", (dir / kShardDir).string(), ": ", ec.message()));
   }
 
   auto save = [&](int step) {
-    c10::IValue optimizer_state = opt.global_state_dict();  // collective with ZeRO
+    // Collective with ZeRO. Sharded: the shards (tagged with the step) are complete before
+    // checkpoint.pt names that step, so a checkpoint.pt never points at missing shards.
+    c10::IValue optimizer_state;
+    if (c.sharded_checkpoint) {
+      absl::Status s = opt.zero->save_sharded((dir / kShardDir).string(), c10::IValue(static_cast<int64_t>(step)));
+      if (!s.ok()) die(1, absl::StrCat("checkpoint: ", s.message()));
+    } else {
+      optimizer_state = opt.global_state_dict();
+    }
     if (powersgd) {
       absl::Status s = checkpoint::save_state((dir / absl::StrCat("hook-rank", rank, ".pt")).string(),
                                               powersgd->state_dict());
@@ -328,7 +361,11 @@ int train(const Config& c) {
     ckpt.insert("step", static_cast<int64_t>(step));
     ckpt.insert("world_size", static_cast<int64_t>(world_size));
     ckpt.insert("model", weights);
-    ckpt.insert("optimizer", optimizer_state);
+    if (c.sharded_checkpoint) {
+      ckpt.insert("optimizer_shards", std::string(kShardDir));
+    } else {
+      ckpt.insert("optimizer", optimizer_state);
+    }
     ckpt.insert("hook", c.hook);
     ckpt.insert("zero", c.zero);
     absl::Status s = checkpoint::save_state((dir / kCheckpointFile).string(), ckpt);
@@ -384,7 +421,10 @@ int train(const Config& c) {
     }
     std::printf("| optimizer state, unsharded | %s (%.2fx of it on the largest rank) |\n", kib(unsharded).c_str(),
                 static_cast<double>(torch::cat(all[0]).max().item<int64_t>()) / static_cast<double>(unsharded));
-    if (!c.checkpoint_dir.empty()) std::printf("| checkpoint | %s (step %d) |\n", (dir / kCheckpointFile).c_str(), c.steps);
+    if (!c.checkpoint_dir.empty()) {
+      std::printf("| checkpoint | %s (step %d)%s |\n", (dir / kCheckpointFile).c_str(), c.steps,
+                  c.sharded_checkpoint ? absl::StrCat(", optimizer shards in ", (dir / kShardDir).string()).c_str() : "");
+    }
     std::fflush(stdout);
   }
   return 0;
@@ -405,6 +445,13 @@ int main(int argc, char** argv) {
     const std::filesystem::path ckpt = std::filesystem::path(config.checkpoint_dir) / kCheckpointFile;
     if (config.resume && !std::filesystem::exists(ckpt)) {
       die(2, absl::StrCat("--resume: no checkpoint at ", ckpt.string(), "; run once without --resume to create one"));
+    }
+    if (config.resume && config.zero == "off") {
+      absl::StatusOr<c10::IValue> saved = checkpoint::load_state(ckpt.string());
+      if (saved.ok() && saved->isGenericDict() && saved->toGenericDict().contains("optimizer_shards")) {
+        die(2, "--resume: this checkpoint's optimizer state is sharded (written with --sharded_checkpoint); resume "
+               "with --zero=sorted_greedy or --zero=flat");
+      }
     }
     const int nproc = absl::GetFlag(FLAGS_nproc_per_node);
     if (nproc < 1) die(2, absl::StrCat("--nproc_per_node must be at least 1, got ", nproc));
