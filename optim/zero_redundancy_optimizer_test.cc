@@ -374,6 +374,24 @@ TEST(ZeroRedundancyOptimizerTest, ConsolidateEqualsUnshardedAndLoadsOnEveryRank)
   });
 }
 
+// Steps 4..6 of one unsharded Adam(lr 0.01) from `params` and a global `state`, fed the averaged
+// gradients a world of 3 ranks would produce: what a ZeRO resumed at world 3 must reach.
+std::vector<at::Tensor> unsharded_continuation_at_world3(const std::vector<at::Tensor>& params,
+                                                        const c10::IValue& state) {
+  std::vector<at::Tensor> rp = clone_params(params);
+  torch::optim::Adam reference(rp, torch::optim::AdamOptions(0.01));
+  load_torch_optim_state_dict(reference, state);
+  for (int step = 4; step < 7; ++step) {
+    for (size_t i = 0; i < rp.size(); ++i) {
+      at::Tensor sum = at::zeros_like(rp[i]);
+      for (int r = 0; r < 3; ++r) sum += grad_for(rp[i], r, step, i);
+      rp[i].mutable_grad() = sum / 3;
+    }
+    reference.step();
+  }
+  return rp;
+}
+
 TEST(ZeroRedundancyOptimizerTest, LoadsStateSavedAtAnotherWorldSize) {
   // World 2 trains and consolidates; world 3 loads it; both continue like one unsharded Adam.
   c10::IValue saved;
@@ -391,18 +409,7 @@ TEST(ZeroRedundancyOptimizerTest, LoadsStateSavedAtAnotherWorldSize) {
       for (const auto& p : zp) after_save.push_back(p.detach().clone());
     }
   });
-  // The unsharded continuation, with the gradients world 3 will average.
-  std::vector<at::Tensor> rp = clone_params(after_save);
-  torch::optim::Adam reference(rp, torch::optim::AdamOptions(0.01));
-  load_torch_optim_state_dict(reference, saved);
-  for (int step = 4; step < 7; ++step) {
-    for (size_t i = 0; i < rp.size(); ++i) {
-      at::Tensor sum = at::zeros_like(rp[i]);
-      for (int r = 0; r < 3; ++r) sum += grad_for(rp[i], r, step, i);
-      rp[i].mutable_grad() = sum / 3;
-    }
-    reference.step();
-  }
+  const std::vector<at::Tensor> rp = unsharded_continuation_at_world3(after_save, saved);
   run_ranks_as_threads(3, [&](comm::Group& g) {
     std::vector<at::Tensor> zp = clone_params(after_save);
     ZeroRedundancyOptimizer zero(zp, local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)), zero_options(g, false));
@@ -464,17 +471,7 @@ TEST(ZeroRedundancyOptimizerTest, ShardedSaveLoadsAtAnotherWorldSizeAndStrategy)
         for (const auto& p : zp) after_save.push_back(p.detach().clone());
       }
     });
-    std::vector<at::Tensor> rp = clone_params(after_save);
-    torch::optim::Adam reference(rp, torch::optim::AdamOptions(0.01));
-    load_torch_optim_state_dict(reference, consolidated);
-    for (int step = 4; step < 7; ++step) {
-      for (size_t i = 0; i < rp.size(); ++i) {
-        at::Tensor sum = at::zeros_like(rp[i]);
-        for (int r = 0; r < 3; ++r) sum += grad_for(rp[i], r, step, i);
-        rp[i].mutable_grad() = sum / 3;
-      }
-      reference.step();
-    }
+    const std::vector<at::Tensor> rp = unsharded_continuation_at_world3(after_save, consolidated);
     run_ranks_as_threads(3, [&](comm::Group& g) {
       std::vector<at::Tensor> zp = clone_params(after_save);
       ZeroRedundancyOptimizer zero(zp, local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.5)),
