@@ -70,6 +70,9 @@ using namespace dtrain;  // NOLINT: an example reads better with short names
 constexpr int64_t kIn = 32, kOut = 8;
 constexpr char kCheckpointFile[] = "checkpoint.pt";
 constexpr char kShardDir[] = "optimizer";  // inside --checkpoint_dir, with --sharded_checkpoint
+constexpr char kShardedNeedsZero[] =
+    "--resume: this checkpoint's optimizer state is sharded (written with --sharded_checkpoint); resume with "
+    "--zero=sorted_greedy or --zero=flat";
 
 // One-line errors for the user: "train: ..." and an exit code (2: usage, 1: runtime).
 [[noreturn]] void die(int code, const std::string& message) {
@@ -303,8 +306,7 @@ int train(const Config& c) {
     if (ckpt.contains("optimizer")) {
       opt.load_state_dict(ckpt.at("optimizer"));
     } else if (!opt.zero) {
-      die(2, "--resume: this checkpoint's optimizer state is sharded (written with --sharded_checkpoint); resume "
-             "with --zero=sorted_greedy or --zero=flat");
+      die(2, kShardedNeedsZero);
     } else {
       // Each rank reads only the pieces of the shards it owns now.
       absl::StatusOr<c10::IValue> saved_step = opt.zero->load_sharded((dir / kShardDir).string());
@@ -449,8 +451,7 @@ int main(int argc, char** argv) {
     if (config.resume && config.zero == "off") {
       absl::StatusOr<c10::IValue> saved = checkpoint::load_state(ckpt.string());
       if (saved.ok() && saved->isGenericDict() && saved->toGenericDict().contains("optimizer_shards")) {
-        die(2, "--resume: this checkpoint's optimizer state is sharded (written with --sharded_checkpoint); resume "
-               "with --zero=sorted_greedy or --zero=flat");
+        die(2, kShardedNeedsZero);
       }
     }
     const int nproc = absl::GetFlag(FLAGS_nproc_per_node);

@@ -658,27 +658,24 @@ void ZeroRedundancyOptimizer::load_state_dict(const c10::IValue& state_dict) {
   // The global format does not depend on the partition: pick this rank's parameters by index
   // (kFlat: the slices of them this rank holds).
   c10::impl::GenericDict local_state(c10::IntType::get(), c10::AnyType::get());
-  if (flat()) {
-    for (size_t k = 0; k < pieces_.size(); ++k) {
-      const Piece& piece = pieces_[k];
-      const c10::IValue key(piece.param);
-      if (!state.contains(key)) continue;
-      c10::impl::GenericDict entry(c10::StringType::get(), c10::AnyType::get());
-      for (const auto& kv : state.at(key).toGenericDict()) {
-        const c10::IValue& v = kv.value();
-        if (v.isTensor() && v.toTensor().dim() > 0) {
-          entry.insert(kv.key(), v.toTensor().reshape(-1).narrow(0, piece.begin, piece.end - piece.begin).clone());
-        } else {
-          entry.insert(kv.key(), v);
-        }
+  for (size_t k = 0; k < local_entry_count(); ++k) {
+    auto [param, range] = local_entry(k);
+    const c10::IValue key(param);
+    if (!state.contains(key)) continue;
+    if (!flat()) {
+      local_state.insert(static_cast<int64_t>(k), state.at(key));
+      continue;
+    }
+    c10::impl::GenericDict entry(c10::StringType::get(), c10::AnyType::get());
+    for (const auto& kv : state.at(key).toGenericDict()) {
+      const c10::IValue& v = kv.value();
+      if (v.isTensor() && v.toTensor().dim() > 0) {
+        entry.insert(kv.key(), v.toTensor().reshape(-1).narrow(0, range.begin, range.size()).clone());
+      } else {
+        entry.insert(kv.key(), v);
       }
-      local_state.insert(static_cast<int64_t>(k), entry);
     }
-  } else {
-    for (size_t l = 0; l < local_to_global_.size(); ++l) {
-      const c10::IValue key(local_to_global_[l]);
-      if (state.contains(key)) local_state.insert(static_cast<int64_t>(l), state.at(key));
-    }
+    local_state.insert(static_cast<int64_t>(k), entry);
   }
   load_local_state(groups, local_state);
 }
@@ -710,6 +707,10 @@ void ZeroRedundancyOptimizer::load_local_state(const c10::impl::GenericList& gro
   consolidated_ = c10::IValue();
 }
 
+size_t ZeroRedundancyOptimizer::local_entry_count() const {
+  return flat() ? pieces_.size() : local_to_global_.size();
+}
+
 std::pair<int64_t, checkpoint::ElementRange> ZeroRedundancyOptimizer::local_entry(size_t k) const {
   if (flat()) {
     const Piece& piece = pieces_.at(k);
@@ -737,8 +738,7 @@ c10::impl::GenericList ZeroRedundancyOptimizer::global_param_groups(const c10::I
 
 std::map<int64_t, checkpoint::ElementRange> ZeroRedundancyOptimizer::owned_ranges() const {
   std::map<int64_t, checkpoint::ElementRange> out;
-  const size_t count = flat() ? pieces_.size() : local_to_global_.size();
-  for (size_t k = 0; k < count; ++k) {
+  for (size_t k = 0; k < local_entry_count(); ++k) {
     auto [param, range] = local_entry(k);
     if (range.size() > 0) out[param] = range;
   }
@@ -774,8 +774,7 @@ checkpoint::ShardedState ZeroRedundancyOptimizer::sharded_state() {
 void ZeroRedundancyOptimizer::load_sharded_state(const checkpoint::ShardedState& state) {
   TORCH_CHECK(state.param_groups.isList(), "load_sharded_state: the state has no param_groups list");
   c10::impl::GenericDict local_state(c10::IntType::get(), c10::AnyType::get());
-  const size_t count = flat() ? pieces_.size() : local_to_global_.size();
-  for (size_t k = 0; k < count; ++k) {
+  for (size_t k = 0; k < local_entry_count(); ++k) {
     auto [param, range] = local_entry(k);
     auto it = state.params.find(param);
     if (it == state.params.end()) continue;  // no state for it yet (never stepped)

@@ -196,7 +196,9 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public comm::Joi
   void sync_options(bool to_local);
   void check_add_param_group_agreement(bool calling);
   c10::IValue local_state_global_indices();
-  // The global parameter index and element range of local optimizer entry k.
+  // Entries of the local optimizer (parameters, or kFlat pieces), and entry k's global parameter
+  // index and element range.
+  size_t local_entry_count() const;
   std::pair<int64_t, checkpoint::ElementRange> local_entry(size_t k) const;
   c10::impl::GenericList global_param_groups(const c10::IValue& local_groups) const;
   void load_local_state(const c10::impl::GenericList& groups, c10::impl::GenericDict local_state);
