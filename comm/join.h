@@ -19,7 +19,7 @@
 #include <vector>
 
 #include <c10/core/Device.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include "comm/libtorch_compat.h"
 
 namespace dtrain::comm {
 
@@ -48,7 +48,7 @@ class Joinable {
   virtual ~Joinable() = default;
   virtual std::unique_ptr<JoinHook> join_hook(const JoinOptions& options) = 0;
   virtual c10::Device join_device() const = 0;
-  virtual c10::intrusive_ptr<c10d::ProcessGroup> join_process_group() const = 0;
+  virtual c10::intrusive_ptr<C10dGroup> join_process_group() const = 0;
 
  protected:
   // True while this joinable is inside an enabled Join context (its forward must then mirror
@@ -91,7 +91,7 @@ class Join {
   std::vector<Joinable*> joinables_;
   std::vector<std::unique_ptr<JoinHook>> hooks_;
   JoinOptions options_;
-  c10::intrusive_ptr<c10d::ProcessGroup> process_group_;
+  c10::intrusive_ptr<C10dGroup> process_group_;
   c10::Device device_ = c10::Device(c10::kCPU);
   bool finished_ = false;
 };

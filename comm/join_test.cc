@@ -29,7 +29,7 @@ class AllReducer : public Joinable {
     return std::make_unique<Hook>(this);
   }
   c10::Device join_device() const override { return c10::Device(c10::kCPU); }
-  c10::intrusive_ptr<c10d::ProcessGroup> join_process_group() const override { return group_.pg(); }
+  c10::intrusive_ptr<comm::C10dGroup> join_process_group() const override { return group_.pg(); }
 
   double total_ = 0;
   int shadowed_ = 0;

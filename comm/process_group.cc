@@ -16,6 +16,7 @@
 #endif
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -31,7 +32,7 @@ const Group::State& Group::state() const {
               "default-constructed Group: create one with init_process_group or new_group");
   return *state_;
 }
-const c10::intrusive_ptr<c10d::ProcessGroup>& Group::pg() const {
+const c10::intrusive_ptr<C10dGroup>& Group::pg() const {
   TORCH_CHECK(is_member(), "this rank is not a member of the group (world ranks ",
               state_ ? absl::StrJoin(state_->global_ranks, ",") : std::string("none"),
               "): only members may use it; check is_member() first");
@@ -130,8 +131,16 @@ absl::Status store_error(const std::exception& e, const std::string& master,
                                                ": port in use; pick another MASTER_PORT (",
                                                first_line, ")"));
   }
-  if (absl::StrContains(what, "timed out") || absl::StrContains(what, "Timeout") ||
-      absl::StrContains(what, "timeout")) {
+  // 1.13: "Socket Timeout", "timed out"; 2.x: "Timed out after N seconds waiting for clients".
+  const std::string lower = absl::AsciiStrToLower(what);
+  if (absl::StrContains(lower, "waiting for clients")) {
+    // LibTorch 2.x: the master's store waits for every rank to connect before returning.
+    return absl::DeadlineExceededError(
+        absl::StrCat("rendezvous on master ", master, ": not every rank connected within ", timeout.count(),
+                     " ms: check that every rank started with the same MASTER_ADDR, MASTER_PORT and "
+                     "WORLD_SIZE (", first_line, ")"));
+  }
+  if (absl::StrContains(lower, "timed out") || absl::StrContains(lower, "timeout")) {
     return absl::DeadlineExceededError(
         absl::StrCat("rendezvous with master ", master, " did not complete within ",
                      timeout.count(), " ms: check that the master is reachable and every rank "
@@ -219,7 +228,7 @@ absl::StatusOr<Rendezvous> rendezvous(const InitOptions& o) {
 
   rv.master = absl::StrCat(host, ":", port);
   if (is_loopback(host)) rv.bind_host = "127.0.0.1";
-  c10d::TCPStoreOptions so;
+  c10d::TCPStoreOptions so = tcp_store_options();
   so.port = static_cast<uint16_t>(port);
   so.isServer = rv.rank == 0;
   so.numWorkers = rv.world_size;
@@ -233,7 +242,7 @@ absl::StatusOr<Rendezvous> rendezvous(const InitOptions& o) {
   return rv;
 }
 
-absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> make_pg(
+absl::StatusOr<c10::intrusive_ptr<C10dGroup>> make_pg(
     const std::string& backend, const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
     std::chrono::milliseconds timeout, const std::string& bind_host, int threads) {
   if (backend == "gloo") {
@@ -252,7 +261,7 @@ absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> make_pg(
     }
     opts->threads = std::max(1, threads);
     try {
-      return c10::intrusive_ptr<c10d::ProcessGroup>(
+      return c10::intrusive_ptr<C10dGroup>(
           c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts));
     } catch (const std::exception& e) {
       const std::string what = e.what();
@@ -267,7 +276,7 @@ absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> make_pg(
     auto opts = c10d::ProcessGroupNCCL::Options::create();
     opts->timeout = timeout;
     try {
-      return c10::intrusive_ptr<c10d::ProcessGroup>(
+      return c10::intrusive_ptr<C10dGroup>(
           c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, opts));
     } catch (const std::exception& e) {
       return absl::UnavailableError(absl::StrCat("cannot create the NCCL process group: ", e.what()));

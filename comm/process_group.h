@@ -6,7 +6,7 @@
 //   absl::StatusOr<dtrain::comm::Group> world = dtrain::comm::init_process_group(options);
 //   if (!world.ok()) { std::cerr << world.status() << "\n"; return 1; }
 //   std::vector<at::Tensor> t = {at::ones({4})};
-//   (*world)->allreduce(t)->wait();               // c10d::ProcessGroup API through ->
+//   (*world)->allreduce(t)->wait();               // C10dGroup API through ->
 //   absl::StatusOr<dtrain::comm::Group> pair = dtrain::comm::new_group(*world, {0, 1});
 #ifndef DTRAIN_COMM_PROCESS_GROUP_H_
 #define DTRAIN_COMM_PROCESS_GROUP_H_
@@ -16,10 +16,10 @@
 #include <string>
 #include <vector>
 
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "absl/status/statusor.h"
+#include "comm/libtorch_compat.h"
 
 namespace dtrain::comm {
 
@@ -62,8 +62,8 @@ class Group {
   explicit operator bool() const { return is_member(); }
 
   // REQUIRES: is_member().
-  const c10::intrusive_ptr<c10d::ProcessGroup>& pg() const;
-  c10d::ProcessGroup* operator->() const { return pg().get(); }
+  const c10::intrusive_ptr<C10dGroup>& pg() const;
+  C10dGroup* operator->() const { return pg().get(); }
   int rank() const;  // rank inside this group
   int size() const;
 
@@ -83,7 +83,7 @@ class Group {
 
  private:
   struct State {
-    c10::intrusive_ptr<c10d::ProcessGroup> pg;
+    c10::intrusive_ptr<C10dGroup> pg;
     c10::intrusive_ptr<c10d::Store> root_store;   // unprefixed rendezvous store
     c10::intrusive_ptr<c10d::Store> store;        // prefixed for this group
     std::string prefix;

@@ -48,7 +48,7 @@ c10::intrusive_ptr<c10::ivalue::Future> CompressHook::runHook(c10d::GradBucket& 
     for (int r = 0; r < n; ++r) all[0].push_back(at::empty_like(mine[0]));
     auto fut = group_->allgather(all, mine)->getFuture();
     return fut->then(
-        [buffer, parts = all[0]](c10::ivalue::Future&) mutable {
+        [buffer, parts = all[0]](c10::ivalue::Future&) {
           buffer.zero_();
           for (const auto& p : parts) buffer.add_(p.view(at::kBFloat16).to(at::kFloat));
           return c10::IValue(buffer);
@@ -59,7 +59,7 @@ c10::intrusive_ptr<c10::ivalue::Future> CompressHook::runHook(c10d::GradBucket& 
   auto fut = group_->allreduce(t)->getFuture();
   // Decompress into the bucket in place, as PyTorch's hook does.
   return fut->then(
-      [buffer, compressed](c10::ivalue::Future&) mutable {
+      [buffer, compressed](c10::ivalue::Future&) {
         buffer.copy_(compressed);
         return c10::IValue(buffer);
       },
@@ -82,7 +82,7 @@ c10::intrusive_ptr<c10::ivalue::Future> CompressWrapper::runHook(c10d::GradBucke
   auto fut = inner_->runHook(bucket);
   c10d::CommHookInterface* inner = inner_.get();
   return fut->then(
-      [original, inner](c10::ivalue::Future& done) mutable {
+      [original, inner](c10::ivalue::Future& done) {
         // Decompress in place into the original bucket (no second full-size buffer).
         original.copy_(inner->parseHookResult(done.value()));
         return c10::IValue(original);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "comm/test_harness.h"
+#include "ddp_hooks/libtorch_compat.h"
 #include "ddp_hooks/powersgd_hook.h"
 
 namespace dtrain::ddp {
@@ -21,7 +22,7 @@ struct OneBucket {
     for (const auto& p : params) sizes.push_back(p.sizes());
   }
   at::Tensor run(c10d::CommHookInterface& hook) {
-    c10d::GradBucket b(0, 1, buffer, {0, 24}, {24, 3}, sizes, params);
+    c10d::GradBucket b = make_grad_bucket(0, 1, buffer, {0, 24}, {24, 3}, sizes, params);
     auto fut = hook.runHook(b);
     fut->wait();
     at::Tensor result = hook.parseHookResult(fut->value());

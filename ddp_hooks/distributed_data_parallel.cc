@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
@@ -14,6 +15,7 @@
 #include "comm/coalesced.h"
 #include "comm/object_collectives.h"
 #include "ddp_hooks/default_hooks.h"
+#include "ddp_hooks/libtorch_compat.h"
 
 namespace dtrain::ddp {
 
@@ -94,8 +96,8 @@ struct DistributedDataParallel::State {
       Bucket& bucket = buckets[next_bucket];
       std::vector<at::Tensor> bucket_params;
       for (size_t i : bucket.params) bucket_params.push_back(params[i]);
-      c10d::GradBucket grad_bucket(next_bucket, buckets.size(), bucket.buffer, bucket.offsets, bucket.lengths,
-                                   bucket.sizes, bucket_params);
+      c10d::GradBucket grad_bucket = make_grad_bucket(next_bucket, buckets.size(), bucket.buffer, bucket.offsets,
+                                                     bucket.lengths, bucket.sizes, bucket_params);
       bucket.future = hook->runHook(grad_bucket);
       bucket.launched = true;
       ++next_bucket;
@@ -236,7 +238,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     }
   }
   {
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     std::vector<at::Tensor> state;
     for (const auto& p : s.params) state.push_back(p.detach());
     for (const auto& b : s.buffers) state.push_back(b.detach());
@@ -329,7 +331,7 @@ void DistributedDataParallel::pre_forward() {
 void DistributedDataParallel::sync_buffers() {
   State& s = *state_;
   if (s.options.broadcast_buffers && !s.buffers.empty() && s.options.group.size() > 1) {
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     std::vector<at::Tensor> buffers;
     for (const auto& b : s.buffers) buffers.push_back(b.detach());
     comm::broadcast_coalesced(s.options.group, buffers, 0).wait();
@@ -349,7 +351,8 @@ void DistributedDataParallel::shadow_backward() {
     at::Tensor zeros = at::zeros_like(bucket.buffer);
     std::vector<at::Tensor> params;
     for (size_t i : bucket.params) params.push_back(s.params[i]);
-    c10d::GradBucket grad_bucket(b, s.buckets.size(), zeros, bucket.offsets, bucket.lengths, bucket.sizes, params);
+    c10d::GradBucket grad_bucket =
+        make_grad_bucket(b, s.buckets.size(), zeros, bucket.offsets, bucket.lengths, bucket.sizes, params);
     s.hook->runHook(grad_bucket)->wait();
   }
   if (s.options.find_unused_parameters) {
@@ -365,7 +368,7 @@ void DistributedDataParallel::sync_final_model(bool is_last_joiner) {
   c10d::AllreduceOptions max;
   max.reduceOp = c10d::ReduceOp::MAX;
   s.options.group->allreduce(who, max)->wait();
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   std::vector<at::Tensor> state;
   for (const auto& p : s.params) state.push_back(p.detach());
   for (const auto& b : s.buffers) state.push_back(b.detach());
@@ -390,7 +393,7 @@ std::unique_ptr<comm::JoinHook> DistributedDataParallel::join_hook(const comm::J
 
 c10::Device DistributedDataParallel::join_device() const { return state_->params.at(0).device(); }
 
-c10::intrusive_ptr<c10d::ProcessGroup> DistributedDataParallel::join_process_group() const {
+c10::intrusive_ptr<comm::C10dGroup> DistributedDataParallel::join_process_group() const {
   return state_->options.group.pg();
 }
 

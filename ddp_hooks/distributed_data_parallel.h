@@ -90,7 +90,7 @@ class DistributedDataParallel : public comm::Joinable {
   // the ranks still training instead (custom hooks keep their own division, as in PyTorch).
   std::unique_ptr<comm::JoinHook> join_hook(const comm::JoinOptions& options) override;
   c10::Device join_device() const override;
-  c10::intrusive_ptr<c10d::ProcessGroup> join_process_group() const override;
+  c10::intrusive_ptr<comm::C10dGroup> join_process_group() const override;
 
   torch::nn::Module& module() { return *module_; }
   // Parameter indices (registration order) per bucket, in reduction order.

@@ -102,7 +102,7 @@ TEST(DistributedDataParallelTest, FindUnusedParameters) {
     g->allgather(all, w)->wait();
     EXPECT_TRUE(all[0][0].equal(all[0][1]));
     // Unused on every rank: .grad is left untouched.
-    net->zero_grad();
+    net->zero_grad(/*set_to_none=*/false);  // LibTorch 2.x defaults to set_to_none=true
     net->spare->weight.mutable_grad().fill_(7);
     ddp.forward([&] { return torch::mse_loss(net->forward(x, false), y); }).backward();
     EXPECT_TRUE(net->spare->weight.grad().eq(7).all().item<bool>());

@@ -12,6 +12,7 @@
 #include "comm/thread_world.h"
 #include "ddp_hooks/default_hooks.h"
 #include "ddp_hooks/powersgd_hook.h"
+#include "ddp_hooks/libtorch_compat.h"
 
 namespace dtrain::ddp {
 namespace {
@@ -82,7 +83,7 @@ void BM_Hook(benchmark::State& state) {
     std::vector<c10::intrusive_ptr<c10::ivalue::Future>> futures;
     for (size_t k = 0; k < b.buckets.size(); ++k) {
       auto& one = b.buckets[k];
-      c10d::GradBucket gb(k, b.buckets.size(), one.buffer, one.offsets, one.lengths, one.sizes, one.params);
+      c10d::GradBucket gb = make_grad_bucket(k, b.buckets.size(), one.buffer, one.offsets, one.lengths, one.sizes, one.params);
       futures.push_back(hook->runHook(gb));
     }
     for (auto& f : futures) {

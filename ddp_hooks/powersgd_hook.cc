@@ -3,6 +3,7 @@
 #include <map>
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 
 namespace dtrain::ddp {
 namespace {
@@ -151,7 +152,7 @@ c10::intrusive_ptr<c10::ivalue::Future> PowerSGDHook::runHook(c10d::GradBucket& 
     maybe_increase_iter();
     return done(input);
   }
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   const int64_t index = static_cast<int64_t>(bucket.getIndex());
   at::Tensor input_copy;
   if (s.use_error_feedback) {

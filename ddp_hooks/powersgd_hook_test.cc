@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "comm/test_harness.h"
+#include "ddp_hooks/libtorch_compat.h"
 
 namespace dtrain::ddp {
 namespace {
@@ -22,7 +23,7 @@ struct TestBucket {
     buffer = at::cat({matrix.reshape(-1), vec});
     for (const auto& p : params) sizes.push_back(p.sizes());
   }
-  c10d::GradBucket bucket() { return c10d::GradBucket(0, 1, buffer, offsets, lengths, sizes, params); }
+  c10d::GradBucket bucket() { return make_grad_bucket(0, 1, buffer, offsets, lengths, sizes, params); }
   at::Tensor matrix() const { return buffer.narrow(0, 0, 48).view({8, 6}); }
   at::Tensor vec() const { return buffer.narrow(0, 48, 5); }
 };
@@ -146,7 +147,7 @@ TEST(PowerSGDTest, BatchedSameShapeMatchesUnbatched) {
                                    at::outer(at::sin(at::arange(4, at::kDouble) + 2), v()).reshape(-1)});
       std::vector<at::Tensor> params = {at::zeros({4, 6}), at::zeros({4, 6})};
       std::vector<c10::IntArrayRef> sizes = {params[0].sizes(), params[1].sizes()};
-      c10d::GradBucket gb(0, 1, buffer, {0, 24}, {24, 24}, sizes, params);
+      c10d::GradBucket gb = make_grad_bucket(0, 1, buffer, {0, 24}, {24, 24}, sizes, params);
       const at::Tensor before = buffer.clone();
       hook.runHook(gb);
       EXPECT_TRUE(buffer.allclose(before, 1e-9, 1e-9)) << (batched ? "batched" : "unbatched") << ": rank-1 inputs are exact";

@@ -1,6 +1,7 @@
 #include "optim/functional_adapter.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 
 #include "optim/registry.h"
 
@@ -61,7 +62,7 @@ FunctionalOptimizer& FunctionalOptimizerAdapter::functional(size_t group) {
 at::Tensor FunctionalOptimizerAdapter::step(LossClosure closure) {
   at::Tensor loss;
   if (closure) {
-    at::AutoGradMode enable(true);
+    c10::AutoGradMode enable(true);
     loss = closure();
   }
   sync_groups();

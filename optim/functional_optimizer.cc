@@ -3,6 +3,7 @@
 #include <unordered_set>
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 
 namespace dtrain::optim {
 
@@ -41,7 +42,7 @@ void FunctionalOptimizer::step(const std::vector<at::Tensor>& gradients) {
   for (size_t i = 0; i < gradients.size(); ++i) {
     if (gradients[i].defined()) check_grad(i, gradients[i]);
   }
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   update_all(gradients);
 }
 
@@ -50,7 +51,7 @@ void FunctionalOptimizer::step_param(const at::Tensor& param, const at::Tensor& 
     if (params_[i].is_same(param)) {
       if (!grad.defined()) return;
       check_grad(i, grad);
-      at::NoGradGuard no_grad;
+      c10::NoGradGuard no_grad;
       update(i, grad);
       return;
     }
@@ -116,7 +117,8 @@ c10::IValue FunctionalOptimizer::state_dict() const {
         entry.insert(names[k], c10::IValue());
       }
     }
-    state.insert(static_cast<int64_t>(i), entry);
+    // PyTorch 2.x's SGD without momentum keeps no state at all (1.13 keeps momentum_buffer=None).
+    if (entry.size() > 0) state.insert(static_cast<int64_t>(i), entry);
   }
   OptionsDict group = options_dict();
   std::vector<int64_t> indices(params_.size());

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include "optim/internal/fused.h"
+#include "optim/libtorch_compat.h"
 
 namespace dtrain::optim {
 namespace {
@@ -767,7 +768,9 @@ RpropOptions TypedFunctionalOptimizer<RpropOptions>::from_dict(const OptionsDict
   bool Class::none_for_undefined_slots() const { return none_slots; }
 
 #define init_eagerly() (void)0
-DTRAIN_DEFINE_FUNCTIONAL(FunctionalSGD, SGDOptions, SGDTraits, kNone, "momentum_buffer", "", "", true)
+// SGD keeps momentum_buffer=None for parameters without a buffer in PyTorch 1.13, no entry in 2.x.
+DTRAIN_DEFINE_FUNCTIONAL(FunctionalSGD, SGDOptions, SGDTraits, kNone, "momentum_buffer", "", "",
+                         kSgdStateKeepsNoneMomentumBuffer)
 DTRAIN_DEFINE_FUNCTIONAL(FunctionalAdam, AdamOptions, AdamTraits, kFloatTensor, "exp_avg", "exp_avg_sq", "max_exp_avg_sq", false)
 DTRAIN_DEFINE_FUNCTIONAL(FunctionalAdamW, AdamWOptions, AdamWTraits, kFloatTensor, "exp_avg", "exp_avg_sq", "max_exp_avg_sq", false)
 DTRAIN_DEFINE_FUNCTIONAL(FunctionalAdadelta, AdadeltaOptions, AdadeltaTraits, kInt, "square_avg", "acc_delta", "", false)

@@ -1,5 +1,6 @@
 #include "optim/functional_optimizers.h"
 
+#include <cstdlib>
 #include <thread>
 
 #include <ATen/ATen.h>
@@ -11,6 +12,7 @@
 #include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
 
+#include "optim/libtorch_compat.h"
 #include "optim/reference_testing.h"
 #include "optim/registry.h"
 
@@ -23,6 +25,13 @@ using testing::ReferenceCase;
 using testing::relative_error;
 
 const char* const kFiles[] = {"sgd", "adam", "adamw", "adagrad", "adadelta", "adamax", "rmsprop", "rprop"};
+
+// The checked-in trajectories (PyTorch 1.13, optim/testdata/), or with DTRAIN_REFERENCE_DIR set
+// (functional_optimizers_installed_pytorch_test), the ones the installed PyTorch wrote at build time.
+std::string reference_path(const std::string& name) {
+  const char* dir = std::getenv("DTRAIN_REFERENCE_DIR");
+  return std::string(dir != nullptr && *dir != '\0' ? dir : "optim/testdata/") + name + ".ref";
+}
 
 std::string registry_name(const std::string& case_name) { return case_name.substr(0, case_name.rfind('_')); }
 
@@ -60,7 +69,7 @@ double run_case(const ReferenceCase& c, at::ScalarType dtype, Layout layout,
 
 TEST(FunctionalOptimizersTest, MatchPyTorchFloat32) {
   for (const char* file : kFiles) {
-    for (const ReferenceCase& c : read_reference(std::string("optim/testdata/") + file + ".ref")) {
+    for (const ReferenceCase& c : read_reference(reference_path(file))) {
       SCOPED_TRACE(c.name);
       EXPECT_LE(run_case(c, at::kFloat, Layout::kContiguous), 1e-6) << "fused float32 path";
       EXPECT_LE(run_case(c, at::kFloat, Layout::kStrided), 1e-6) << "ATen float32 path";
@@ -70,7 +79,7 @@ TEST(FunctionalOptimizersTest, MatchPyTorchFloat32) {
 
 TEST(FunctionalOptimizersTest, MatchPyTorchFloat64) {
   for (const char* file : kFiles) {
-    for (const ReferenceCase& c : read_reference(std::string("optim/testdata/") + file + ".ref")) {
+    for (const ReferenceCase& c : read_reference(reference_path(file))) {
       SCOPED_TRACE(c.name);
       EXPECT_LE(run_case(c, at::kDouble, Layout::kContiguous), 1e-12) << "fused float64 path";
       EXPECT_LE(run_case(c, at::kDouble, Layout::kStrided), 1e-12) << "ATen float64 path";
@@ -80,7 +89,7 @@ TEST(FunctionalOptimizersTest, MatchPyTorchFloat64) {
 
 TEST(FunctionalOptimizersTest, StateDictMatchesPyTorchState) {
   for (const char* file : kFiles) {
-    for (const ReferenceCase& c : read_reference(std::string("optim/testdata/") + file + ".ref")) {
+    for (const ReferenceCase& c : read_reference(reference_path(file))) {
       SCOPED_TRACE(c.name);
       std::unique_ptr<FunctionalOptimizer> opt;
       run_case(c, at::kDouble, Layout::kContiguous, &opt);
@@ -88,9 +97,15 @@ TEST(FunctionalOptimizersTest, StateDictMatchesPyTorchState) {
       auto state = sd.at("state").toGenericDict();
       size_t entries = 0;
       for (const auto& kv : state) entries += kv.value().toGenericDict().size();
-      EXPECT_EQ(entries, c.final_state.size()) << "number of (param, key) state entries";
+      // A None entry (1.13's SGD momentum_buffer) is absent from state dicts on LibTorch 2.x, as
+      // in PyTorch 2.x; the checked-in 1.13 references still carry it.
+      auto absent = [](const at::Tensor& want) { return !want.defined() && !kSgdStateKeepsNoneMomentumBuffer; };
+      size_t expected = 0;
+      for (const auto& entry : c.final_state) expected += absent(entry.second) ? 0 : 1;
+      EXPECT_EQ(entries, expected) << "number of (param, key) state entries";
       for (const auto& [where, want] : c.final_state) {
         const auto& [param, key] = where;
+        if (absent(want)) continue;
         ASSERT_TRUE(state.contains(static_cast<int64_t>(param))) << "param " << param;
         auto entry = state.at(static_cast<int64_t>(param)).toGenericDict();
         ASSERT_TRUE(entry.contains(key)) << "param " << param << " key " << key;
@@ -116,7 +131,7 @@ TEST(FunctionalOptimizersTest, StateDictRoundTripContinuesTheTrajectory) {
   // Run 20 steps, save, load into a fresh optimizer on copies of the parameters, then both run to
   // 50 steps: the trajectories must stay identical.
   for (const char* file : kFiles) {
-    const ReferenceCase c = read_reference(std::string("optim/testdata/") + file + ".ref").back();
+    const ReferenceCase c = read_reference(reference_path(file)).back();
     SCOPED_TRACE(c.name);
     std::vector<at::Tensor> a;
     for (const auto& t : c.init) a.push_back(t.clone());
@@ -278,7 +293,7 @@ TEST(FunctionalOptimizersTest, MatchLibTorchOptim) {
   };
   int compared = 0;
   for (const Pair& pair : pairs) {
-    for (const ReferenceCase& c : read_reference(std::string("optim/testdata/") + pair.file + ".ref")) {
+    for (const ReferenceCase& c : read_reference(reference_path(pair.file))) {
       if (flag(c.options, "maximize")) continue;
       SCOPED_TRACE(c.name);
       std::vector<at::Tensor> ours, theirs;
@@ -308,7 +323,7 @@ TEST(FunctionalOptimizersTest, MatchLibTorchOptim) {
 
 TEST(FunctionalOptimizersTest, IndependentInstancesStepConcurrently) {
   // Four optimizers on four threads, each against the same optimizer run serially.
-  const ReferenceCase c = read_reference("optim/testdata/adam.ref")[2];
+  const ReferenceCase c = read_reference(reference_path("adam"))[2];
   auto run = [&](std::vector<at::Tensor>& params) {
     auto opt = FunctionalRegistry::global().create("Adam", params, c.options);
     for (int step = 0; step < c.steps; ++step) {

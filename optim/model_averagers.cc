@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 
 namespace dtrain::optim {
 
@@ -24,7 +25,7 @@ void average_parameters(const std::vector<at::Tensor>& params, const comm::Group
   }
   // Every rank has the same parameters with gradients (as in PyTorch), so all skip together.
   if (chosen.empty()) return;
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   std::vector<at::Tensor> flat_parts;
   for (const auto& p : chosen) flat_parts.push_back(p.detach().reshape(-1));
   // Mixed dtypes are promoted for the reduction and restored when copying back, as PyTorch does.

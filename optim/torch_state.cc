@@ -8,12 +8,11 @@
 #include <torch/optim/sgd.h>
 
 #include "optim/functional_optimizer.h"
+#include "optim/libtorch_compat.h"
 #include "optim/registry.h"
 
 namespace dtrain::optim {
 namespace {
-
-std::string key_of(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
 
 using Entry = c10::impl::GenericDict;
 
@@ -82,7 +81,7 @@ c10::IValue torch_optim_state_dict(const torch::optim::Optimizer& optimizer) {
     std::vector<int64_t> indices;
     for (const auto& p : group.params()) {
       indices.push_back(index);
-      auto it = optimizer.state().find(key_of(p));
+      auto it = optimizer.state().find(param_state_key(p));
       if (it != optimizer.state().end()) {
         Entry e = new_entry();
         const torch::optim::OptimizerParamState* s = it->second.get();
@@ -136,7 +135,7 @@ void load_torch_optim_state_dict(torch::optim::Optimizer& optimizer, const c10::
   const bool is_rmsprop = dynamic_cast<const torch::optim::RMSpropOptions*>(&defaults) != nullptr;
   TORCH_CHECK(is_sgd || is_adam || is_adamw || is_adagrad || is_rmsprop,
               "load_torch_optim_state_dict: unsupported optimizer (SGD, Adam, AdamW, Adagrad, RMSprop are)");
-  ska::flat_hash_map<std::string, std::unique_ptr<torch::optim::OptimizerParamState>> loaded;
+  std::remove_reference_t<decltype(optimizer.state())> loaded;
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     auto group = groups.get(gi).toGenericDict();
     auto& target = optimizer.param_groups()[gi];
@@ -181,7 +180,7 @@ void load_torch_optim_state_dict(torch::optim::Optimizer& optimizer, const c10::
         x->grad_avg(tensor_or_undefined(e, "grad_avg", p, index));
         s = std::move(x);
       }
-      loaded[key_of(p)] = std::move(s);
+      loaded[param_state_key(p)] = std::move(s);
     }
   }
   optimizer.state() = std::move(loaded);

@@ -7,6 +7,7 @@
 #include <random>
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -150,7 +151,7 @@ void ZeroRedundancyOptimizer::overlap_step(const std::vector<int64_t>& params, c
   }
   if (!any) return;
   sync_options(/*to_local=*/true);
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   adapter.functional(0).step(local_grads);
   stepped_ = true;
   consolidated_ = c10::IValue();
@@ -159,11 +160,11 @@ void ZeroRedundancyOptimizer::overlap_step(const std::vector<int64_t>& params, c
 std::vector<c10::intrusive_ptr<c10d::Work>> ZeroRedundancyOptimizer::overlap_broadcast(
     const std::vector<int64_t>& params) {
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
-  c10d::ProcessGroup& pg = *options_.group.pg();
+  comm::C10dGroup& pg = *options_.group.pg();
   // Runs of consecutive parameters with one owner go out as one tensor when they sit next to
   // each other in the owner's bucket (bucket views), else one broadcast per parameter.
   const std::vector<int64_t>& offset = bucket_offset_;
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   size_t k = 0;
   while (k < params.size()) {
     const int owner = partition_.owner.at(params[k]);
@@ -407,7 +408,7 @@ void ZeroRedundancyOptimizer::add_param_group(const torch::optim::OptimizerParam
 
 void ZeroRedundancyOptimizer::sync_params() {
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
-  c10d::ProcessGroup& pg = *options_.group.pg();
+  comm::C10dGroup& pg = *options_.group.pg();
   for (int r = 0; r < world_size(); ++r) {
     c10d::BroadcastOptions bo;
     bo.rootRank = r;
@@ -440,7 +441,7 @@ at::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
     // The DDP hook already stepped and synchronised every parameter during backward.
     at::Tensor loss;
     if (closure) {
-      at::AutoGradMode enable(true);
+      c10::AutoGradMode enable(true);
       loss = closure();
     }
     return loss;
@@ -450,7 +451,7 @@ at::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
     sync_options(/*to_local=*/true);
     at::Tensor loss;
     if (closure) {
-      at::AutoGradMode enable(true);
+      c10::AutoGradMode enable(true);
       loss = closure();
     }
     // Each piece's gradient is the matching slice of its parameter's gradient (a view when the
@@ -462,7 +463,7 @@ at::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
     }
     local_->step();
     sync_options(/*to_local=*/false);
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     sync_params();
     consolidated_ = c10::IValue();
     return loss;
@@ -478,7 +479,7 @@ at::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
   at::Tensor loss;
   if (auto* adapter = dynamic_cast<FunctionalOptimizerAdapter*>(local_.get())) {
     if (closure) {
-      at::AutoGradMode enable(true);
+      c10::AutoGradMode enable(true);
       loss = closure();
     }
     step_and_sync_overlapped(*adapter);
@@ -486,7 +487,7 @@ at::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
   } else {
     loss = local_->step(std::move(closure));
     sync_options(/*to_local=*/false);
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     sync_params();
   }
   consolidated_ = c10::IValue();
@@ -526,7 +527,7 @@ void ZeroRedundancyOptimizer::step_and_sync_overlapped(FunctionalOptimizerAdapte
     for (size_t k = 0; k < ids.size(); ++k) where[ids[k]] = {g, k};
   }
   const std::vector<int64_t>& offset = bucket_offset_;
-  c10d::ProcessGroup& pg = *options_.group.pg();
+  comm::C10dGroup& pg = *options_.group.pg();
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
   std::vector<std::vector<at::Tensor>> grads;
   for (size_t k = 0; k < num_chunks; ++k) {
@@ -543,7 +544,7 @@ void ZeroRedundancyOptimizer::step_and_sync_overlapped(FunctionalOptimizerAdapte
       for (size_t g = 0; g < grads.size(); ++g) adapter.functional(g).step(grads[g]);
     }
     // 2. Start every rank's chunk k broadcast, in the same order everywhere.
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     for (int r = 0; r < world_size(); ++r) {
       c10d::BroadcastOptions bo;
       bo.rootRank = r;
@@ -869,7 +870,7 @@ std::unique_ptr<comm::JoinHook> ZeroRedundancyOptimizer::join_hook(const comm::J
 
 c10::Device ZeroRedundancyOptimizer::join_device() const { return all_params_.at(0).device(); }
 
-c10::intrusive_ptr<c10d::ProcessGroup> ZeroRedundancyOptimizer::join_process_group() const {
+c10::intrusive_ptr<comm::C10dGroup> ZeroRedundancyOptimizer::join_process_group() const {
   return options_.group.pg();
 }
 

@@ -163,7 +163,7 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public comm::Joi
   // join hook, so its shard is still updated and broadcast while other ranks train on.
   std::unique_ptr<comm::JoinHook> join_hook(const comm::JoinOptions& options) override;
   c10::Device join_device() const override;
-  c10::intrusive_ptr<c10d::ProcessGroup> join_process_group() const override;
+  c10::intrusive_ptr<comm::C10dGroup> join_process_group() const override;
 
   // For ddp_hooks' ZeRO overlap hook (overlap_with_ddp), which calls them identically on every
   // rank. set_overlap_partition: whole parameters per rank (indices into this optimizer's single

@@ -2,6 +2,8 @@
 
 #include <atomic>
 
+#include <c10/core/GradMode.h>
+
 #include "absl/strings/str_cat.h"
 #include "optim/registry.h"
 
@@ -191,7 +193,7 @@ ParameterOwner::ParameterOwner(std::shared_ptr<Handlers> handlers) : state_(std:
         grads.push_back(g);  // undefined: this parameter is left untouched
       }
     }
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     local->optimizer->step(grads);
     return empty_reply();
   });
