@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "optim/registry.h"
+
 namespace dtrain::optim {
 namespace {
 
@@ -114,6 +116,43 @@ TEST(FunctionalAdapterTest, BadConstructionIsAClearError) {
     FAIL();
   } catch (const c10::Error& e) {
     EXPECT_THAT(e.what_without_backtrace(), HasSubstr("Invalid learning rate: -1.0"));
+  }
+}
+
+
+// PyTorch keeps param-group keys an optimizer does not use (an LR scheduler's initial_lr, 2.x's
+// foreach, a user's own) and returns them in state_dict(); so do the functional optimizer and the
+// adapter. set_options() still refuses a key it does not know.
+TEST(FunctionalAdapterTest, UnknownParamGroupKeysAreKept) {
+  at::Tensor w = torch::zeros({2}, torch::requires_grad());
+  FunctionalOptimizerAdapter opt({w}, "Adam", opts({{"lr", 0.01}}));
+  w.mutable_grad() = torch::ones({2});
+  opt.step();
+  auto sd = opt.state_dict().toGenericDict();
+  auto group = sd.at("param_groups").toList().get(0).toGenericDict();
+  group.insert_or_assign("initial_lr", 0.01);
+  group.insert_or_assign("foreach", c10::IValue());
+  group.insert_or_assign("my_tag", std::string("warmup"));
+  group.insert_or_assign("lr", 0.005);
+
+  at::Tensor w2 = torch::zeros({2}, torch::requires_grad());
+  FunctionalOptimizerAdapter other({w2}, "Adam", opts({{"lr", 0.01}}));
+  other.load_state_dict(sd);
+  auto back = other.state_dict().toGenericDict().at("param_groups").toList().get(0).toGenericDict();
+  EXPECT_EQ(back.at("lr").toDouble(), 0.005);
+  ASSERT_TRUE(back.contains("initial_lr"));
+  EXPECT_EQ(back.at("initial_lr").toDouble(), 0.01);
+  ASSERT_TRUE(back.contains("foreach"));
+  EXPECT_TRUE(back.at("foreach").isNone());
+  ASSERT_TRUE(back.contains("my_tag"));
+  EXPECT_EQ(back.at("my_tag").toStringRef(), "warmup");
+
+  std::unique_ptr<FunctionalOptimizer> f = FunctionalRegistry::global().create("Adam", {w2}, opts({{"lr", 0.01}}));
+  try {
+    f->set_options(opts({{"initial_lr", 0.01}}));
+    ADD_FAILURE() << "set_options accepted an unknown key";
+  } catch (const c10::Error& e) {
+    EXPECT_THAT(e.what_without_backtrace(), HasSubstr("unexpected option 'initial_lr'"));
   }
 }
 

@@ -71,13 +71,19 @@ bool FunctionalOptimizer::has_state(size_t index) const {
   return state_[index].initialized;
 }
 
+namespace {
+// PyTorch options that pick an implementation or a CUDA/autograd feature, not the math.
+bool is_torch_only_option(const std::string& key) {
+  static const std::unordered_set<std::string> torch_only = {"foreach", "capturable", "differentiable", "fused"};
+  return torch_only.count(key) > 0;
+}
+}  // namespace
+
 OptionsDict FunctionalOptimizer::merged_options(const std::string& optimizer, OptionsDict current,
                                                 const OptionsDict& overrides) {
-  static const std::unordered_set<std::string> torch_only = {"foreach", "capturable",
-                                                              "differentiable", "fused"};
   for (const auto& kv : overrides) {
     const std::string key = kv.key().toStringRef();
-    if (torch_only.count(key)) {
+    if (is_torch_only_option(key)) {
       const c10::IValue& v = kv.value();
       // foreach only picks PyTorch's implementation; the others change semantics we do not have.
       TORCH_CHECK(key == "foreach" || v.isNone() || (v.isBool() && !v.toBool()), optimizer,
@@ -121,6 +127,9 @@ c10::IValue FunctionalOptimizer::state_dict() const {
     if (entry.size() > 0) state.insert(static_cast<int64_t>(i), entry);
   }
   OptionsDict group = options_dict();
+  for (const auto& [key, value] : kept_group_keys_) {
+    if (!group.contains(key)) group.insert(key, value);
+  }
   std::vector<int64_t> indices(params_.size());
   for (size_t i = 0; i < indices.size(); ++i) indices[i] = static_cast<int64_t>(i);
   group.insert("params", c10::List<int64_t>(indices));
@@ -151,8 +160,13 @@ void FunctionalOptimizer::load_state_dict(const c10::IValue& state_dict) {
 
   // Build everything first, so a bad entry leaves the optimizer as it was.
   OptionsDict options = new_options_dict();
+  std::vector<std::pair<std::string, c10::IValue>> kept;
+  const OptionsDict known = options_dict();
   for (const auto& kv : group) {
-    if (kv.key().toStringRef() != "params") options.insert(kv.key(), kv.value());
+    const std::string& key = kv.key().toStringRef();
+    if (key == "params") continue;
+    if (!known.contains(key)) kept.emplace_back(key, kv.value());
+    if (known.contains(key) || is_torch_only_option(key)) options.insert(kv.key(), kv.value());
   }
   std::vector<ParamState> loaded(params_.size());
   auto state = sd.at("state").toGenericDict();
@@ -191,6 +205,7 @@ void FunctionalOptimizer::load_state_dict(const c10::IValue& state_dict) {
   }
   set_options(options);
   state_ = std::move(loaded);
+  kept_group_keys_ = std::move(kept);
 }
 
 }  // namespace dtrain::optim

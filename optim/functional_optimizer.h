@@ -75,6 +75,9 @@ class FunctionalOptimizer {
   // Loads a state_dict of the format above (from dtrain, or converted from PyTorch/LibTorch):
   // exactly one param group whose "params" has params().size() entries; state tensors must match
   // their parameter's shape (cast to its dtype/device). Errors name the index and key.
+  // Param-group keys this optimizer does not use (an LR scheduler's "initial_lr", PyTorch 2.x's
+  // "foreach"/"maximize"/..., a user's own) are kept and handed back by state_dict(), as PyTorch
+  // keeps them; set_options() still refuses an unknown key (a typo there is an error).
   void load_state_dict(const c10::IValue& state_dict);
 
   // True once the parameter at `index` has optimizer state.
@@ -109,6 +112,9 @@ class FunctionalOptimizer {
   std::vector<ParamState> state_;
 
  private:
+  // Param-group keys load_state_dict() kept without using them (see there), in load order.
+  std::vector<std::pair<std::string, c10::IValue>> kept_group_keys_;
+
   void check_grad(size_t index, const at::Tensor& grad) const;
 };
 

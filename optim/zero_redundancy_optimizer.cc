@@ -671,6 +671,12 @@ void ZeroRedundancyOptimizer::load_state_dict(const c10::IValue& state_dict) {
     for (const auto& kv : state.at(key).toGenericDict()) {
       const c10::IValue& v = kv.value();
       if (v.isTensor() && v.toTensor().dim() > 0) {
+        // The same check (and words) as the functional optimizers' load: a state tensor of another
+        // shape would be cut into this rank's slice and scramble the state.
+        const at::Tensor& p = all_params_[static_cast<size_t>(param)];
+        TORCH_CHECK(v.toTensor().sizes() == p.sizes(), "load_state_dict: state '", kv.key().toStringRef(),
+                    "' of parameter ", param, " has shape ", v.toTensor().sizes(), ", the parameter has shape ",
+                    p.sizes());
         entry.insert(kv.key(), v.toTensor().reshape(-1).narrow(0, range.begin, range.size()).clone());
       } else {
         entry.insert(kv.key(), v);

@@ -1,5 +1,6 @@
 #include "optim/zero_redundancy_optimizer.h"
 
+#include <atomic>
 #include <filesystem>
 
 #include <ATen/ATen.h>
@@ -248,6 +249,52 @@ TEST(ZeroRedundancyOptimizerTest, FlatConsolidatesToPyTorchFormatAndCrossLoads) 
     expect_error([&] { flat.add_param_group(torch::optim::OptimizerParamGroup(make_params({3}))); },
                  "add_param_group is not supported with PartitionStrategy::kFlat yet");
   });
+}
+
+// A state tensor whose shape differs from its parameter's is refused by both strategies with the
+// same words (kFlat used to reshape and cut it into this rank's slice, scrambling the state).
+TEST(ZeroRedundancyOptimizerTest, LoadRefusesStateOfTheWrongShapeUnderEitherStrategy) {
+  for (PartitionStrategy strategy : {PartitionStrategy::kSortedGreedy, PartitionStrategy::kFlat}) {
+    for (const std::vector<int64_t>& bad : std::vector<std::vector<int64_t>>{{5, 4}, {21}, {4, 6}, {3, 5}}) {
+      std::atomic<int> refused{0};
+      run_ranks_as_threads(2, [&](comm::Group& g) {
+        std::vector<at::Tensor> zp = {at::zeros({4, 5}).requires_grad_(), at::zeros({6}).requires_grad_()};
+        ZeroOptions o = zero_options(g, false);
+        o.strategy = strategy;
+        ZeroRedundancyOptimizer zero(zp, local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)), o);
+        c10::impl::GenericDict state(c10::IntType::get(), c10::AnyType::get());
+        for (int64_t i = 0; i < 2; ++i) {
+          c10::impl::GenericDict e(c10::StringType::get(), c10::AnyType::get());
+          e.insert("step", at::scalar_tensor(1.0));
+          e.insert("exp_avg", i == 0 ? at::ones(bad) : at::ones({6}));
+          e.insert("exp_avg_sq", at::ones(zp[i].sizes()));
+          state.insert(i, e);
+        }
+        c10::impl::GenericDict group(c10::StringType::get(), c10::AnyType::get());
+        group.insert("lr", 0.01);
+        group.insert("betas", c10::ivalue::Tuple::create({0.9, 0.999}));
+        group.insert("eps", 1e-8);
+        group.insert("weight_decay", 0.0);
+        group.insert("amsgrad", false);
+        group.insert("params", c10::List<int64_t>({0, 1}));
+        c10::impl::GenericList groups(c10::AnyType::get());
+        groups.push_back(group);
+        c10::impl::GenericDict sd(c10::StringType::get(), c10::AnyType::get());
+        sd.insert("state", state);
+        sd.insert("param_groups", groups);
+        try {
+          zero.load_state_dict(sd);
+        } catch (const c10::Error& e) {
+          EXPECT_THAT(e.what_without_backtrace(), HasSubstr("has shape"));
+          EXPECT_THAT(e.what_without_backtrace(), HasSubstr("[4, 5]"));
+          ++refused;
+        }
+      });
+      // kFlat: both ranks hold a slice of the [4, 5] parameter; sorted-greedy: its one owner.
+      EXPECT_EQ(refused.load(), strategy == PartitionStrategy::kFlat ? 2 : 1)
+          << (strategy == PartitionStrategy::kFlat ? "flat " : "sorted_greedy ") << c10::IntArrayRef(bad);
+    }
+  }
 }
 
 TEST(ZeroRedundancyOptimizerTest, StepWithClosureAndLrScheduler) {
