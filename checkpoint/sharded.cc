@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <numeric>
+#include <optional>
 #include <random>
 
 #include <ATen/ATen.h>
@@ -52,6 +53,18 @@ absl::Status check_param(int64_t index, const ShardedState::Param& p) {
 }
 
 std::string shard_name(const std::string& id, int rank) { return absl::StrCat("shard-", id, "-", rank, ".pt"); }
+
+// A list of ints as the file holds it: typed (List[int]) or not (List[Any], as from Python or
+// dtrain's own writer); nullopt for anything else.
+std::optional<std::vector<int64_t>> int_list(const c10::IValue& v) {
+  if (!v.isList()) return std::nullopt;
+  std::vector<int64_t> out;
+  for (const c10::IValue& e : v.toListRef()) {
+    if (!e.isInt()) return std::nullopt;
+    out.push_back(e.toInt());
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -171,7 +184,13 @@ absl::StatusOr<ShardedInfo> read_sharded_info(const std::string& dir) {
   info.world_size = static_cast<int>(m.at("world_size").toInt());
   info.strategy = m.at("strategy").toStringRef();
   info.save_id = m.at("save_id").toStringRef();
-  for (const auto& kv : m.at("shapes").toGenericDict()) info.shapes[kv.key().toInt()] = kv.value().toIntVector();
+  for (const auto& kv : m.at("shapes").toGenericDict()) {
+    std::optional<std::vector<int64_t>> shape = int_list(kv.value());
+    if (!shape || !kv.key().isInt()) {
+      return absl::DataLossError(absl::StrCat(dir, "/", kMetadata, ": a parameter shape is not a list of ints"));
+    }
+    info.shapes[kv.key().toInt()] = *shape;
+  }
   info.param_groups = m.at("param_groups");
   info.extra = m.at("extra");
   return info;
@@ -217,7 +236,12 @@ absl::StatusOr<ShardedState> load_sharded(const std::string& dir, const std::map
       auto ranges = shards.get(s).toGenericDict().at("ranges").toGenericDict();
       const c10::IValue key(index);
       if (!ranges.contains(key)) continue;
-      const auto r = ranges.at(key).toIntVector();
+      const std::optional<std::vector<int64_t>> r_or = int_list(ranges.at(key));
+      if (!r_or || r_or->size() != 2 || (*r_or)[0] > (*r_or)[1]) {
+        return absl::DataLossError(absl::StrCat("shard ", s, " of ", dir, ": the element range of parameter ", index,
+                                                " is not [begin, end]"));
+      }
+      const std::vector<int64_t>& r = *r_or;
       const int64_t lo = std::max(r[0], range.begin), hi = std::min(r[1], range.end);
       if (hi <= lo && !(range.size() == 0 && r[0] <= range.begin && range.begin <= r[1])) continue;
       absl::StatusOr<Dict> params = shard_params(s);

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "checkpoint/torch_zip_writer.h"
 
 namespace dtrain::checkpoint {
 namespace {
@@ -50,15 +51,18 @@ std::string dir_of(const std::string& path) {
 }  // namespace
 
 absl::Status save_state(const std::string& path, const c10::IValue& state, const SaveOptions& options) {
-  std::vector<char> bytes;
-  try {
-    bytes = torch::jit::pickle_save(state);
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("cannot serialize the state for ", path, ": ", e.what()));
+  // dtrain's own writer: the file Python's torch.save would write, which torch.load reads with
+  // weights_only=True (LibTorch's pickle_save adds globals PyTorch 2.6's default load refuses).
+  absl::StatusOr<std::string> written = write_torch_zip(state);
+  if (!written.ok()) {
+    return absl::Status(written.status().code(),
+                        absl::StrCat("cannot serialize the state for ", path, ": ", written.status().message()));
   }
+  std::vector<char> bytes(written->begin(), written->end());
+  written->clear();
   if (bytes.size() < kEocdSize || std::memcmp(bytes.data() + bytes.size() - kEocdSize, "PK\x05\x06", 4) != 0 ||
       bytes[bytes.size() - 2] != 0 || bytes[bytes.size() - 1] != 0) {
-    return absl::InternalError("LibTorch's serializer produced an unexpected layout (no plain zip trailer)");
+    return absl::InternalError("the zip writer produced an unexpected layout (no plain zip trailer)");
   }
   const std::string trailer =
       absl::StrFormat("%s%08x size=%d", kTrailerPrefix, crc_of(bytes.data(), bytes.size()), bytes.size());

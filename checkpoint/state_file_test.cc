@@ -112,7 +112,7 @@ def walk(prefix, v, out):
     elif isinstance(v, float):
         out.append('%s float %.17g' % (prefix, v))
 out = []
-walk('', torch.load(sys.argv[1]), out)
+walk('', torch.load(sys.argv[1], weights_only=tuple(int(x) for x in torch.__version__.split('.')[:2]) >= (2, 0)), out)
 print('\n'.join(out))
 )";
 

@@ -30,7 +30,8 @@ echo "resumed run: final loss $resumed"
 # 3. The checkpoint is a PyTorch file: torch.load reads it.
 /usr/bin/python3 - "$TMP/a/checkpoint.pt" <<'PY' || fail "torch.load could not read the checkpoint"
 import sys, torch
-ckpt = torch.load(sys.argv[1])
+# weights_only=True: what PyTorch 2.6+ does by default (1.13's weights-only loader cannot read floats)
+ckpt = torch.load(sys.argv[1], weights_only=tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 0))
 assert ckpt["step"] == 40, ckpt["step"]
 assert ckpt["model"]["0.weight"].shape == (256, 32), ckpt["model"]["0.weight"].shape
 state = ckpt["optimizer"]["state"]
