@@ -29,9 +29,12 @@ namespace dtrain::comm {
 using C10dGroup = c10d::Backend;
 // LibTorch 2.x Gloo has reduce_scatter (as _reduce_scatter_base / reduce_scatter_tensor); 1.13's has none.
 inline constexpr bool kGlooHasReduceScatter = true;
+// LibTorch 2.x Gloo reduces bfloat16 tensors; 1.13's fails with "Invalid scalar type".
+inline constexpr bool kGlooReducesBFloat16 = true;
 #else
 using C10dGroup = c10d::ProcessGroup;
 inline constexpr bool kGlooHasReduceScatter = false;
+inline constexpr bool kGlooReducesBFloat16 = false;
 #endif
 
 // TCPStore options with the classic (non-libuv) server. LibTorch 2.4+ defaults to the libuv

@@ -39,9 +39,9 @@ CompressHook::CompressHook(comm::Group group, at::ScalarType dtype) : group_(std
 c10::intrusive_ptr<c10::ivalue::Future> CompressHook::runHook(c10d::GradBucket& bucket) {
   at::Tensor buffer = bucket.getBufferRef();
   at::Tensor compressed = buffer.to(dtype_).div_(group_.size());
-  if (dtype_ == at::kBFloat16 && group_.backend() == "gloo") {
-    // Gloo (LibTorch 1.13) cannot reduce bfloat16: gather the bfloat16 bytes (half the fp32
-    // traffic, as with a bf16 all-reduce) and sum them in fp32 here.
+  if (dtype_ == at::kBFloat16 && group_.backend() == "gloo" && !comm::kGlooReducesBFloat16) {
+    // Gloo in LibTorch 1.13 cannot reduce bfloat16: gather the bfloat16 bytes (half the fp32
+    // traffic, as with a bf16 all-reduce) and sum them in fp32 here. 2.x reduces them itself.
     const int n = group_.size();
     std::vector<at::Tensor> mine = {compressed.view(at::kByte)};
     std::vector<std::vector<at::Tensor>> all(1);

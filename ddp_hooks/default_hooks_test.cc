@@ -34,7 +34,8 @@ struct OneBucket {
 at::Tensor values_for(int rank) { return at::sin(at::arange(27, at::kFloat) * 0.37 + rank); }
 
 TEST(DefaultHooksTest, CompressHooks) {
-  // fp16 all-reduces in fp16; bf16 on Gloo (which cannot reduce bf16) gathers bf16 and sums in fp32.
+  // fp16 all-reduces in fp16; bf16 too on LibTorch 2.x, while 1.13's Gloo (which cannot reduce
+  // bf16) gathers bf16 and sums in fp32.
   run_ranks_as_threads(2, [](comm::Group& g) {
     for (at::ScalarType dtype : {at::kHalf, at::kBFloat16}) {
       CompressHook hook(g, dtype);
@@ -44,13 +45,22 @@ TEST(DefaultHooksTest, CompressHooks) {
       EXPECT_EQ(out.scalar_type(), at::kFloat);
       EXPECT_TRUE(out.allclose(want, 0, dtype == at::kHalf ? 2e-3 : 2e-2)) << dtype;
       EXPECT_FALSE(out.equal(want)) << "values went through " << dtype;
+      if (dtype == at::kBFloat16) {
+        // Bit for bit: LibTorch 2.x's Gloo sums the bf16 halves in bf16, as PyTorch's bf16 hook
+        // does; 1.13's cannot, so dtrain sums the gathered bf16 halves in fp32.
+        const at::Tensor h0 = values_for(0).to(dtype).div_(2), h1 = values_for(1).to(dtype).div_(2);
+        const at::Tensor exact = comm::kGlooReducesBFloat16 ? (h0 + h1).to(at::kFloat) : h0.to(at::kFloat) + h1.to(at::kFloat);
+        EXPECT_TRUE(out.equal(exact));
+      }
     }
   });
 }
 
 TEST(DefaultHooksTest, CompressWrapperAroundAllReduce) {
   run_ranks_as_threads(2, [](comm::Group& g) {
-    for (at::ScalarType dtype : {at::kHalf}) {  // Gloo cannot all-reduce bf16
+    std::vector<at::ScalarType> dtypes = {at::kHalf};
+    if (comm::kGlooReducesBFloat16) dtypes.push_back(at::kBFloat16);  // 1.13's Gloo cannot all-reduce bf16
+    for (at::ScalarType dtype : dtypes) {
       CompressWrapper hook(std::make_unique<AllReduceHook>(g), dtype);
       OneBucket b(values_for(g.rank()));
       at::Tensor out = b.run(hook);
