@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "checkpoint/torch_zip_writer.h"
+#include "checkpoint/zip_check.h"
 
 namespace dtrain::checkpoint {
 namespace {
@@ -137,21 +138,44 @@ absl::StatusOr<c10::IValue> load_state(const std::string& path) {
   }
   ::close(fd);
 
-  // Find our trailer: the comment at the very end, announced by the EOCD comment length.
-  const std::string prefix = kTrailerPrefix;
-  const size_t pos = std::string_view(bytes.data(), bytes.size()).rfind(prefix);
-  if (pos != std::string::npos && pos >= kEocdSize) {
+  // Nothing reaches LibTorch's reader unverified: the zip's structure and every entry's CRC-32
+  // first (the end record must end exactly at the end of the file), then our trailer when the
+  // comment carries one.
+  const std::string_view all(bytes.data(), bytes.size());
+  if (bytes.size() >= 2 && static_cast<unsigned char>(bytes[0]) == 0x80 && bytes.size() >= 4 &&
+      std::memcmp(bytes.data() + 2, "\x8a\x0a", 2) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "state file ", path, " is in PyTorch's legacy (pre-1.6) format, which dtrain does not read: in Python, "
+        "load it and save it again with torch.save(obj, path, _use_new_zipfile_serialization=True)"));
+  }
+  absl::StatusOr<ZipSummary> zip = check_zip(all, path);
+  if (!zip.ok()) {
+    // A dtrain trailer near the end that the zip structure does not account for: cut inside it,
+    // bytes appended after it, or its length field damaged.
+    if (all.substr(bytes.size() > 256 ? bytes.size() - 256 : 0).find("dtrain-state-file") == std::string_view::npos) {
+      return zip.status();
+    }
+    return absl::DataLossError(absl::StrCat("state file ", path, " has a damaged or misplaced dtrain trailer (",
+                                            zip.status().message(), ")"));
+  }
+  std::vector<char> content;
+  if (zip->comment.substr(0, 17) == "dtrain-state-file") {
+    const std::string prefix = kTrailerPrefix;
+    const std::string trailer(zip->comment);
     unsigned crc = 0;
     unsigned long long size = 0;
-    const std::string trailer(bytes.data() + pos, bytes.size() - pos);
-    if (std::sscanf(trailer.c_str() + prefix.size(), "%8x size=%llu", &crc, &size) != 2) {
+    int consumed = 0;
+    if (trailer.compare(0, prefix.size(), prefix) != 0 ||
+        std::sscanf(trailer.c_str() + prefix.size(), "%8x size=%llu%n", &crc, &size, &consumed) != 2 ||
+        prefix.size() + static_cast<size_t>(consumed) != trailer.size()) {
       return absl::DataLossError(absl::StrCat("state file ", path, " has a damaged trailer"));
     }
+    const size_t pos = zip->eocd_offset + kEocdSize;
     if (size != pos) {
       return absl::DataLossError(absl::StrCat("state file ", path, " is truncated or padded: its trailer says ",
                                               size, " bytes of content, found ", pos));
     }
-    std::vector<char> content(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(pos));
+    content.assign(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(pos));
     content[pos - 2] = 0;  // restore the comment-less trailer the checksum was taken over
     content[pos - 1] = 0;
     const uint32_t actual = crc_of(content.data(), content.size());
@@ -159,24 +183,15 @@ absl::StatusOr<c10::IValue> load_state(const std::string& path) {
       return absl::DataLossError(absl::StrFormat("state file %s is corrupted: checksum %08x, expected %08x", path,
                                                  actual, crc));
     }
-    try {
-      return torch::jit::pickle_load(content);
-    } catch (const std::exception& e) {
-      return absl::DataLossError(absl::StrCat("state file ", path, " passed its checksum but cannot be decoded: ",
-                                              e.what()));
-    }
+  } else {
+    // Python's torch.save (no trailer): every entry's CRC-32 was verified above.
+    content = std::move(bytes);
   }
-  if (bytes.size() < 4 || std::memcmp(bytes.data(), "PK\x03\x04", 4) != 0) {
-    return absl::DataLossError(absl::StrCat("state file ", path, " is not a state file (", bytes.size(),
-                                            " bytes, no zip header): truncated, overwritten or another format"));
-  }
-  // A zip without our trailer: Python's torch.save, or a dtrain file whose end was cut off.
   try {
-    return torch::jit::pickle_load(bytes);
+    return torch::jit::pickle_load(content);
   } catch (const std::exception& e) {
-    return absl::DataLossError(absl::StrCat("state file ", path, " has no dtrain checksum trailer (truncated, or "
-                                            "written by another tool) and LibTorch cannot read it: ",
-                                            std::string(e.what()).substr(0, 200)));
+    return absl::DataLossError(absl::StrCat("state file ", path, " passed its checksums but LibTorch cannot "
+                                            "decode it: ", std::string(e.what()).substr(0, 200)));
   }
 }
 
