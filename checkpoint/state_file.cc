@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include <cerrno>
 #include <cstring>
@@ -32,16 +31,6 @@ absl::Status os_error(const std::string& what, const std::string& path) {
   return absl::UnavailableError(msg);
 }
 
-uint32_t crc_of(const char* data, size_t size) {
-  uLong crc = crc32(0L, Z_NULL, 0);
-  // zlib takes uInt lengths: feed large buffers in pieces.
-  constexpr size_t kPiece = size_t{1} << 30;
-  for (size_t off = 0; off < size; off += kPiece) {
-    crc = crc32(crc, reinterpret_cast<const Bytef*>(data + off), static_cast<uInt>(std::min(kPiece, size - off)));
-  }
-  return static_cast<uint32_t>(crc);
-}
-
 std::string dir_of(const std::string& path) {
   const size_t slash = path.rfind('/');
   if (slash == std::string::npos) return ".";
@@ -66,7 +55,7 @@ absl::Status save_state(const std::string& path, const c10::IValue& state, const
     return absl::InternalError("the zip writer produced an unexpected layout (no plain zip trailer)");
   }
   const std::string trailer =
-      absl::StrFormat("%s%08x size=%d", kTrailerPrefix, crc_of(bytes.data(), bytes.size()), bytes.size());
+      absl::StrFormat("%s%08x size=%d", kTrailerPrefix, crc32_of(bytes.data(), bytes.size()), bytes.size());
   bytes[bytes.size() - 2] = static_cast<char>(trailer.size() & 0xff);
   bytes[bytes.size() - 1] = static_cast<char>(trailer.size() >> 8);
   bytes.insert(bytes.end(), trailer.begin(), trailer.end());
@@ -178,7 +167,7 @@ absl::StatusOr<c10::IValue> load_state(const std::string& path) {
     content.assign(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(pos));
     content[pos - 2] = 0;  // restore the comment-less trailer the checksum was taken over
     content[pos - 1] = 0;
-    const uint32_t actual = crc_of(content.data(), content.size());
+    const uint32_t actual = crc32_of(content.data(), content.size());
     if (actual != crc) {
       return absl::DataLossError(absl::StrFormat("state file %s is corrupted: checksum %08x, expected %08x", path,
                                                  actual, crc));

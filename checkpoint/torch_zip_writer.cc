@@ -1,7 +1,5 @@
 #include "checkpoint/torch_zip_writer.h"
 
-#include <zlib.h>
-
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -13,6 +11,7 @@
 #include <c10/core/ScalarType.h>
 
 #include "absl/strings/str_cat.h"
+#include "checkpoint/zip_check.h"
 
 namespace dtrain::checkpoint {
 namespace {
@@ -191,7 +190,7 @@ class ZipWriter {
   // Adds a stored entry whose data starts at a multiple of 64 bytes (padding in the local header's
   // extra field, id "FB", as PyTorch's writer does).
   void add(const std::string& name, const char* data, size_t size) {
-    const uint32_t crc = crc_of(data, size);
+    const uint32_t crc = crc32_of(data, size);
     const size_t header_end = out_.size() + 30 + name.size() + 4;
     const size_t pad = (64 - header_end % 64) % 64;
     Entry e{name, crc, size, out_.size()};
@@ -261,14 +260,6 @@ class ZipWriter {
     size_t size;
     size_t offset;
   };
-  static uint32_t crc_of(const char* data, size_t size) {
-    uLong crc = crc32(0L, Z_NULL, 0);
-    constexpr size_t kPiece = size_t{1} << 30;
-    for (size_t off = 0; off < size; off += kPiece) {
-      crc = crc32(crc, reinterpret_cast<const Bytef*>(data + off), static_cast<uInt>(std::min(kPiece, size - off)));
-    }
-    return static_cast<uint32_t>(crc);
-  }
   std::string out_;
   std::vector<Entry> entries_;
 };

@@ -25,7 +25,9 @@ struct Reader {
   }
 };
 
-uint32_t crc_of(const char* data, uint64_t size) {
+}  // namespace
+
+uint32_t crc32_of(const char* data, uint64_t size) {
   uLong crc = crc32(0L, Z_NULL, 0);
   constexpr uint64_t kPiece = uint64_t{1} << 30;
   for (uint64_t off = 0; off < size; off += kPiece) {
@@ -33,8 +35,6 @@ uint32_t crc_of(const char* data, uint64_t size) {
   }
   return static_cast<uint32_t>(crc);
 }
-
-}  // namespace
 
 absl::StatusOr<ZipSummary> check_zip(std::string_view bytes, const std::string& name) {
   const Reader r{bytes};
@@ -104,7 +104,7 @@ absl::StatusOr<ZipSummary> check_zip(std::string_view bytes, const std::string& 
     }
     const uint64_t data = local + kLocalSize + r.le(local + 26, 2) + r.le(local + 28, 2);
     if (!r.has(data, size) || data + size > cd_offset) return loss(absl::StrCat("entry ", entry, "'s data is out of bounds"));
-    if (crc_of(bytes.data() + data, size) != crc) {
+    if (crc32_of(bytes.data() + data, size) != crc) {
       return loss(absl::StrCat("entry ", entry, " fails its CRC-32 (corrupted bytes)"));
     }
     at += kCentralSize + name_len + extra_len + comment_len;

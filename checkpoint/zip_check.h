@@ -25,6 +25,9 @@ struct ZipSummary {
   int64_t entries = 0;
 };
 
+// The CRC-32 (zlib's, as zip uses) of `size` bytes at `data`, fed to zlib in pieces it can take.
+uint32_t crc32_of(const char* data, uint64_t size);
+
 // Errors: DataLoss (truncated, bytes appended, an entry out of bounds, a CRC mismatch: the message
 // names `name`, the entry and what is wrong), InvalidArgument (a well-formed zip dtrain does not
 // read: compressed or encrypted entries, multi-disk archives).
