@@ -4,16 +4,20 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <random>
+#include <string_view>
+#include <vector>
 
-#include <torch/csrc/jit/serialization/pickle.h>
-
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "checkpoint/torch_zip_writer.h"
-#include "checkpoint/zip_check.h"
+#include "checkpoint/stored_zip.h"
+#include "checkpoint/torch_file_reader.h"
+#include "checkpoint/torch_file_writer.h"
 
 namespace dtrain::checkpoint {
 namespace {
@@ -31,6 +35,99 @@ absl::Status os_error(const std::string& what, const std::string& path) {
   return absl::UnavailableError(msg);
 }
 
+bool starts_with(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
+bool contains(std::string_view s, std::string_view part) { return s.find(part) != std::string_view::npos; }
+
+constexpr char kUseAnotherCopy[] = "The file cannot be used as it is: load another copy, or save it again";
+
+std::string printable(std::string_view s) {
+  std::string out;
+  for (char c : s) out.push_back(c >= 0x20 && c < 0x7f ? c : '?');
+  return out;
+}
+
+// What the end record's comment is: nothing (torch.save), dtrain's trailer (exactly its grammar),
+// a damaged trailer (close to it: a single damaged byte or bit anywhere in it is caught), or a
+// comment of another zip tool (nothing like it).
+enum class Comment { kNone, kTrailer, kDamaged, kForeign };
+
+struct Trailer {
+  uint32_t crc = 0;
+  uint64_t size = 0;
+};
+
+// Parses exactly kTrailerPrefix, 8 lowercase hex digits, " size=", 1-20 decimal digits.
+std::optional<Trailer> parse_trailer(std::string_view c) {
+  const std::string_view prefix = kTrailerPrefix;
+  if (!starts_with(c, prefix)) return std::nullopt;
+  c.remove_prefix(prefix.size());
+  Trailer t;
+  if (c.size() < 8) return std::nullopt;
+  for (char h : c.substr(0, 8)) {
+    const int digit = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 : -1;
+    if (digit < 0) return std::nullopt;
+    t.crc = (t.crc << 4) | static_cast<uint32_t>(digit);
+  }
+  c.remove_prefix(8);
+  if (!starts_with(c, " size=")) return std::nullopt;
+  c.remove_prefix(6);
+  if (c.empty() || c.size() > 20 || (c.size() > 1 && c[0] == '0')) return std::nullopt;
+  for (char d : c) {
+    if (d < '0' || d > '9') return std::nullopt;
+  }
+  if (!absl::SimpleAtoi(std::string(c), &t.size)) return std::nullopt;
+  return t;
+}
+
+Comment classify(std::string_view comment) {
+  if (comment.empty()) return Comment::kNone;
+  if (parse_trailer(comment)) return Comment::kTrailer;
+  const std::string_view prefix = kTrailerPrefix;
+  size_t same = 0;
+  for (size_t i = 0; i < std::min(prefix.size(), comment.size()); ++i) same += comment[i] == prefix[i];
+  const bool close = 2 * same >= prefix.size() || contains(comment, "dtrain-state") ||
+                     contains(comment, " crc32=") || contains(comment, " size=");
+  return close ? Comment::kDamaged : Comment::kForeign;
+}
+
+absl::Status verify_trailer(std::string_view all, uint64_t eocd, std::string_view comment, const std::string& name) {
+  const Trailer t = *parse_trailer(comment);
+  const uint64_t content = eocd + kEocdSize;  // the bytes the checksum covers
+  if (t.size != content) {
+    return absl::DataLossError(absl::StrCat(name, " is damaged: its trailer says ", t.size,
+                                            " bytes of zip precede it, the file has ", content, ". ",
+                                            kUseAnotherCopy));
+  }
+  // The checksum was taken with the comment length still 0: the last two bytes before the comment.
+  static constexpr char kZeroLength[2] = {0, 0};
+  const uint32_t actual = crc32_of(std::string_view(kZeroLength, 2), crc32_of(all.substr(0, content - 2)));
+  if (actual != t.crc) {
+    return absl::DataLossError(absl::StrFormat("%s is corrupted: checksum %08x, expected %08x (its trailer). %s",
+                                               name, actual, t.crc, kUseAnotherCopy));
+  }
+  return absl::OkStatus();
+}
+
+// For a file whose zip structure is broken: when an end record followed by something like a
+// dtrain trailer sits near the end, says how the trailer fails to end the file.
+absl::Status misplaced_trailer(std::string_view all, const std::string& name) {
+  const size_t lowest = all.size() > kEocdSize + 0xffff + 64 ? all.size() - kEocdSize - 0xffff - 64 : 0;
+  for (size_t p = all.size() >= kEocdSize ? all.size() - kEocdSize + 1 : 0; p-- > lowest;) {
+    if (all.compare(p, 4, "PK\x05\x06") != 0) continue;
+    const std::string_view after = all.substr(p + kEocdSize);
+    const size_t announced = static_cast<unsigned char>(all[p + 20]) | static_cast<unsigned char>(all[p + 21]) << 8;
+    const std::string_view prefix = std::string_view(kTrailerPrefix).substr(0, std::min<size_t>(after.size(), 10));
+    if (after.empty() ? announced == 0 : !starts_with(after, prefix)) continue;
+    return absl::DataLossError(absl::StrCat(
+        name, " is damaged: its dtrain trailer does not end the file: the zip's end record announces a ",
+        announced, "-byte comment but ", after.size(), " bytes follow it (",
+        after.size() < announced ? "the file was cut inside its trailer"
+                                 : "bytes were appended after its trailer",
+        ", or the record is damaged). ", kUseAnotherCopy));
+  }
+  return absl::OkStatus();
+}
+
 std::string dir_of(const std::string& path) {
   const size_t slash = path.rfind('/');
   if (slash == std::string::npos) return ".";
@@ -43,7 +140,7 @@ std::string dir_of(const std::string& path) {
 absl::Status save_state(const std::string& path, const c10::IValue& state, const SaveOptions& options) {
   // dtrain's own writer: the file Python's torch.save would write, which torch.load reads with
   // weights_only=True (LibTorch's pickle_save adds globals PyTorch 2.6's default load refuses).
-  absl::StatusOr<std::string> written = write_torch_zip(state);
+  absl::StatusOr<std::string> written = write_torch_file(state);
   if (!written.ok()) {
     return absl::Status(written.status().code(),
                         absl::StrCat("cannot serialize the state for ", path, ": ", written.status().message()));
@@ -55,7 +152,7 @@ absl::Status save_state(const std::string& path, const c10::IValue& state, const
     return absl::InternalError("the zip writer produced an unexpected layout (no plain zip trailer)");
   }
   const std::string trailer =
-      absl::StrFormat("%s%08x size=%d", kTrailerPrefix, crc32_of(bytes.data(), bytes.size()), bytes.size());
+      absl::StrFormat("%s%08x size=%d", kTrailerPrefix, crc32_of(std::string_view(bytes.data(), bytes.size())), bytes.size());
   bytes[bytes.size() - 2] = static_cast<char>(trailer.size() & 0xff);
   bytes[bytes.size() - 1] = static_cast<char>(trailer.size() >> 8);
   bytes.insert(bytes.end(), trailer.begin(), trailer.end());
@@ -127,61 +224,30 @@ absl::StatusOr<c10::IValue> load_state(const std::string& path) {
   }
   ::close(fd);
 
-  // Nothing reaches LibTorch's reader unverified: the zip's structure and every entry's CRC-32
-  // first (the end record must end exactly at the end of the file), then our trailer when the
-  // comment carries one.
+  // The zip's own structure decides whether a trailer is there: the end record that ends the file
+  // carries it as its comment. Nothing is searched for, so no damage can hide a trailer.
   const std::string_view all(bytes.data(), bytes.size());
-  if (bytes.size() >= 2 && static_cast<unsigned char>(bytes[0]) == 0x80 && bytes.size() >= 4 &&
-      std::memcmp(bytes.data() + 2, "\x8a\x0a", 2) == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "state file ", path, " is in PyTorch's legacy (pre-1.6) format, which dtrain does not read: in Python, "
-        "load it and save it again with torch.save(obj, path, _use_new_zipfile_serialization=True)"));
+  const std::string name = absl::StrCat("state file ", path);
+  const std::optional<uint64_t> eocd = find_end_record(all);
+  if (!eocd) {
+    if (absl::Status trailer = misplaced_trailer(all, name); !trailer.ok()) return trailer;
+    return read_torch_file(all, name);  // its error: legacy format, not a zip, truncated
   }
-  absl::StatusOr<ZipSummary> zip = check_zip(all, path);
-  if (!zip.ok()) {
-    // A dtrain trailer near the end that the zip structure does not account for: cut inside it,
-    // bytes appended after it, or its length field damaged.
-    if (all.substr(bytes.size() > 256 ? bytes.size() - 256 : 0).find("dtrain-state-file") == std::string_view::npos) {
-      return zip.status();
-    }
-    return absl::DataLossError(absl::StrCat("state file ", path, " has a damaged or misplaced dtrain trailer (",
-                                            zip.status().message(), ")"));
+  const std::string_view comment = all.substr(*eocd + kEocdSize);
+  TorchFileReadOptions options;
+  switch (classify(comment)) {
+    case Comment::kNone:     // torch.save's files: every entry's CRC-32 is verified by the reader
+    case Comment::kForeign:  // a comment some other zip tool wrote: likewise
+      break;
+    case Comment::kDamaged:
+      return absl::DataLossError(absl::StrCat(name, " is damaged: its dtrain trailer (the zip comment) is malformed: \"",
+                                              printable(comment.substr(0, 80)), "\". ", kUseAnotherCopy));
+    case Comment::kTrailer:
+      if (absl::Status s = verify_trailer(all, *eocd, comment, name); !s.ok()) return s;
+      options.verify_entry_crcs = false;  // the whole file's CRC-32 just covered every entry
+      break;
   }
-  std::vector<char> content;
-  if (zip->comment.substr(0, 17) == "dtrain-state-file") {
-    const std::string prefix = kTrailerPrefix;
-    const std::string trailer(zip->comment);
-    unsigned crc = 0;
-    unsigned long long size = 0;
-    int consumed = 0;
-    if (trailer.compare(0, prefix.size(), prefix) != 0 ||
-        std::sscanf(trailer.c_str() + prefix.size(), "%8x size=%llu%n", &crc, &size, &consumed) != 2 ||
-        prefix.size() + static_cast<size_t>(consumed) != trailer.size()) {
-      return absl::DataLossError(absl::StrCat("state file ", path, " has a damaged trailer"));
-    }
-    const size_t pos = zip->eocd_offset + kEocdSize;
-    if (size != pos) {
-      return absl::DataLossError(absl::StrCat("state file ", path, " is truncated or padded: its trailer says ",
-                                              size, " bytes of content, found ", pos));
-    }
-    content.assign(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(pos));
-    content[pos - 2] = 0;  // restore the comment-less trailer the checksum was taken over
-    content[pos - 1] = 0;
-    const uint32_t actual = crc32_of(content.data(), content.size());
-    if (actual != crc) {
-      return absl::DataLossError(absl::StrFormat("state file %s is corrupted: checksum %08x, expected %08x", path,
-                                                 actual, crc));
-    }
-  } else {
-    // Python's torch.save (no trailer): every entry's CRC-32 was verified above.
-    content = std::move(bytes);
-  }
-  try {
-    return torch::jit::pickle_load(content);
-  } catch (const std::exception& e) {
-    return absl::DataLossError(absl::StrCat("state file ", path, " passed its checksums but LibTorch cannot "
-                                            "decode it: ", std::string(e.what()).substr(0, 200)));
-  }
+  return read_torch_file(all, name, options);
 }
 
 }  // namespace dtrain::checkpoint

@@ -1,9 +1,8 @@
 // State files: one c10::IValue (a dict of model state, optimizer state, step, world size...) per
-// file, in the zip format Python's torch.load reads with stock PyTorch. Writes are atomic
-// (temporary file in the same directory, fsync, rename, fsync of the directory): a crash leaves the
-// old file or the new one, never a torn one. A CRC-32 of the contents is kept in the zip comment
-// and verified at load, so a truncated or corrupted file is an error naming it, never a crash or
-// a silently wrong tensor.
+// file, in PyTorch's own file format, which Python's torch.load reads (weights_only=True included).
+// Writes are atomic (temporary file in the same directory, fsync, rename, fsync of the directory):
+// a crash leaves the old file or the new one, never a torn one. A CRC-32 of the whole file is kept
+// in a trailer (the zip comment) and verified at load.
 //
 //   c10::impl::GenericDict ckpt(c10::StringType::get(), c10::AnyType::get());
 //   ckpt.insert("optimizer", optimizer.state_dict());
@@ -11,6 +10,21 @@
 //   absl::Status s = dtrain::checkpoint::save_state("/ckpt/step1000.pt", ckpt);
 //   absl::StatusOr<c10::IValue> back = dtrain::checkpoint::load_state("/ckpt/step1000.pt");
 //   // Python: torch.load("/ckpt/step1000.pt") -> {'optimizer': {...}, 'step': 1000}
+//
+// load_state reads, with dtrain's own reader (checkpoint/torch_file_reader.h; never LibTorch's
+// unpickler, never code from the file):
+//   - files save_state wrote: the zip's end record must end the file and its comment must be the
+//     trailer "dtrain-state-file v1 crc32=<8 hex> size=<bytes before the comment>", whose size and
+//     whole-file CRC-32 must verify; a file cut inside the trailer, with bytes appended after it, or
+//     with any byte of the trailer damaged is DataLoss, never loaded unverified;
+//   - files Python's torch.save (PyTorch 1.6 and later, 1.13 and 2.x) or LibTorch's pickle_save
+//     wrote, which have no zip comment: the zip's per-entry CRC-32s are verified before anything
+//     is unpickled; plain state dicts are read (tensors of the standard dtypes, Parameters as
+//     tensors, numbers, str, bool, None, dicts/OrderedDicts, lists, tuples), as
+//     torch.load(weights_only=True) reads them.
+// It refuses (InvalidArgument, naming the file and what to do): the legacy pre-1.6 format,
+// TorchScript archives, compressed entries, big-endian files, and any pickle that names a Python
+// global outside a short allow-list (objects, functions: the message names the global).
 #ifndef DTRAIN_CHECKPOINT_STATE_FILE_H_
 #define DTRAIN_CHECKPOINT_STATE_FILE_H_
 
@@ -37,10 +51,12 @@ struct SaveOptions {
 // the message names the path and the OS error).
 absl::Status save_state(const std::string& path, const c10::IValue& state, const SaveOptions& options = {});
 
-// Reads a file written by save_state, verifying its size and checksum first. Errors: NotFound
-// (no such file), DataLoss (truncated or corrupted: names the file and what is wrong),
-// InvalidArgument (not a dtrain state file and not readable by LibTorch either).
-// Files written by Python's torch.save carry no checksum; LibTorch 1.13 reads some of them.
+// Reads a file written by save_state or by PyTorch's torch.save (see above), every byte verified
+// by a checksum before it is decoded. Dicts come back as c10::impl::GenericDict (Any keys and
+// values), lists as c10::impl::GenericList (Any), tensors on the CPU. Errors: NotFound (no such
+// file), PermissionDenied/Unavailable (I/O), DataLoss (truncated, bytes appended, corrupted, a
+// damaged trailer: names the file and what is wrong), InvalidArgument (a file dtrain does not
+// read: the list above). Never a crash on any bytes. Thread safety: safe to call concurrently.
 absl::StatusOr<c10::IValue> load_state(const std::string& path);
 
 }  // namespace dtrain::checkpoint

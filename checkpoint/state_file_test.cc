@@ -3,18 +3,19 @@
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
-#include <sstream>
+#include <limits>
 
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/jit/serialization/pickle.h>
 
-#include "absl/strings/str_format.h"
+#include "absl/strings/str_cat.h"
+#include "checkpoint/python_test_files.h"
 
 namespace dtrain::checkpoint {
 namespace {
@@ -57,97 +58,89 @@ Dict sample() {
   return d;
 }
 
-// One line per leaf, "path kind details", the way the Python side below prints it.
-void digest(const std::string& prefix, const c10::IValue& v, std::vector<std::string>& out) {
-  if (v.isGenericDict() || v.isList()) {
-    std::vector<std::pair<std::string, c10::IValue>> items;
-    if (v.isList()) {
-      const auto list = v.toList();
-      for (size_t i = 0; i < list.size(); ++i) items.emplace_back(std::to_string(i), list.get(i));
-    } else {
-      for (const auto& kv : v.toGenericDict()) {
-        items.emplace_back(kv.key().isInt() ? std::to_string(kv.key().toInt()) : kv.key().toStringRef(), kv.value());
-      }
-    }
-    std::sort(items.begin(), items.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-    for (const auto& [k, child] : items) digest(prefix + "/" + k, child, out);
-  } else if (v.isTensor()) {
-    at::Tensor t = v.toTensor().contiguous();
-    std::string shape;
-    for (size_t i = 0; i < static_cast<size_t>(t.dim()); ++i) shape += (i ? ", " : "") + std::to_string(t.size(i));
-    const std::map<at::ScalarType, std::string> names = {{at::kFloat, "torch.float32"}, {at::kDouble, "torch.float64"},
-                                                         {at::kLong, "torch.int64"}, {at::kBool, "torch.bool"}};
-    const uint32_t crc = static_cast<uint32_t>(crc32(0, static_cast<const Bytef*>(t.data_ptr()), t.nbytes()));
-    out.push_back(absl::StrFormat("%s tensor %s [%s] %08x", prefix, names.at(t.scalar_type()), shape, crc));
-  } else if (v.isBool()) {
-    out.push_back(prefix + (v.toBool() ? " bool True" : " bool False"));
-  } else if (v.isInt()) {
-    out.push_back(prefix + " int " + std::to_string(v.toInt()));
-  } else if (v.isDouble()) {
-    out.push_back(absl::StrFormat("%s float %.17g", prefix, v.toDouble()));
-  } else if (v.isString()) {
-    out.push_back(prefix + " str '" + v.toStringRef() + "'");
-  } else if (v.isNone()) {
-    out.push_back(prefix + " NoneType None");
-  }
-}
+std::vector<std::string> digest(const c10::IValue& v) { return testing::digest(v); }
 
-constexpr char kPythonDigest[] = R"(
-import sys, zlib, torch
-def walk(prefix, v, out):
-    if isinstance(v, dict):
-        for k in sorted(v, key=str):
-            walk(prefix + '/' + str(k), v[k], out)
-    elif torch.is_tensor(v):
-        t = v.contiguous()
-        out.append('%s tensor %s [%s] %08x' % (prefix, t.dtype, ', '.join(str(s) for s in t.shape),
-                                               zlib.crc32(t.numpy().tobytes())))
-    elif isinstance(v, list):
-        for i in sorted(range(len(v)), key=str):
-            walk(prefix + '/' + str(i), v[i], out)
-    elif isinstance(v, bool) or v is None or isinstance(v, str):
-        out.append('%s %s %r' % (prefix, type(v).__name__, v))
-    elif isinstance(v, int):
-        out.append('%s int %d' % (prefix, v))
-    elif isinstance(v, float):
-        out.append('%s float %.17g' % (prefix, v))
-out = []
-walk('', torch.load(sys.argv[1], weights_only=tuple(int(x) for x in torch.__version__.split('.')[:2]) >= (2, 0)), out)
-print('\n'.join(out))
-)";
+// Every kind of value save_state takes: every dtype, views sharing a storage, non-contiguous and
+// offset views, empty and 0-d tensors, requires_grad, nested dicts (str, int, float, bool keys),
+// lists (generic and typed), tuples, str, int, float (NaN, -0.0), bool, None.
+Dict every_kind_of_value() {
+  Dict d(c10::StringType::get(), c10::AnyType::get());
+  Dict tensors(c10::StringType::get(), c10::AnyType::get());
+  for (at::ScalarType t : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kLong, at::kInt, at::kShort,
+                           at::kChar, at::kByte, at::kBool, at::kComplexFloat, at::kComplexDouble}) {
+    tensors.insert(c10::toString(t), at::arange(-6, 6, at::kDouble).mul(0.75).reshape({3, 4}).to(t));
+  }
+  d.insert("tensors", tensors);
+  at::Tensor base = at::arange(24, at::kFloat);
+  d.insert("base", base);
+  d.insert("slice", base.narrow(0, 2, 6));
+  d.insert("transposed", base.view({4, 6}).t());
+  d.insert("strided", base.slice(0, 1, 24, 5));
+  d.insert("empty", at::empty({0, 3}, at::kFloat));
+  d.insert("scalar", at::scalar_tensor(2.5, at::kDouble));
+  d.insert("grad", at::ones({2}, at::kFloat).requires_grad_(true));
+  Dict keys(c10::AnyType::get(), c10::AnyType::get());
+  keys.insert(int64_t{3}, std::string("int"));
+  keys.insert(1.5, std::string("float"));
+  keys.insert(true, std::string("bool"));
+  d.insert("keys", keys);
+  c10::impl::GenericList list(c10::AnyType::get());
+  list.push_back(int64_t{-(int64_t{1} << 62)});
+  list.push_back(std::numeric_limits<double>::quiet_NaN());
+  list.push_back(-0.0);
+  list.push_back(c10::ivalue::Tuple::create({c10::IValue(std::string("\xc3\xa9")), c10::IValue()}));
+  list.push_back(c10::List<int64_t>({1, 2}));
+  d.insert("list", list);
+  return d;
+}
 
 TEST(StateFileTest, RoundTrip) {
   const std::string path = temp_dir() + "/ckpt.pt";
   ASSERT_TRUE(save_state(path, sample()).ok());
   auto back = load_state(path);
   ASSERT_TRUE(back.ok()) << back.status();
-  std::vector<std::string> want, got;
-  digest("", sample(), want);
-  digest("", *back, got);
-  EXPECT_EQ(got, want);
+  EXPECT_EQ(digest(*back), digest(sample()));
+}
+
+// What load_state returns has the IValue types LibTorch's own unpickler gives the same file
+// (other code calls toGenericDict(), toList(), toTensor() on it), and the values saved.
+TEST(StateFileTest, RoundTripsEveryKindOfValueWithLibTorchsTypes) {
+  const std::string path = temp_dir() + "/every.pt";
+  ASSERT_TRUE(save_state(path, every_kind_of_value()).ok());
+  auto back = load_state(path);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(digest(*back), digest(every_kind_of_value()));
+  std::ifstream in(path, std::ios::binary);
+  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), {});
+  const c10::IValue libtorch = torch::jit::pickle_load(bytes);
+  std::vector<std::string> ours_types, libtorch_types;
+  for (const auto& [v, out] : {std::make_pair(*back, &ours_types), std::make_pair(libtorch, &libtorch_types)}) {
+    for (const auto& kv : v.toGenericDict()) out->push_back(kv.key().toStringRef() + ": " + kv.value().type()->str());
+    out->push_back(v.type()->str());
+  }
+  EXPECT_EQ(ours_types, libtorch_types);
+  EXPECT_EQ(back->type()->str(), "Dict(Any, Any)");
+  const Dict d = back->toGenericDict();
+  EXPECT_TRUE(d.at("slice").toTensor().storage().is_alias_of(d.at("transposed").toTensor().storage()));
+  EXPECT_FALSE(d.at("transposed").toTensor().is_contiguous());
 }
 
 TEST(StateFileTest, PythonTorchLoadReadsTheSameDict) {
-  const std::string dir = temp_dir();
-  const std::string path = dir + "/ckpt.pt";
-  ASSERT_TRUE(save_state(path, sample()).ok());
-  const std::string script = dir + "/digest.py";
-  std::ofstream(script) << kPythonDigest;
-  FILE* p = ::popen(("/usr/bin/python3 " + script + " " + path + " 2>&1").c_str(), "r");
-  ASSERT_NE(p, nullptr);
+  const std::string path = temp_dir() + "/ckpt.pt";
+  ASSERT_TRUE(save_state(path, every_kind_of_value()).ok());
   std::string output;
-  char buf[4096];
-  for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) output.append(buf, n);
-  const int rc = ::pclose(p);
-  ASSERT_EQ(rc, 0) << "python3 failed (is python3-torch installed? ./bazelw installs it):\n" << output;
-  std::vector<std::string> want;
-  digest("", sample(), want);
+  const int rc = testing::run_command(
+      absl::StrCat(testing::python_binary(), " ", testing::kScript, " digest ", path), &output);
+  ASSERT_EQ(rc, 0) << "python failed (is python3-torch installed? ./bazelw installs it):\n" << output;
   std::vector<std::string> lines;
   std::istringstream in(output);
   for (std::string line; std::getline(in, line);) {
-    if (line.find("Warning") == std::string::npos && !line.empty() && line[0] == '/') lines.push_back(line);
+    if (line.find("Warning") == std::string::npos && (line.empty() || line[0] == ' ' || line[0] == '/')) {
+      lines.push_back(line);
+    }
   }
-  EXPECT_EQ(lines, want) << output;
+  // Python prints NaN's bits as it holds them; LibTorch's and Python's quiet NaN agree.
+  EXPECT_EQ(lines, digest(every_kind_of_value())) << output;
 }
 
 std::string read_all(const std::string& path) {
@@ -191,6 +184,75 @@ TEST(StateFileTest, CorruptedTruncatedAndMissingFiles) {
   EXPECT_THAT(std::string(no_dir.message()), HasSubstr("/nonexistent-dir/x.pt"));
 }
 
+// `good` with its end record's comment replaced by `comment`.
+std::string with_comment(const std::string& good, const std::string& comment) {
+  const size_t eocd = good.rfind("PK\x05\x06");
+  std::string b = good.substr(0, eocd + 22);
+  b[eocd + 20] = static_cast<char>(comment.size() & 0xff);
+  b[eocd + 21] = static_cast<char>(comment.size() >> 8);
+  return b + comment;
+}
+
+TEST(StateFileTest, TrailerMustVerifyAndEndTheFile) {
+  const std::string path = temp_dir() + "/ckpt.pt";
+  ASSERT_TRUE(save_state(path, sample()).ok());
+  const std::string good = read_all(path);
+  const size_t trailer = good.rfind("dtrain-state-file v1 crc32=");
+  ASSERT_NE(trailer, std::string::npos);
+  ASSERT_GE(good.size() - trailer, 42u) << good.substr(trailer);  // "...crc32=xxxxxxxx size=NNNN"
+  auto expect_loss = [&](const std::string& bytes, const std::string& what, const std::string& why) {
+    write_all(path, bytes);
+    absl::StatusOr<c10::IValue> v = load_state(path);
+    EXPECT_EQ(v.status().code(), absl::StatusCode::kDataLoss) << why << ": " << v.status();
+    EXPECT_THAT(std::string(v.status().message()), HasSubstr("state file " + path)) << why;
+    EXPECT_THAT(std::string(v.status().message()), HasSubstr(what)) << why;
+  };
+  for (size_t cut = trailer; cut < good.size(); ++cut) {
+    expect_loss(good.substr(0, cut), "the file was cut inside its trailer", absl::StrCat("cut at ", cut));
+  }
+  for (const std::string& tail : {std::string("x"), std::string(1000, '\0'), good.substr(trailer)}) {
+    expect_loss(good + tail, "bytes were appended after its trailer", absl::StrCat(tail.size(), " bytes appended"));
+  }
+  for (size_t i = trailer; i < good.size(); ++i) {
+    for (int bit = 0; bit < 8; ++bit) {
+      std::string b = good;
+      b[i] = static_cast<char>(b[i] ^ (1 << bit));
+      write_all(path, b);
+      absl::StatusOr<c10::IValue> v = load_state(path);
+      EXPECT_EQ(v.status().code(), absl::StatusCode::kDataLoss) << "bit " << bit << " of byte " << i;
+    }
+  }
+  expect_loss(with_comment(good, "dtrain-state-file v1 crc32=00000000 size=1"), "its trailer says 1 bytes",
+              "wrong size");
+  std::string other_crc = good;
+  other_crc[trailer + 27] = other_crc[trailer + 27] == '0' ? '1' : '0';
+  expect_loss(other_crc, "is corrupted: checksum", "another checksum");
+  expect_loss(with_comment(good, "dtrain-state-file v2 crc32=xyz"), "its dtrain trailer (the zip comment) is malformed",
+              "malformed");
+}
+
+// Without a trailer (as torch.save writes) or with a comment of another zip tool, the zip's
+// per-entry CRC-32s protect the file: it loads, and damage is still caught.
+TEST(StateFileTest, FilesWithoutTrailerAreVerifiedEntryByEntry) {
+  const std::string path = temp_dir() + "/ckpt.pt";
+  ASSERT_TRUE(save_state(path, sample()).ok());
+  const std::string good = read_all(path);
+  for (const std::string& comment : {std::string(), std::string("written by zip 3.0")}) {
+    const std::string bytes = with_comment(good, comment);
+    write_all(path, bytes);
+    absl::StatusOr<c10::IValue> v = load_state(path);
+    ASSERT_TRUE(v.ok()) << v.status();
+    EXPECT_EQ(digest(*v), digest(sample()));
+    std::string damaged = bytes;
+    damaged[damaged.find("PK\x03\x04", 100) - 5] ^= 1;  // the last bytes of an entry's data
+    write_all(path, damaged);
+    v = load_state(path);
+    EXPECT_EQ(v.status().code(), absl::StatusCode::kDataLoss) << v.status();
+    EXPECT_THAT(std::string(v.status().message()), HasSubstr("fails its CRC-32 check"));
+    EXPECT_THAT(std::string(v.status().message()), ::testing::Not(HasSubstr("truncated")));
+  }
+}
+
 // The child half of KilledSaveLeavesPreviousFile: starts overwriting the file with a large state,
 // reports after the first chunk and waits to be killed.
 TEST(StateFileTest, KilledSaveLeavesPreviousFile) {
@@ -232,10 +294,7 @@ TEST(StateFileTest, KilledSaveLeavesPreviousFile) {
   ASSERT_TRUE(WIFSIGNALED(status));
   auto back = load_state(path);
   ASSERT_TRUE(back.ok()) << back.status();
-  std::vector<std::string> want, got;
-  digest("", sample(), want);
-  digest("", *back, got);
-  EXPECT_EQ(got, want);
+  EXPECT_EQ(digest(*back), digest(sample()));
 }
 
 }  // namespace

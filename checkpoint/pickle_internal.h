@@ -1,0 +1,140 @@
+// Private to //checkpoint:pickle_reader: what the pickle machine (pickle_reader.cc), the
+// allow-listed globals (pickle_globals.cc) and the checks (pickle_checks.cc) share. Not a public
+// header.
+#ifndef DTRAIN_CHECKPOINT_PICKLE_INTERNAL_H_
+#define DTRAIN_CHECKPOINT_PICKLE_INTERNAL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/ivalue.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "checkpoint/pickle_reader.h"
+
+namespace dtrain::checkpoint::pickle_internal {
+
+// Nesting limit for containers in the result (and for tuples while reading): deeper files are
+// refused rather than recursed into. State dicts nest a handful of levels.
+constexpr uint32_t kMaxDepth = 1000;
+// The result may expand (a shared value counted once per reference) to at most this many values.
+constexpr uint64_t kMaxExpandedValues = uint64_t{1} << 28;
+
+// The callables the allow-list knows. Storage classes are kStorageClass + the c10::ScalarType.
+enum Global : int32_t {
+  kOrderedDict,
+  kRebuildTensorV2,
+  kRebuildTensor,
+  kRebuildParameter,
+  kRebuildParameterWithState,
+  kRestoreTypeTag,
+  kBuildIntList,
+  kBuildDoubleList,
+  kBuildBoolList,
+  kBuildTensorList,
+  kTorchSize,
+  kTorchDevice,
+  kCodecsEncode,
+  kStorageClass = 1000,
+};
+
+// One entry of the pickle stack or memo: a value, an allow-listed global, or a loaded storage.
+struct Item {
+  enum class Kind : uint8_t { kValue, kGlobal, kStorage };
+  Kind kind = Kind::kValue;
+  int32_t ref = 0;           // the Global (kGlobal) or an index into Context::storages (kStorage)
+  uint32_t tuple_depth = 0;  // for tuples: 1 + the deepest tuple inside (lists and dicts count 0)
+  c10::IValue value;         // kValue: the value; None for a tuple holding non-values (see raw)
+  // A tuple holding globals or storages (a persistent id, REDUCE arguments): its elements.
+  std::shared_ptr<const std::vector<Item>> raw;
+
+  static Item of(c10::IValue v, uint32_t tuple_depth = 0) {
+    Item item;
+    item.value = std::move(v);
+    item.tuple_depth = tuple_depth;
+    return item;
+  }
+  static Item global(int32_t g) { return reference(Kind::kGlobal, g); }
+  static Item storage(int32_t index) { return reference(Kind::kStorage, index); }
+  static Item reference(Kind kind, int32_t ref) {
+    Item item;
+    item.kind = kind;
+    item.ref = ref;
+    return item;
+  }
+  bool is_value() const { return kind == Kind::kValue && raw == nullptr; }
+  bool is_tuple() const { return kind == Kind::kValue && (raw != nullptr || value.isTuple()); }
+};
+
+// The elements of a tuple item (REQUIRES is_tuple()).
+std::vector<Item> tuple_elements(const Item& tuple);
+
+struct Context {
+  Context(const std::string& name, const StorageLoader& loader) : name(name), load_storage(loader) {}
+
+  absl::Status data_loss(std::string_view what) const;  // DataLoss: "<name>'s pickle, at byte N: what"
+  absl::Status invalid(std::string_view what) const;    // InvalidArgument, same shape
+  // A new empty Dict(Any, Any) / List(Any), remembered in `containers`.
+  c10::IValue new_dict();
+  c10::IValue new_list();
+
+  const std::string& name;
+  const StorageLoader& load_storage;
+  size_t offset = 0;  // of the opcode being run
+  struct Storage {
+    at::Storage storage;
+    at::ScalarType dtype;
+    int64_t numel;
+  };
+  std::vector<Storage> storages;
+  std::unordered_map<std::string, int32_t> storage_by_key;
+  // Every list and dict made while reading. On failure they are cleared, which breaks any
+  // reference cycle a hostile pickle built and keeps destruction shallow.
+  std::vector<c10::IValue> containers;
+};
+
+// The allow-listed global `module.name`, or InvalidArgument naming it.
+absl::StatusOr<Item> resolve_global(const Context& ctx, std::string_view module, std::string_view name);
+// Calls `callable` (REQUIRES kind == kGlobal) with `args` (REDUCE).
+absl::StatusOr<Item> call_global(Context& ctx, const Item& callable, const std::vector<Item>& args);
+// BINPERSID: ('storage', <storage class>, key, location, numel) -> the storage, loaded once per key.
+absl::StatusOr<Item> persistent_load(Context& ctx, const Item& pid);
+// Python's name for what `item` is, for messages ("a torch.FloatStorage class", "a str", ...).
+std::string describe(const Item& item);
+
+// UTF-8 as Python's pickler writes it (surrogates allowed: it encodes with 'surrogatepass').
+bool valid_utf8(std::string_view s);
+// The name of an opcode Python defines but dtrain does not run, or nullptr.
+const char* unsupported_name(uint8_t op);
+
+// Checks what the pickle returns: no reference cycle, nesting within kMaxDepth, an expansion
+// within kMaxExpandedValues. Recursion depth is bounded by kMaxDepth.
+class ResultCheck {
+ public:
+  explicit ResultCheck(const Context& ctx) : ctx_(ctx) {}
+  // Returns the height (1 for a leaf) of `v`, found `depth` levels below the root.
+  absl::StatusOr<uint32_t> visit(const c10::IValue& v, uint32_t depth);
+  // Whether a successful visit reached the container at `pointer` (IValue::internalToPointer()).
+  bool reached(const void* pointer) const { return done_.count(pointer) != 0; }
+
+ private:
+  bool count(uint64_t n);
+  absl::Status too_deep() const;
+  absl::Status too_big() const;
+
+  const Context& ctx_;
+  uint64_t total_ = 0;
+  std::unordered_set<const void*> on_path_;
+  std::unordered_map<const void*, std::pair<uint32_t, uint64_t>> done_;  // height, expanded size
+};
+
+}  // namespace dtrain::checkpoint::pickle_internal
+
+#endif  // DTRAIN_CHECKPOINT_PICKLE_INTERNAL_H_

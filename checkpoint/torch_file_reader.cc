@@ -1,0 +1,130 @@
+#include "checkpoint/torch_file_reader.h"
+
+#include <cstring>
+#include <unordered_map>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "checkpoint/pickle_reader.h"
+#include "checkpoint/stored_zip.h"
+
+namespace dtrain::checkpoint {
+namespace {
+
+// The legacy (pre-1.6) torch.save format starts with a pickled magic number:
+// PROTO 2, LONG1 of 10 bytes, 0x1950a86a20f9469cfc6c little-endian.
+constexpr char kLegacyMagic[] = "\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19";
+
+bool starts_with(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
+
+std::string printable_start(std::string_view bytes) {
+  std::string out;
+  for (char c : bytes.substr(0, 8)) absl::StrAppendFormat(&out, "%02x", static_cast<unsigned char>(c));
+  return out;
+}
+
+absl::StatusOr<c10::IValue> read(std::string_view bytes, const std::string& name,
+                                 const TorchFileReadOptions& options) {
+  if (starts_with(bytes, std::string_view(kLegacyMagic, sizeof(kLegacyMagic) - 1))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, " is in PyTorch's legacy (pre-1.6) torch.save format, which dtrain does not read: in Python, "
+        "load it and save it again with torch.save(obj, path, _use_new_zipfile_serialization=True)"));
+  }
+  absl::StatusOr<StoredZip> zip = read_stored_zip(bytes, name, options.verify_entry_crcs);
+  if (!zip.ok()) {
+    if (zip.status().code() == absl::StatusCode::kDataLoss && !bytes.empty() && !starts_with(bytes, "PK")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, " is not a PyTorch file: torch.save writes a zip archive, which starts with \"PK\"; this starts "
+          "with the bytes ", printable_start(bytes), " and ", zip.status().message()));
+    }
+    return zip.status();
+  }
+  std::string_view prefix;
+  const ZipEntry* pickle = nullptr;
+  for (const ZipEntry& e : zip->entries) {
+    const size_t slash = e.name.find('/');
+    if (slash == std::string::npos || slash == 0) continue;
+    const std::string_view rest = std::string_view(e.name).substr(slash + 1);
+    if (rest == "constants.pkl" || starts_with(rest, "code/")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, " is a TorchScript module archive (torch.jit.save), not a torch.save file; dtrain reads state "
+          "dicts: in Python, torch.save(module.state_dict(), path)"));
+    }
+    if (rest != "data.pkl") continue;
+    if (pickle != nullptr) {
+      return absl::DataLossError(absl::StrCat(name, " is damaged: it holds two pickles, ", pickle->name, " and ",
+                                              e.name));
+    }
+    pickle = &e;
+    prefix = std::string_view(e.name).substr(0, slash);
+  }
+  if (pickle == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, " is a zip archive without a <name>/data.pkl entry, so not a file torch.save wrote; save the "
+        "state with torch.save (Python) or dtrain::checkpoint::save_state"));
+  }
+  std::unordered_map<std::string_view, const ZipEntry*> storages;
+  const std::string data_dir = absl::StrCat(std::string(prefix), "/data/");
+  for (const ZipEntry& e : zip->entries) {
+    if (e.name == absl::StrCat(std::string(prefix), "/byteorder") && e.data != "little") {
+      if (e.data == "big") {
+        return absl::InvalidArgumentError(absl::StrCat(
+            name, " was written on a big-endian machine, which dtrain does not read: load it in Python on a "
+            "little-endian machine and torch.save it again"));
+      }
+      return absl::DataLossError(absl::StrCat(name, " is damaged: its byteorder entry is neither \"little\" nor "
+                                              "\"big\""));
+    }
+    if (starts_with(e.name, data_dir)) storages.emplace(std::string_view(e.name).substr(data_dir.size()), &e);
+  }
+  const StorageLoader loader = [&](const std::string& key, at::ScalarType dtype,
+                                   int64_t numel) -> absl::StatusOr<at::Storage> {
+    auto it = storages.find(key);
+    if (it == storages.end()) {
+      return absl::DataLossError(absl::StrCat(name, " is damaged: its pickle refers to storage ", key.substr(0, 64),
+                                              " but the archive has no entry ", data_dir, key.substr(0, 64)));
+    }
+    const std::string_view data = it->second->data;
+    const auto nbytes = static_cast<uint64_t>(numel) * c10::elementSize(dtype);  // caller checked: no overflow
+    if (nbytes > data.size()) {
+      return absl::DataLossError(absl::StrCat(name, " is damaged: storage ", it->second->name, " holds ",
+                                              data.size(), " bytes, its pickle says ", numel, " elements of ",
+                                              c10::toString(dtype), " (", nbytes, " bytes)"));
+    }
+    if (dtype == at::kBool) {
+      for (size_t i = 0; i < nbytes; ++i) {
+        if (static_cast<unsigned char>(data[i]) > 1) {
+          return absl::DataLossError(absl::StrCat(name, " is damaged: bool storage ", it->second->name,
+                                                  " holds a byte other than 0 or 1 at ", i));
+        }
+      }
+    }
+    try {
+      at::Tensor buffer = at::empty({static_cast<int64_t>(nbytes)}, at::TensorOptions().dtype(at::kByte));
+      if (nbytes > 0) std::memcpy(buffer.data_ptr(), data.data(), nbytes);
+      return buffer.storage();
+    } catch (const std::exception& e) {
+      return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", nbytes, " bytes for storage ",
+                                                       it->second->name, " of ", name, ": ",
+                                                       std::string(e.what()).substr(0, 200)));
+    }
+  };
+  return read_pickle(pickle->data, name, loader);
+}
+
+}  // namespace
+
+absl::StatusOr<c10::IValue> read_torch_file(std::string_view bytes, const std::string& name_for_errors,
+                                            const TorchFileReadOptions& options) {
+  absl::StatusOr<c10::IValue> v = read(bytes, name_for_errors, options);
+  if (v.status().code() == absl::StatusCode::kDataLoss) {
+    return absl::DataLossError(absl::StrCat(v.status().message(),
+                                            ". The file cannot be used as it is: load another copy, or save it again"));
+  }
+  return v;
+}
+
+}  // namespace dtrain::checkpoint
