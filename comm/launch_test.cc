@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
@@ -98,6 +100,40 @@ TEST(LaunchTest, ForwardsSignals) {
   EXPECT_LT(r.seconds, 20);
 }
 
+bool process_gone(pid_t pid) {
+  if (::kill(pid, 0) != 0) return true;
+  // A zombie nobody has reaped yet is dead too.
+  FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (f == nullptr) return true;
+  char state = '?';
+  [[maybe_unused]] int n = std::fscanf(f, "%*d %*s %c", &state);
+  std::fclose(f);
+  return state == 'Z' || state == 'X';
+}
+
+TEST(LaunchTest, RanksDieWithAKilledLauncher) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/orphans";
+  ASSERT_EQ(std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str()), 0);
+  Result r = run_launch({"--nproc_per_node=3", "--", "/bin/sh", "-c",
+                         "echo $$ > " + dir + "/pid.$RANK; exec sleep 60"},
+                        SIGKILL, std::chrono::milliseconds(1500));
+  EXPECT_EQ(r.code, 128 + SIGKILL);
+  for (int rank = 0; rank < 3; ++rank) {
+    FILE* f = std::fopen((dir + "/pid." + std::to_string(rank)).c_str(), "r");
+    ASSERT_NE(f, nullptr) << "rank " << rank << " never started";
+    int pid = 0;
+    ASSERT_EQ(std::fscanf(f, "%d", &pid), 1);
+    std::fclose(f);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (!process_gone(pid) && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    EXPECT_TRUE(process_gone(pid)) << "rank " << rank << " (pid " << pid << ") outlived its killed launcher";
+    if (!process_gone(pid)) ::kill(pid, SIGKILL);
+  }
+}
+
 TEST(LaunchTest, RunsTheDemoOverGloo) {
   Result r = run_launch({"--nproc_per_node=2", "--", "comm/allreduce_demo"});
   EXPECT_EQ(r.code, 0) << r.output;
@@ -112,6 +148,9 @@ TEST(LaunchTest, BadUsageIsAOneLineError) {
   Result none = run_launch({"--nproc_per_node=2"});
   EXPECT_EQ(none.code, 2);
   EXPECT_THAT(none.output, HasSubstr("no program given"));
+  Result many = run_launch({"--nproc_per_node=100000", "--", "/bin/true"});
+  EXPECT_NE(many.code, 0);
+  EXPECT_THAT(many.output, HasSubstr("exceeds the limit of 256 ranks per node"));
   Result missing = run_launch({"--nproc_per_node=1", "--", "/no/such/program"});
   EXPECT_EQ(missing.code, 127);
   EXPECT_THAT(missing.output, HasSubstr("cannot start /no/such/program"));

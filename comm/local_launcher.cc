@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -95,8 +96,23 @@ void flush_partial(Rank& r, Stream& s) {
 
 void signal_all(std::vector<Rank>& ranks, int sig) {
   for (auto& r : ranks) {
-    if (r.running) ::kill(-r.pid, sig);  // the rank's whole process group
+    if (r.running && r.pid > 0) ::kill(-r.pid, sig);  // the rank's whole process group
   }
+}
+
+// After a failed spawn: the ranks already started must not train on without their peers.
+absl::Status stop_started(std::vector<Rank>& ranks, const std::string& what) {
+  signal_all(ranks, SIGKILL);
+  for (auto& r : ranks) {
+    if (r.running && r.pid > 0) ::waitpid(r.pid, nullptr, 0);
+    r.running = false;
+    for (Stream* s : {&r.out, &r.err}) {
+      if (s->fd >= 0) ::close(s->fd);
+      s->fd = -1;
+    }
+  }
+  return absl::InternalError(absl::StrCat("launch: ", what, ": ", std::strerror(errno),
+                                          "; the ranks already started were stopped"));
 }
 
 }  // namespace
@@ -110,6 +126,10 @@ absl::StatusOr<int> launch_local(const std::vector<std::string>& argv, const Lau
     return absl::InvalidArgumentError(absl::StrCat(
         "launch: need nproc_per_node >= 1, nnodes >= 1 and 0 <= node_rank < nnodes (got ", nproc, ", ", nnodes, ", ",
         node_rank, ")"));
+  }
+  if (nproc > kMaxProcsPerNode) {
+    return absl::InvalidArgumentError(absl::StrCat("launch: nproc_per_node ", nproc, " exceeds the limit of ",
+                                                   kMaxProcsPerNode, " ranks per node; use more nodes"));
   }
   int port = options.master_port;
   if (port < 0 || port > 65535) {
@@ -140,13 +160,24 @@ absl::StatusOr<int> launch_local(const std::vector<std::string>& argv, const Lau
   for (int local = 0; local < nproc; ++local) {
     Rank& r = ranks[local];
     r.rank = node_rank * nproc + local;
-    int out[2], err[2];
+    int out[2] = {-1, -1}, err[2] = {-1, -1};
     if (::pipe(out) != 0 || ::pipe(err) != 0) {
-      return absl::InternalError(absl::StrCat("launch: pipe: ", std::strerror(errno)));
+      for (int fd : {out[0], out[1], err[0], err[1]}) {
+        if (fd >= 0) ::close(fd);
+      }
+      return stop_started(ranks, "pipe");
     }
+    const pid_t parent = ::getpid();
     const pid_t pid = ::fork();
-    if (pid < 0) return absl::InternalError(absl::StrCat("launch: fork: ", std::strerror(errno)));
+    if (pid < 0) {
+      for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
+      return stop_started(ranks, "fork");
+    }
     if (pid == 0) {
+      // A rank dies with its launcher (kill -9 included), as torchrun's workers do; the check
+      // after prctl covers a launcher that died before it.
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) std::_Exit(128 + SIGKILL);
       ::setpgid(0, 0);
       if (!(options.rank0_owns_terminal && local == 0)) {
         ::dup2(out[1], 1);

@@ -18,8 +18,11 @@
 
 namespace dtrain::comm {
 
+// Most ranks one node may start (each costs two pipes here and a Gloo connection to every peer).
+inline constexpr int kMaxProcsPerNode = 256;
+
 struct LaunchOptions {
-  int nproc_per_node = 1;              // ranks started on this node
+  int nproc_per_node = 1;              // ranks started on this node, at most kMaxProcsPerNode
   int nnodes = 1;                      // nodes in the job
   int node_rank = 0;                   // this node's index in [0, nnodes)
   std::string master_addr = "127.0.0.1";
@@ -37,7 +40,9 @@ struct LaunchOptions {
 // the current directory is tried from BUILD_WORKING_DIRECTORY) and waits for all of them.
 // Returns 0 when every rank succeeded, else the first failing rank's exit code (128 + signal
 // for a rank killed by a signal, or 128 + the signal this launcher received and forwarded).
-// InvalidArgument for bad options or an empty argv; Internal when pipes or fork fail.
+// InvalidArgument for bad options or an empty argv; Internal when pipes or fork fail (the ranks
+// already started are killed first). Every rank is killed when this process dies, however it dies
+// (PR_SET_PDEATHSIG), so no rank trains on without its launcher.
 absl::StatusOr<int> launch_local(const std::vector<std::string>& argv, const LaunchOptions& options);
 
 }  // namespace dtrain::comm

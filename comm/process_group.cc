@@ -1,5 +1,11 @@
 #include "comm/process_group.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <exception>
@@ -60,6 +66,29 @@ namespace {
 
 bool is_loopback(const std::string& host) {
   return absl::StartsWith(host, "127.") || host == "localhost" || host == "::1" || host == "[::1]";
+}
+
+// A socket listening on `host`'s IPv4 address only (loopback for a loopback host), for the store's
+// server; -1 when the host does not resolve to a local IPv4 address (the store then listens on every
+// interface, as PyTorch's does).
+int listen_on_host(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(is_loopback(host) ? "127.0.0.1" : host.c_str(), nullptr, &hints, &found) != 0) return -1;
+  sockaddr_in addr = *reinterpret_cast<sockaddr_in*>(found->ai_addr);
+  ::freeaddrinfo(found);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd, SOMAXCONN) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
 }
 
 absl::StatusOr<int> parse_int(const std::string& what, const std::string& text, int lo, int hi) {
@@ -234,6 +263,10 @@ absl::StatusOr<Rendezvous> rendezvous(const InitOptions& o) {
   so.numWorkers = rv.world_size;
   so.waitWorkers = true;
   so.timeout = o.timeout;
+  // The store's server listens on MASTER_ADDR's interface only (loopback stays loopback).
+  if (kTcpStoreTakesListenFd && so.isServer) {
+    if (const int fd = listen_on_host(host, port); fd >= 0) set_store_listen_fd(so, fd);
+  }
   try {
     rv.store = c10::make_intrusive<c10d::TCPStore>(host, so);
   } catch (const std::exception& e) {

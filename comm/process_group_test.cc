@@ -1,6 +1,9 @@
 #include "comm/process_group.h"
 
+#include <cstdio>
 #include <cstdlib>
+#include <string>
+#include <vector>
 #include <thread>
 
 #include <ATen/ATen.h>
@@ -121,6 +124,43 @@ TEST(ProcessGroupTest, UnreachableMasterTimesOutNamingAddress) {
   EXPECT_EQ(g.status().code(), absl::StatusCode::kDeadlineExceeded) << g.status();
   EXPECT_THAT(std::string(g.status().message()),
               HasSubstr("rendezvous with master 127.0.0.1:" + std::to_string(port)));
+}
+
+// The local addresses (hex, as /proc/net/tcp and tcp6 write them) of sockets listening on `port`.
+std::vector<std::string> listeners_on(int port) {
+  std::vector<std::string> out;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+  FILE* f = std::fopen(table, "r");
+  if (f == nullptr) continue;
+  char line[512];
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    char local[64] = {0}, remote[64] = {0};
+    unsigned state = 0;
+    if (std::sscanf(line, " %*d: %63s %63s %x", local, remote, &state) != 3 || state != 0x0A) continue;
+    const std::string l = local;
+    const size_t colon = l.find(':');
+    if (colon != std::string::npos && std::stoi(l.substr(colon + 1), nullptr, 16) == port) out.push_back(l.substr(0, colon));
+  }
+  std::fclose(f);
+  }
+  return out;
+}
+
+TEST(ProcessGroupTest, StoreListensOnlyOnTheMastersInterface) {
+  const int port = testing::free_port();
+  InitOptions o;
+  o.init_method = "tcp://127.0.0.1:" + std::to_string(port);
+  o.rank = 0;
+  o.world_size = 1;
+  o.timeout = std::chrono::seconds(20);
+  auto g = init_process_group(o);
+  ASSERT_TRUE(g.ok()) << g.status();
+  const std::vector<std::string> listening = listeners_on(port);
+  ASSERT_FALSE(listening.empty()) << "nothing listens on the store's port " << port;
+  if (!kTcpStoreTakesListenFd) {
+    GTEST_SKIP() << "LibTorch " << kLibTorchVersion << "'s TCPStore listens on every interface (README, Security)";
+  }
+  for (const std::string& addr : listening) EXPECT_EQ(addr, "0100007F") << "the store listens beyond loopback";
 }
 
 TEST(ProcessGroupTest, MissingPeerTimesOut) {

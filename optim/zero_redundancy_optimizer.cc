@@ -366,8 +366,14 @@ void ZeroRedundancyOptimizer::check_add_param_group_agreement(bool calling) {
   const std::string key = absl::StrCat(store_prefix_, "/add_param_group/", add_param_group_calls_);
   const std::string how = absl::StrCat("add_param_group must be called on all ranks: ");
   if (!calling) {
-    // At step: has another rank started an add_param_group this rank never made?
-    TORCH_CHECK(!store.check({key}), how, "another rank called it (call #", add_param_group_calls_ + 1,
+    // After a failed step: has another rank started an add_param_group this rank never made?
+    // (A store that fails too leaves the step's own error to propagate.)
+    bool other_called = false;
+    try {
+      other_called = store.check({key});
+    } catch (const std::exception&) {
+    }
+    TORCH_CHECK(!other_called, how, "another rank called it (call #", add_param_group_calls_ + 1,
                 ") but rank ", rank(), " went on to step()");
     return;
   }
@@ -436,7 +442,17 @@ void ZeroRedundancyOptimizer::sync_params() {
 at::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
   // Inside a Join context: tell it this rank still has inputs (no-op otherwise).
   if (!in_join_hook_) comm::Join::notify_join_context(*this);
-  check_add_param_group_agreement(/*calling=*/false);
+  // No store traffic on the hot path: only a step that fails asks the store whether the cause is
+  // another rank's add_param_group (then that is the error), else the failure propagates as is.
+  try {
+    return step_unchecked(std::move(closure));
+  } catch (const std::exception&) {
+    check_add_param_group_agreement(/*calling=*/false);
+    throw;
+  }
+}
+
+at::Tensor ZeroRedundancyOptimizer::step_unchecked(LossClosure closure) {
   if (options_.overlap_with_ddp) {
     // The DDP hook already stepped and synchronised every parameter during backward.
     at::Tensor loss;

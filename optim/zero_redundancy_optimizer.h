@@ -187,6 +187,8 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public comm::Joi
   int64_t local_state_bytes();
 
  private:
+  // step() without its error translation.
+  at::Tensor step_unchecked(LossClosure closure);
   void init(std::vector<torch::optim::OptimizerParamGroup> param_groups);
   void validate_params() const;
   void partition_parameters();

@@ -227,8 +227,12 @@ absl::Status Agent::shutdown() {
       in_flight_->cv.wait(lock, [&] { return in_flight_->calls == 0; });
     }
     // ... then every worker's: nobody stops serving while a peer may still call it.
-    if (store_->add("arrived", 1) == world_size_) store_->set("go", std::vector<uint8_t>{1});
-    store_->wait({"go"}, options_.timeout + std::chrono::seconds(60));
+    // One key per worker, not a shared counter: a stray ADD cannot push a count past its target
+    // and wedge shutdown.
+    store_->set(absl::StrCat("arrived/", rank_), std::vector<uint8_t>{1});
+    std::vector<std::string> everyone;
+    for (int r = 0; r < world_size_; ++r) everyone.push_back(absl::StrCat("arrived/", r));
+    store_->wait(everyone, options_.timeout + std::chrono::seconds(60));
     agent_->shutdown();
   } catch (const c10::Error& e) {
     return absl::UnavailableError(absl::StrCat("RPC shutdown of '", name(), "': ", e.what_without_backtrace()));

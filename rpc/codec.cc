@@ -64,6 +64,7 @@ void Reader::take(void* out, size_t n, const char* what) {
     throw CodecError("truncated message: " + std::string(what) + " needs " + std::to_string(n) + " bytes" + at(pos_) +
                      " but only " + std::to_string(bytes_.size() - pos_) + " remain");
   }
+  if (n == 0) return;  // an empty list's data() may be null: memcpy(nullptr, ..., 0) is undefined
   std::memcpy(out, bytes_.data() + pos_, n);
   pos_ += n;
 }

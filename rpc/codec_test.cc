@@ -33,6 +33,19 @@ TEST(CodecTest, RoundTripsEveryType) {
   EXPECT_TRUE(e.body.done());
 }
 
+// Empty strings and lists: nothing is copied from or to a null data() (undefined behaviour that
+// --config=asan's UBSan reports).
+TEST(CodecTest, RoundTripsEmptyValues) {
+  Writer w;
+  w.str("").i64_list({}).f64_list({}).i64(3);
+  Envelope e = decode_envelope(encode_envelope("h", w, 0), 0);
+  EXPECT_EQ(e.body.str(), "");
+  EXPECT_TRUE(e.body.i64_list().empty());
+  EXPECT_TRUE(e.body.f64_list().empty());
+  EXPECT_EQ(e.body.i64(), 3);
+  EXPECT_TRUE(e.body.done());
+}
+
 TEST(CodecTest, EveryTruncationIsAnErrorNotACrash) {
   Writer w;
   w.i64(1).str("hello").i64_list({4, 5}).f64_list({1.0});

@@ -16,6 +16,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "comm/local_launcher.h"
 #include "rpc/agent.h"
@@ -40,8 +41,12 @@ torch::Tensor seeded(std::vector<int64_t> shape, uint64_t seed, double scale) {
 }
 
 int run() {
-  const int rank = std::atoi(std::getenv("RANK"));
   const std::vector<std::string> names = {"ps0", "ps1", "trainer0", "trainer1"};
+  int rank = -1;
+  if (!absl::SimpleAtoi(std::getenv("RANK"), &rank) || rank < 0 || rank >= static_cast<int>(names.size())) {
+    die(std::string("RANK=") + std::getenv("RANK") + " is not a rank of this example: it needs RANK in 0..3 " +
+        "(ps0, ps1, trainer0, trainer1) and WORLD_SIZE=4; run it without RANK to launch all four");
+  }
   auto handlers = std::make_shared<Handlers>();
   ParameterOwner owner(handlers);
   // Each server owns one layer, created before the agent starts so the ids (1, 2) are there

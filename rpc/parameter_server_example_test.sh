@@ -11,3 +11,10 @@ for t in trainer0 trainer1; do
   awk -v f="$first" -v l="$last" 'BEGIN { exit !(l < f / 2) }' || { echo "FAIL: $t loss $first -> $last did not halve"; exit 1; }
 done
 echo "both trainers' loss at least halved"
+# A bad RANK is one clear line, not an abort.
+for bad in 7 -1 abc; do
+  err=$(RANK=$bad WORLD_SIZE=4 rpc/parameter_server_example 2>&1); code=$?
+  [[ $code -eq 1 ]] || { echo "FAIL: RANK=$bad exited $code: $err"; exit 1; }
+  echo "$err" | grep -q "RANK=$bad is not a rank of this example" || { echo "FAIL: RANK=$bad said: $err"; exit 1; }
+done
+echo "bad RANK values are one clear error"

@@ -32,8 +32,8 @@ struct Worker {
 // a ParameterOwner and `extra` handlers; fn runs between creation and the collective shutdown.
 void run_workers(const std::vector<std::string>& names, const std::function<void(Worker&)>& fn,
                  std::chrono::milliseconds timeout = std::chrono::seconds(30),
-                 const std::function<void(int, Handlers&)>& extra = nullptr) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
+                 const std::function<void(int, Handlers&)>& extra = nullptr,
+                 c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::HashStore>()) {
   std::vector<std::thread> threads;
   for (int rank = 0; rank < static_cast<int>(names.size()); ++rank) {
     threads.emplace_back([&, rank] {
@@ -57,6 +57,16 @@ void run_workers(const std::vector<std::string>& names, const std::function<void
     });
   }
   for (auto& t : threads) t.join();
+}
+
+TEST(RpcTest, StrayAddsToTheStoreCannotWedgeShutdown) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  // Another process on the store bumps what a shared arrival counter would be.
+  store->add("dtrain/rpc-shutdown/arrived", 1);
+  store->add("dtrain/rpc-shutdown/arrived", 5);
+  const auto start = std::chrono::steady_clock::now();
+  run_workers({"w0", "w1", "w2"}, [](Worker&) {}, std::chrono::seconds(5), nullptr, store);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 30);
 }
 
 TEST(RpcTest, CallsErrorsAndMalformedMessages) {
