@@ -33,12 +33,14 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "checkpoint/state_file.h"
+#include "checkpoint/step_checkpoints.h"
 #include "comm/local_launcher.h"
 #include "comm/process_group.h"
 #include "ddp_hooks/default_hooks.h"
 #include "ddp_hooks/distributed_data_parallel.h"
 #include "ddp_hooks/powersgd_hook.h"
 #include "ddp_hooks/zero_hook.h"
+#include "examples/train_checkpoint.h"
 #include "optim/functional_adapter.h"
 #include "optim/model_averagers.h"
 #include "optim/post_local_sgd_optimizer.h"
@@ -53,6 +55,7 @@ ABSL_FLAG(bool, zero_overlap, false, "Step ZeRO inside the DDP hook, bucket by b
 ABSL_FLAG(bool, bucket_view, true, "Gradients (DDP) and parameters (ZeRO) as views into communication buckets.");
 ABSL_FLAG(std::string, checkpoint_dir, "/tmp/dtrain-train", "Where checkpoints go; empty: no checkpoints.");
 ABSL_FLAG(int, checkpoint_every, 100, "Steps between checkpoints (and one at the end).");
+ABSL_FLAG(int, keep_checkpoints, 2, "Committed steps kept in --checkpoint_dir (step-N directories; the newest is current).");
 ABSL_FLAG(bool, resume, false, "Continue from the checkpoint in --checkpoint_dir.");
 ABSL_FLAG(bool, sharded_checkpoint, false,
           "With ZeRO: every rank writes its own optimizer-state shard (--checkpoint_dir/optimizer/) instead of "
@@ -68,8 +71,8 @@ namespace {
 using namespace dtrain;  // NOLINT: an example reads better with short names
 
 constexpr int64_t kIn = 32, kOut = 8;
-constexpr char kCheckpointFile[] = "checkpoint.pt";
-constexpr char kShardDir[] = "optimizer";  // inside --checkpoint_dir, with --sharded_checkpoint
+using examples::kCheckpointFile;
+using examples::kShardDir;
 constexpr char kShardedNeedsZero[] =
     "--resume: this checkpoint's optimizer state is sharded (written with --sharded_checkpoint); resume with "
     "--zero=sorted_greedy or --zero=flat";
@@ -88,6 +91,7 @@ struct Config {
   double lr;
   uint64_t seed;
   bool sharded_checkpoint;
+  int keep_checkpoints = 2;  // set after the aggregate initialisation below
 };
 
 Config read_flags() {
@@ -107,6 +111,8 @@ Config read_flags() {
   if (c.steps < 1) die(2, absl::StrCat("--steps must be at least 1, got ", c.steps));
   if (c.batch_size < 1 || c.hidden < 1) die(2, "--batch_size and --hidden must be at least 1");
   if (!(c.lr > 0)) die(2, absl::StrCat("--lr must be positive, got ", c.lr));
+  c.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
+  if (c.keep_checkpoints < 1) die(2, absl::StrCat("--keep_checkpoints must be at least 1, got ", c.keep_checkpoints));
   if (c.checkpoint_every < 1) die(2, absl::StrCat("--checkpoint_every must be at least 1, got ", c.checkpoint_every));
   if (c.hook == "post_local_sgd" && c.zero != "off") {
     die(2, "--hook=post_local_sgd lets ranks drift apart between averagings, which ZeRO's parameter broadcast "
@@ -281,81 +287,78 @@ int train(const Config& c) {
   // Resume: the model and the global optimizer state from the shared checkpoint (any world
   // size), the hook's per-rank state when it was saved at this world size.
   int start = 0;
-  const std::filesystem::path dir = c.checkpoint_dir;
+  const std::filesystem::path dir = c.checkpoint_dir;  // step-N directories, `latest`, checkpoint.pt
+  checkpoint::StepCheckpoints ckpts(dir.string(), c.keep_checkpoints);
   if (c.resume) {
-    absl::StatusOr<c10::IValue> loaded = checkpoint::load_state((dir / kCheckpointFile).string());
-    if (!loaded.ok()) {
-      die(2, absl::StrCat("--resume: ", loaded.status().message(), absl::IsNotFound(loaded.status())
+    // The newest committed step: every file of it (model, optimizer or its shards, hook states)
+    // is in its step directory, so nothing can come from different steps.
+    absl::StatusOr<examples::TrainCheckpoint> ck = examples::read_train_checkpoint(ckpts);
+    if (!ck.ok()) {
+      die(2, absl::StrCat("--resume: ", ck.status().message(), absl::IsNotFound(ck.status())
                               ? "; run once without --resume to create a checkpoint" : ""));
     }
-    auto ckpt = loaded->toGenericDict();
-    start = static_cast<int>(ckpt.at("step").toInt());
-    auto weights = ckpt.at("model").toGenericDict();
-    torch::NoGradGuard no_grad;
-    for (const auto& item : model->named_parameters()) {
-      if (!weights.contains(item.key())) die(2, absl::StrCat("--resume: the checkpoint has no parameter ", item.key(),
-                                                             "; was it written with another --hidden?"));
-      const at::Tensor saved = weights.at(item.key()).toTensor();
-      if (!saved.sizes().equals(item.value().sizes())) {
-        die(2, absl::StrCat("--resume: parameter ", item.key(), " has shape [", absl::StrJoin(saved.sizes(), ","),
-                            "] in the checkpoint but [", absl::StrJoin(item.value().sizes(), ","),
-                            "] here; use the --hidden it was written with"));
-      }
-      item.value().copy_(saved);
-    }
-    if (ckpt.contains("optimizer")) {
-      opt.load_state_dict(ckpt.at("optimizer"));
+    start = static_cast<int>(ck->step);
+    if (absl::Status s = examples::load_weights(ck->model, *model); !s.ok()) die(2, absl::StrCat("--resume: ", s.message()));
+    if (!ck->sharded) {
+      opt.load_state_dict(ck->optimizer);
     } else if (!opt.zero) {
       die(2, kShardedNeedsZero);
     } else {
       // Each rank reads only the pieces of the shards it owns now.
-      absl::StatusOr<c10::IValue> saved_step = opt.zero->load_sharded((dir / kShardDir).string());
+      absl::StatusOr<c10::IValue> saved_step = opt.zero->load_sharded((std::filesystem::path(ck->dir) / kShardDir).string());
       if (!saved_step.ok()) die(2, absl::StrCat("--resume: ", saved_step.status().message()));
       if (!saved_step->isInt() || saved_step->toInt() != start) {
-        die(2, absl::StrCat("--resume: the optimizer shards in ", (dir / kShardDir).string(), " are not from step ",
-                            start, " of ", kCheckpointFile, " (a save was interrupted); delete the directory or "
-                            "resume from a complete checkpoint"));
+        die(2, absl::StrCat("--resume: the optimizer shards in ", ck->dir, " are not from step ", start));
       }
     }
     if (post_local) post_local->iter = start;
-    const std::string hook_file = (dir / absl::StrCat("hook-rank", rank, ".pt")).string();
-    if (powersgd && ckpt.at("world_size").toInt() == world_size) {
-      absl::StatusOr<c10::IValue> hs = checkpoint::load_state(hook_file);
-      if (hs.ok()) powersgd->load_state_dict(*hs);
+    if (powersgd && ck->world_size == world_size && ck->hook == c.hook) {
+      absl::StatusOr<c10::IValue> hs = checkpoint::load_state(examples::hook_file(ck->dir, rank));
+      if (!hs.ok()) die(2, absl::StrCat("--resume: ", hs.status().message()));
+      powersgd->load_state_dict(*hs);
     } else if (powersgd) {
       powersgd->iter = start;
     }
-    progress.note(absl::StrCat("resumed from step ", start, " (", (dir / kCheckpointFile).string(), ", written by ",
-                               ckpt.at("world_size").toInt(), " ranks)"));
+    progress.note(absl::StrCat("resumed from step ", start, " (", ck->file, ", written by ", ck->world_size, " ranks)"));
     if (start >= c.steps) {
       progress.note(absl::StrCat("the checkpoint is at step ", start, ", at or past --steps=", c.steps,
                                  "; nothing to train (raise --steps)"));
       return 0;
     }
   }
-  if (!c.checkpoint_dir.empty() && rank == 0) {
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec) die(1, absl::StrCat("cannot create --checkpoint_dir ", dir.string(), ": ", ec.message()));
-    if (c.sharded_checkpoint) std::filesystem::create_directories(dir / kShardDir, ec);
-    if (ec) die(1, absl::StrCat("cannot create ", (dir / kShardDir).string(), ": ", ec.message()));
-  }
 
+  // Every rank agrees that every rank succeeded (a failure anywhere stops everyone, naming it).
+  auto agree = [&](const absl::Status& mine, const char* what) {
+    std::vector<at::Tensor> ok = {torch::full({1}, mine.ok() ? 1 : 0, torch::kInt)};
+    c10d::AllreduceOptions min;
+    min.reduceOp = c10d::ReduceOp::MIN;
+    world->allreduce(ok, min)->wait();
+    if (!mine.ok()) die(1, absl::StrCat("checkpoint: ", mine.message()));
+    if (ok[0].item<int>() == 0) die(1, absl::StrCat("checkpoint: another rank failed to ", what, "; see its error"));
+  };
   auto save = [&](int step) {
-    // Collective with ZeRO. Sharded: the shards (tagged with the step) are complete before
-    // checkpoint.pt names that step, so a checkpoint.pt never points at missing shards.
+    // One step directory, committed by rank 0 only after every rank wrote its part: a crash
+    // anywhere before the commit leaves the previous step current and complete.
+    absl::StatusOr<std::string> step_dir = std::string();
+    if (rank == 0) step_dir = ckpts.begin(step);
+    if (rank == 0 && step_dir.ok() && c.sharded_checkpoint) {
+      std::error_code ec;
+      std::filesystem::create_directories(std::filesystem::path(*step_dir) / kShardDir, ec);
+      if (ec) step_dir = absl::UnavailableError(absl::StrCat("cannot create ", *step_dir, "/", kShardDir, ": ", ec.message()));
+    }
+    agree(step_dir.status(), "create the step directory");
+    step_dir = ckpts.dir_of(step);
     c10::IValue optimizer_state;
     if (c.sharded_checkpoint) {
-      absl::Status s = opt.zero->save_sharded((dir / kShardDir).string(), c10::IValue(static_cast<int64_t>(step)));
+      absl::Status s = opt.zero->save_sharded((std::filesystem::path(*step_dir) / kShardDir).string(),
+                                              c10::IValue(static_cast<int64_t>(step)));
       if (!s.ok()) die(1, absl::StrCat("checkpoint: ", s.message()));
     } else {
       optimizer_state = opt.global_state_dict();
     }
-    if (powersgd) {
-      absl::Status s = checkpoint::save_state((dir / absl::StrCat("hook-rank", rank, ".pt")).string(),
-                                              powersgd->state_dict());
-      if (!s.ok()) die(1, absl::StrCat("checkpoint: ", s.message()));
-    }
+    absl::Status hook_saved;
+    if (powersgd) hook_saved = checkpoint::save_state(examples::hook_file(*step_dir, rank), powersgd->state_dict());
+    agree(hook_saved, "write its hook state");
     if (rank != 0) return;
     c10::impl::GenericDict weights(c10::StringType::get(), c10::AnyType::get());
     for (const auto& item : model->named_parameters()) weights.insert(item.key(), item.value().detach().clone());
@@ -370,7 +373,8 @@ int train(const Config& c) {
     }
     ckpt.insert("hook", c.hook);
     ckpt.insert("zero", c.zero);
-    absl::Status s = checkpoint::save_state((dir / kCheckpointFile).string(), ckpt);
+    absl::Status s = checkpoint::save_state((std::filesystem::path(*step_dir) / kCheckpointFile).string(), ckpt);
+    if (s.ok()) s = ckpts.commit(step);
     if (!s.ok()) die(1, absl::StrCat("checkpoint: ", s.message()));
   };
 
@@ -424,8 +428,9 @@ int train(const Config& c) {
     std::printf("| optimizer state, unsharded | %s (%.2fx of it on the largest rank) |\n", kib(unsharded).c_str(),
                 static_cast<double>(torch::cat(all[0]).max().item<int64_t>()) / static_cast<double>(unsharded));
     if (!c.checkpoint_dir.empty()) {
-      std::printf("| checkpoint | %s (step %d)%s |\n", (dir / kCheckpointFile).c_str(), c.steps,
-                  c.sharded_checkpoint ? absl::StrCat(", optimizer shards in ", (dir / kShardDir).string()).c_str() : "");
+      const std::string step_dir = ckpts.dir_of(c.steps);
+      std::printf("| checkpoint | %s (step %d: %s)%s |\n", (dir / kCheckpointFile).c_str(), c.steps, step_dir.c_str(),
+                  c.sharded_checkpoint ? absl::StrCat(", optimizer shards in ", step_dir, "/", kShardDir).c_str() : "");
     }
     std::fflush(stdout);
   }
@@ -444,15 +449,14 @@ int main(int argc, char** argv) {
   const bool in_job = std::getenv("RANK") != nullptr || std::getenv("WORLD_SIZE") != nullptr;
   if (!in_job) {
     // Checked once here, not by every rank.
-    const std::filesystem::path ckpt = std::filesystem::path(config.checkpoint_dir) / kCheckpointFile;
-    if (config.resume && !std::filesystem::exists(ckpt)) {
-      die(2, absl::StrCat("--resume: no checkpoint at ", ckpt.string(), "; run once without --resume to create one"));
-    }
-    if (config.resume && config.zero == "off") {
-      absl::StatusOr<c10::IValue> saved = checkpoint::load_state(ckpt.string());
-      if (saved.ok() && saved->isGenericDict() && saved->toGenericDict().contains("optimizer_shards")) {
-        die(2, kShardedNeedsZero);
+    if (config.resume) {
+      absl::StatusOr<examples::TrainCheckpoint> ck =
+          examples::read_train_checkpoint(checkpoint::StepCheckpoints(config.checkpoint_dir));
+      if (!ck.ok()) {
+        die(2, absl::StrCat("--resume: ", ck.status().message(), absl::IsNotFound(ck.status())
+                                ? "; run once without --resume to create one" : ""));
       }
+      if (ck->sharded && config.zero == "off") die(2, kShardedNeedsZero);
     }
     const int nproc = absl::GetFlag(FLAGS_nproc_per_node);
     if (nproc < 1) die(2, absl::StrCat("--nproc_per_node must be at least 1, got ", nproc));

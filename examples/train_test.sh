@@ -43,8 +43,8 @@ PY
 # ends where the straight run does, another rank count and strategy read the same shards, and
 # shards from another step than checkpoint.pt are refused.
 "$TRAIN" --steps=20 --sharded_checkpoint --checkpoint_dir="$TMP/s" >"$TMP/s1.log" 2>&1 || fail "sharded first half exited with $?: $(cat "$TMP/s1.log")"
-ls "$TMP/s/optimizer"/shard-*-0.pt "$TMP/s/optimizer"/shard-*-1.pt "$TMP/s/optimizer/metadata.pt" >/dev/null 2>&1 || fail "no shard per rank in $TMP/s/optimizer: $(ls "$TMP/s/optimizer")"
-cp -r "$TMP/s/optimizer" "$TMP/step20-shards"
+ls "$TMP/s/latest/optimizer"/shard-*-0.pt "$TMP/s/latest/optimizer"/shard-*-1.pt "$TMP/s/latest/optimizer/metadata.pt" >/dev/null 2>&1 || fail "no shard per rank in $TMP/s/latest/optimizer: $(ls -R "$TMP/s")"
+cp -r "$TMP/s/latest/optimizer" "$TMP/step20-shards"
 "$TRAIN" --steps=40 --resume --sharded_checkpoint --checkpoint_dir="$TMP/s" >"$TMP/s2.log" 2>&1 || fail "sharded resume exited with $?: $(cat "$TMP/s2.log")"
 sharded=$(final_loss "$TMP/s2.log")
 echo "sharded resume: final loss $sharded"
@@ -53,14 +53,18 @@ cp -r "$TMP/s" "$TMP/s3"
 "$TRAIN" --steps=50 --resume --nproc_per_node=3 --zero=flat --sharded_checkpoint --checkpoint_dir="$TMP/s3" >"$TMP/s3.log" 2>&1 || fail "3-rank flat resume exited with $?: $(cat "$TMP/s3.log")"
 grep -q "resumed from step 40" "$TMP/s3.log" || fail "3 ranks did not resume from step 40: $(cat "$TMP/s3.log")"
 grep -q "optimizer state, rank 2" "$TMP/s3.log" || fail "3-rank resume has no rank 2 row"
-rm -rf "$TMP/s/optimizer" && cp -r "$TMP/step20-shards" "$TMP/s/optimizer"
+rm -rf "$TMP/s/latest/optimizer" && cp -r "$TMP/step20-shards" "$TMP/s/latest/optimizer"
 out=$("$TRAIN" --steps=60 --resume --sharded_checkpoint --checkpoint_dir="$TMP/s" 2>&1) && fail "stale shards were accepted"
 [[ "$out" == *"are not from step 40"* ]] || fail "stale shards: unexpected message: $out"
 out=$("$TRAIN" --steps=60 --resume --zero=off --checkpoint_dir="$TMP/s" 2>&1); code=$?
 [[ $code -eq 2 && "$out" == "train: --resume: this checkpoint's optimizer state is sharded"* ]] || fail "--zero=off on shards: exit $code: $out"
 
-# 5. Bad input: exit code 2 and one line that says what to do.
-for args in "--hook=foo" "--zero=nope" "--steps=0" "--resume --checkpoint_dir=$TMP/none" "--hook=post_local_sgd" "--zero=off --sharded_checkpoint"; do
+# 5. Step directories: the last --keep_checkpoints steps are kept, `latest` names the newest.
+[[ "$(readlink "$TMP/a/latest")" == "step-00000040" ]] || fail "latest -> $(readlink "$TMP/a/latest"), expected step-00000040"
+[[ -d "$TMP/a/step-00000020" && -f "$TMP/a/step-00000040/checkpoint.pt" ]] || fail "steps kept: $(ls "$TMP/a")"
+
+# 6. Bad input: exit code 2 and one line that says what to do.
+for args in "--hook=foo" "--zero=nope" "--steps=0" "--resume --checkpoint_dir=$TMP/none" "--hook=post_local_sgd" "--zero=off --sharded_checkpoint" "--keep_checkpoints=0"; do
   out=$("$TRAIN" $args 2>&1); code=$?
   [[ $code -eq 2 ]] || fail "$args: exit code $code, expected 2"
   [[ $(printf '%s\n' "$out" | wc -l) -eq 1 ]] || fail "$args: expected one line, got: $out"

@@ -1,0 +1,147 @@
+#include "checkpoint/step_checkpoints.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace dtrain::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+std::string fresh_root(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const fs::path root = fs::path(tmp != nullptr ? tmp : "/tmp") / name;
+  fs::remove_all(root);
+  return root.string();
+}
+
+void write_file(const fs::path& path, const std::string& text) {
+  std::ofstream(path) << text;
+}
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// A "save" of `step`: two files, as rank 0's checkpoint and another rank's hook state.
+void save(StepCheckpoints& c, int64_t step) {
+  absl::StatusOr<std::string> dir = c.begin(step);
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  write_file(fs::path(*dir) / "checkpoint.pt", "model at " + std::to_string(step));
+  write_file(fs::path(*dir) / "hook-rank1.pt", "hook at " + std::to_string(step));
+  ASSERT_TRUE(c.commit(step).ok());
+}
+
+TEST(StepCheckpointsTest, CommitMakesAStepCurrentAndKeepsTheLastK) {
+  const std::string root = fresh_root("keep");
+  StepCheckpoints c(root, 2);
+  EXPECT_EQ(c.latest().status().code(), absl::StatusCode::kNotFound);
+  save(c, 100);
+  ASSERT_TRUE(c.latest().ok());
+  EXPECT_EQ(c.latest()->step, 100);
+  // The stable name Python loads follows the current step.
+  EXPECT_EQ(read_file(fs::path(root) / "checkpoint.pt"), "model at 100");
+  save(c, 200);
+  EXPECT_EQ(read_file(fs::path(root) / "checkpoint.pt"), "model at 200");
+  EXPECT_THAT(c.steps_on_disk(), ElementsAre(100, 200));
+  save(c, 300);
+  EXPECT_THAT(c.steps_on_disk(), ElementsAre(200, 300));
+  EXPECT_FALSE(fs::exists(c.dir_of(100)));
+}
+
+TEST(StepCheckpointsTest, AnInterruptedSaveLeavesThePreviousStepAndIsCleanedLater) {
+  const std::string root = fresh_root("interrupted");
+  StepCheckpoints c(root, 2);
+  save(c, 10);
+  // A save of step 20 dies half way: files written, no commit; a writer's temporary is left too.
+  absl::StatusOr<std::string> dir = c.begin(20);
+  ASSERT_TRUE(dir.ok());
+  write_file(fs::path(*dir) / "checkpoint.pt", "half");
+  write_file(fs::path(root) / "checkpoint.pt.tmp.1234", "torn");
+  EXPECT_EQ(c.latest()->step, 10);
+  EXPECT_EQ(read_file(fs::path(root) / "checkpoint.pt"), "model at 10");
+  EXPECT_THAT(c.steps_on_disk(), ElementsAre(10));
+  // The job resumes from 10; its next save is step 15 (another --checkpoint_every): step 20's
+  // leftovers and the temporary go at that commit.
+  save(c, 15);
+  EXPECT_FALSE(fs::exists(c.dir_of(20)));
+  EXPECT_FALSE(fs::exists(fs::path(root) / "checkpoint.pt.tmp.1234"));
+  EXPECT_THAT(c.steps_on_disk(), ElementsAre(10, 15));
+  // Saving step 20 again starts from an empty directory.
+  dir = c.begin(20);
+  ASSERT_TRUE(dir.ok());
+  EXPECT_TRUE(fs::is_empty(*dir));
+}
+
+TEST(StepCheckpointsTest, Errors) {
+  const std::string root = fresh_root("errors");
+  StepCheckpoints c(root, 2);
+  EXPECT_EQ(c.begin(-1).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.commit(5).code(), absl::StatusCode::kFailedPrecondition);
+  save(c, 5);
+  absl::StatusOr<std::string> again = c.begin(5);
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(again.status().message()), HasSubstr("is the committed step"));
+  fs::remove_all(c.dir_of(5));
+  EXPECT_EQ(c.latest().status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(c.latest().status().message()), HasSubstr("not a step directory"));
+}
+
+// Kills a process saving steps at random moments, many times: every time, the current step is a
+// complete one (both files, from the same step) and no earlier complete step was lost.
+TEST(StepCheckpointsTest, KillsAtRandomPointsAlwaysLeaveACompleteStep) {
+  const std::string root = fresh_root("kills");
+  {
+    StepCheckpoints c(root, 2);
+    save(c, 0);
+  }
+  std::mt19937 rng(7);
+  int64_t committed = 0;
+  int interrupted = 0;
+  for (int attempt = 0; attempt < 40; ++attempt) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      StepCheckpoints c(root, 2);
+      for (int64_t step = committed + 1;; ++step) {
+        absl::StatusOr<std::string> dir = c.begin(step);
+        if (!dir.ok()) std::_Exit(3);
+        write_file(fs::path(*dir) / "checkpoint.pt", "model at " + std::to_string(step));
+        write_file(fs::path(*dir) / "hook-rank1.pt", "hook at " + std::to_string(step));
+        if (!c.commit(step).ok()) std::_Exit(4);
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(std::uniform_int_distribution<int>(0, 3000)(rng)));
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    interrupted += WIFSIGNALED(status);
+    StepCheckpoints c(root, 2);
+    absl::StatusOr<CommittedStep> last = c.latest();
+    ASSERT_TRUE(last.ok()) << "attempt " << attempt << ": " << last.status();
+    ASSERT_GE(last->step, committed) << "attempt " << attempt << ": a committed step was lost";
+    const std::string s = std::to_string(last->step);
+    EXPECT_EQ(read_file(fs::path(last->dir) / "checkpoint.pt"), "model at " + s) << "attempt " << attempt;
+    EXPECT_EQ(read_file(fs::path(last->dir) / "hook-rank1.pt"), "hook at " + s) << "attempt " << attempt;
+    EXPECT_EQ(read_file(fs::path(root) / "checkpoint.pt"), "model at " + s) << "attempt " << attempt;
+    committed = last->step;
+  }
+  EXPECT_EQ(interrupted, 40);
+  EXPECT_GT(committed, 0) << "no save ever completed: the kills came too early to test anything";
+}
+
+}  // namespace
+}  // namespace dtrain::checkpoint

@@ -1,0 +1,97 @@
+#include "examples/train_checkpoint.h"
+
+#include <filesystem>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "checkpoint/state_file.h"
+
+namespace dtrain::examples {
+namespace {
+
+constexpr int64_t kMaxStep = 1'000'000'000'000;
+
+absl::Status bad(const std::string& file, const std::string& what) {
+  return absl::DataLossError(absl::StrCat("checkpoint ", file, ": ", what,
+                                          "; it was not written by this program's save, or is damaged"));
+}
+
+}  // namespace
+
+std::string hook_file(const std::string& step_dir, int rank) {
+  return (std::filesystem::path(step_dir) / absl::StrCat("hook-rank", rank, ".pt")).string();
+}
+
+absl::StatusOr<TrainCheckpoint> read_train_checkpoint(const checkpoint::StepCheckpoints& ckpts) {
+  absl::StatusOr<checkpoint::CommittedStep> last = ckpts.latest();
+  if (!last.ok()) return last.status();
+  TrainCheckpoint c;
+  c.dir = last->dir;
+  c.file = (std::filesystem::path(c.dir) / kCheckpointFile).string();
+  absl::StatusOr<c10::IValue> loaded = checkpoint::load_state(c.file);
+  if (!loaded.ok()) return loaded.status();
+  if (!loaded->isGenericDict()) return bad(c.file, absl::StrCat("holds a ", loaded->tagKind(), ", not a dict"));
+  const c10::impl::GenericDict d = loaded->toGenericDict();
+  auto field = [&](const char* key, bool (c10::IValue::*is)() const, const char* type) -> absl::StatusOr<c10::IValue> {
+    const c10::IValue k(key);
+    if (!d.contains(k)) return bad(c.file, absl::StrCat("has no '", key, "'"));
+    c10::IValue v = d.at(k);
+    if (!(v.*is)()) return bad(c.file, absl::StrCat("'", key, "' is a ", v.tagKind(), ", not ", type));
+    return v;
+  };
+  absl::StatusOr<c10::IValue> step = field("step", &c10::IValue::isInt, "an int");
+  if (!step.ok()) return step.status();
+  c.step = step->toInt();
+  if (c.step < 0 || c.step > kMaxStep || c.step != last->step) {
+    return bad(c.file, absl::StrCat("its step is ", c.step, " but it is in the directory of step ", last->step));
+  }
+  absl::StatusOr<c10::IValue> world = field("world_size", &c10::IValue::isInt, "an int");
+  if (!world.ok()) return world.status();
+  c.world_size = world->toInt();
+  if (c.world_size < 1 || c.world_size > kMaxWorldSize) {
+    return bad(c.file, absl::StrCat("world_size ", c.world_size, " is outside [1, ", kMaxWorldSize, "]"));
+  }
+  absl::StatusOr<c10::IValue> model = field("model", &c10::IValue::isGenericDict, "a dict");
+  if (!model.ok()) return model.status();
+  for (const auto& kv : model->toGenericDict()) {
+    if (!kv.key().isString() || !kv.value().isTensor()) {
+      return bad(c.file, "'model' must map parameter names to tensors");
+    }
+    c.model.insert(kv.key(), kv.value());
+  }
+  absl::StatusOr<c10::IValue> hook = field("hook", &c10::IValue::isString, "a str");
+  if (!hook.ok()) return hook.status();
+  c.hook = hook->toStringRef();
+  c.sharded = d.contains(c10::IValue("optimizer_shards"));
+  if (!c.sharded) {
+    absl::StatusOr<c10::IValue> o = field("optimizer", &c10::IValue::isGenericDict, "a dict");
+    if (!o.ok()) return o.status();
+    c.optimizer = *o;
+  }
+  return c;
+}
+
+absl::Status load_weights(const c10::impl::GenericDict& weights, torch::nn::Module& model) {
+  torch::NoGradGuard no_grad;
+  for (const auto& item : model.named_parameters()) {
+    const c10::IValue key(item.key());
+    if (!weights.contains(key)) {
+      return absl::InvalidArgumentError(absl::StrCat("the checkpoint has no parameter ", item.key(),
+                                                     "; was it written with another --hidden?"));
+    }
+    const at::Tensor saved = weights.at(key).toTensor();
+    if (!saved.sizes().equals(item.value().sizes()) || saved.scalar_type() != item.value().scalar_type()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter ", item.key(), " is ", c10::toString(saved.scalar_type()), " [", absl::StrJoin(saved.sizes(), ","),
+          "] in the checkpoint but ", c10::toString(item.value().scalar_type()), " [",
+          absl::StrJoin(item.value().sizes(), ","), "] here; use the --hidden it was written with"));
+    }
+    item.value().copy_(saved);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dtrain::examples

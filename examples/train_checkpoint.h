@@ -1,0 +1,54 @@
+// examples:train's checkpoints: what one step's checkpoint holds, read back and validated before
+// anything is used (a checkpoint that passed its checksum can still be hostile or from another
+// run: every field's type and range is checked, each problem is one Status naming the file).
+//
+//   checkpoint::StepCheckpoints ckpts(dir, keep);
+//   absl::StatusOr<TrainCheckpoint> c = read_train_checkpoint(ckpts);   // the newest committed step
+//   if (!c.ok()) die(2, c.status().message());
+//   if (absl::Status s = load_weights(c->model, *model); !s.ok()) die(2, s.message());
+#ifndef DTRAIN_EXAMPLES_TRAIN_CHECKPOINT_H_
+#define DTRAIN_EXAMPLES_TRAIN_CHECKPOINT_H_
+
+#include <cstdint>
+#include <string>
+
+#include <ATen/core/Dict.h>
+#include <ATen/core/ivalue.h>
+#include <torch/nn/module.h>
+
+#include "absl/status/statusor.h"
+#include "checkpoint/step_checkpoints.h"
+
+namespace dtrain::examples {
+
+inline constexpr char kCheckpointFile[] = "checkpoint.pt";  // in each step directory
+inline constexpr char kShardDir[] = "optimizer";            // in each step directory, --sharded_checkpoint
+inline constexpr int64_t kMaxWorldSize = 1 << 20;
+
+struct TrainCheckpoint {
+  std::string dir;      // the step directory
+  std::string file;     // dir/checkpoint.pt
+  int64_t step = 0;     // equal to the directory's step
+  int64_t world_size = 0;
+  c10::impl::GenericDict model{c10::StringType::get(), c10::AnyType::get()};  // name -> tensor
+  c10::IValue optimizer;  // PyTorch's optimizer state dict; None when sharded
+  bool sharded = false;   // optimizer state in dir/optimizer (checkpoint/sharded.h)
+  std::string hook;       // the --hook it was written with
+};
+
+// The hook state file of `rank` in a step directory.
+std::string hook_file(const std::string& step_dir, int rank);
+
+// Reads and validates the newest committed step's checkpoint.pt. Errors: NotFound (nothing
+// committed: run once without --resume), DataLoss/InvalidArgument naming the file and the field
+// (wrong type, a step outside [0, 10^12] or not the directory's, a world size outside
+// [1, 2^20], model entries that are not tensors).
+absl::StatusOr<TrainCheckpoint> read_train_checkpoint(const checkpoint::StepCheckpoints& ckpts);
+
+// Copies the saved weights into `model`'s parameters. Errors (InvalidArgument, naming the
+// parameter): a parameter missing from the checkpoint, a different shape or dtype.
+absl::Status load_weights(const c10::impl::GenericDict& weights, torch::nn::Module& model);
+
+}  // namespace dtrain::examples
+
+#endif  // DTRAIN_EXAMPLES_TRAIN_CHECKPOINT_H_
