@@ -7,11 +7,18 @@
 //   BM_LoadSingleFile  load_state of it (read + checksum + decode)
 //   BM_SaveSharded     save_sharded at world 2 (each rank writes its 80 MiB, then the metadata)
 //   BM_PlainWrite      write() + fsync of 160 MiB of bytes: the floor for the saves
+//   BM_LoadPythonWritten  load_state of a 160 MiB Adam state dict Python's torch.save wrote
+//                      (bench/peers/checkpoint_pytorch.py, run once with the installed PyTorch)
+//   BM_VerifyEntries   the zip walk + every entry's CRC-32 of that file (the verification cost)
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
 
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
@@ -20,6 +27,8 @@
 #include "checkpoint/consolidation.h"
 #include "checkpoint/sharded.h"
 #include "checkpoint/state_file.h"
+#include "checkpoint/stored_zip.h"
+#include "torch/version.h"
 
 namespace dtrain::checkpoint {
 namespace {
@@ -167,6 +176,47 @@ void BM_PlainWrite(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * kStateBytes);
 }
 BENCHMARK(BM_PlainWrite)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// The Python-written file, made once per PyTorch version (the Python beside this LibTorch).
+std::string python_file() {
+  const std::string path = bench_dir() + "/python_adam_" + TORCH_VERSION + ".pt";
+  if (!std::filesystem::exists(path)) {
+    const std::string cmd = "/usr/bin/python3 bench/peers/checkpoint_pytorch.py write " + path;
+    if (std::system(cmd.c_str()) != 0) return "";
+  }
+  return path;
+}
+
+void BM_LoadPythonWritten(benchmark::State& state) {
+  const std::string path = python_file();
+  if (path.empty()) {
+    state.SkipWithError("could not write the Python file (run from the repository root, with PyTorch installed)");
+    return;
+  }
+  for (auto _ : state) {
+    auto v = load_state(path);
+    if (!v.ok()) state.SkipWithError(std::string(v.status().message()).c_str());
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(std::filesystem::file_size(path)));
+}
+BENCHMARK(BM_LoadPythonWritten)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+void BM_VerifyEntries(benchmark::State& state) {
+  const std::string path = python_file();
+  if (path.empty()) {
+    state.SkipWithError("could not write the Python file");
+    return;
+  }
+  std::ifstream in(path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (auto _ : state) {
+    auto zip = read_stored_zip(bytes, path, /*verify_crcs=*/true);
+    if (!zip.ok()) state.SkipWithError(std::string(zip.status().message()).c_str());
+    benchmark::DoNotOptimize(zip);
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(bytes.size()));
+}
+BENCHMARK(BM_VerifyEntries)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace dtrain::checkpoint

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <memory>
+#include <new>
 #include <optional>
 #include <random>
 #include <string_view>
@@ -210,9 +212,16 @@ absl::StatusOr<c10::IValue> load_state(const std::string& path) {
     ::close(fd);
     return s;
   }
-  std::vector<char> bytes(static_cast<size_t>(st.st_size));
+  // Uninitialised (no pass to zero it), shared: the tensors read are views into it (no 2nd copy).
+  const size_t size = static_cast<size_t>(st.st_size);
+  std::shared_ptr<char[]> buffer(new (std::nothrow) char[std::max<size_t>(size, 1)]);
+  if (buffer == nullptr) {
+    ::close(fd);
+    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", size, " bytes to read state file ", path));
+  }
+  const std::string_view bytes(buffer.get(), size);
   for (size_t off = 0; off < bytes.size();) {
-    const ssize_t n = ::read(fd, bytes.data() + off, bytes.size() - off);
+    const ssize_t n = ::read(fd, buffer.get() + off, bytes.size() - off);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       absl::Status s = n < 0 ? os_error("cannot read", path)
@@ -226,7 +235,7 @@ absl::StatusOr<c10::IValue> load_state(const std::string& path) {
 
   // The zip's own structure decides whether a trailer is there: the end record that ends the file
   // carries it as its comment. Nothing is searched for, so no damage can hide a trailer.
-  const std::string_view all(bytes.data(), bytes.size());
+  const std::string_view all = bytes;
   const std::string name = absl::StrCat("state file ", path);
   const std::optional<uint64_t> eocd = find_end_record(all);
   if (!eocd) {
@@ -235,6 +244,7 @@ absl::StatusOr<c10::IValue> load_state(const std::string& path) {
   }
   const std::string_view comment = all.substr(*eocd + kEocdSize);
   TorchFileReadOptions options;
+  options.owner = buffer;
   switch (classify(comment)) {
     case Comment::kNone:     // torch.save's files: every entry's CRC-32 is verified by the reader
     case Comment::kForeign:  // a comment some other zip tool wrote: likewise

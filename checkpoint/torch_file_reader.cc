@@ -1,6 +1,9 @@
 #include "checkpoint/torch_file_reader.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <vector>
 #include <unordered_map>
 
 #include <ATen/core/Tensor.h>
@@ -80,6 +83,17 @@ absl::StatusOr<c10::IValue> read(std::string_view bytes, const std::string& name
     }
     if (starts_with(e.name, data_dir)) storages.emplace(std::string_view(e.name).substr(data_dir.size()), &e);
   }
+  // Storages never share bytes (a real zip's entries do not overlap; tensors may alias `bytes`).
+  std::vector<const ZipEntry*> by_place;
+  for (const auto& kv : storages) by_place.push_back(kv.second);
+  std::sort(by_place.begin(), by_place.end(),
+            [](const ZipEntry* a, const ZipEntry* b) { return a->data.data() < b->data.data(); });
+  for (size_t i = 1; i < by_place.size(); ++i) {
+    if (by_place[i - 1]->data.data() + by_place[i - 1]->data.size() > by_place[i]->data.data()) {
+      return absl::DataLossError(absl::StrCat(name, " is damaged: zip entries ", by_place[i - 1]->name, " and ",
+                                              by_place[i]->name, " overlap"));
+    }
+  }
   const StorageLoader loader = [&](const std::string& key, at::ScalarType dtype,
                                    int64_t numel) -> absl::StatusOr<at::Storage> {
     auto it = storages.find(key);
@@ -101,6 +115,15 @@ absl::StatusOr<c10::IValue> read(std::string_view bytes, const std::string& name
                                                   " holds a byte other than 0 or 1 at ", i));
         }
       }
+    }
+    const auto address = reinterpret_cast<uintptr_t>(data.data());
+    if (options.owner != nullptr && address % c10::elementSize(dtype) == 0) {
+      // A view into the caller's bytes, holding a reference to their owner.
+      auto* keep = new std::shared_ptr<const void>(options.owner);
+      at::DataPtr ptr(const_cast<char*>(data.data()), keep,
+                      [](void* k) { delete static_cast<std::shared_ptr<const void>*>(k); }, at::Device(at::kCPU));
+      return at::Storage(at::Storage::use_byte_size_t(), static_cast<int64_t>(nbytes), std::move(ptr),
+                         /*allocator=*/nullptr, /*resizable=*/false);
     }
     try {
       at::Tensor buffer = at::empty({static_cast<int64_t>(nbytes)}, at::TensorOptions().dtype(at::kByte));

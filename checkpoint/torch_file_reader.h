@@ -19,7 +19,8 @@
 //     dtypes, Parameters (as tensors), int, float, bool, None, str, dicts and OrderedDicts, lists,
 //     tuples, torch.Size, torch.device -- like torch.load(weights_only=True). Tensors are copied
 //     out of `bytes` into fresh CPU tensors (whatever device they were saved from); tensors that
-//     shared a storage in Python share one here; requires_grad is kept.
+//     shared a storage in Python share one here; requires_grad is kept (TorchFileReadOptions::owner:
+//     views into `bytes` instead of copies).
 // Values come back as LibTorch's own unpickler makes them: dicts as c10::impl::GenericDict(Any,
 // Any), lists as c10::impl::GenericList(Any), unless LibTorch's type tags retype them.
 //
@@ -29,6 +30,7 @@
 #ifndef DTRAIN_CHECKPOINT_TORCH_FILE_READER_H_
 #define DTRAIN_CHECKPOINT_TORCH_FILE_READER_H_
 
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -42,6 +44,10 @@ struct TorchFileReadOptions {
   // Verify each zip entry's CRC-32 before unpickling. Turn off only when the caller has verified
   // a checksum over all of `bytes` (checkpoint/state_file.cc's trailer). Default true.
   bool verify_entry_crcs = true;
+  // When set, `bytes` stay valid as long as `owner` lives, and tensors are views into them (kept
+  // alive by a reference to `owner`) instead of copies: no second copy of a large file in memory.
+  // Storages that are not aligned to their element size are still copied. Default: copies.
+  std::shared_ptr<const void> owner;
 };
 
 // Reads the value PyTorch stored in `bytes` (a whole file's contents). `name_for_errors` is how

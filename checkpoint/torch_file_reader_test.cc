@@ -151,6 +151,28 @@ Entries renamed(const Entries& in, const std::string& from, const std::string& t
   return out;
 }
 
+TEST(TorchFileReaderTest, WithAnOwnerTensorsAreViewsThatKeepTheBytesAlive) {
+  const c10::IValue v = every_kind_of_value();
+  absl::StatusOr<std::string> written = write_torch_file(v);
+  ASSERT_TRUE(written.ok()) << written.status();
+  auto owner = std::make_shared<std::string>(*written);
+  TorchFileReadOptions options;
+  options.owner = owner;
+  absl::StatusOr<c10::IValue> ours = read_torch_file(*owner, "file dtrain.pt", options);
+  ASSERT_TRUE(ours.ok()) << ours.status();
+  const c10::IValue expected = torch::jit::pickle_load(std::vector<char>(owner->begin(), owner->end()));
+  const char* data = static_cast<const char*>(ours->toGenericDict().at("view_a").toTensor().storage().data());
+  EXPECT_TRUE(data >= owner->data() && data < owner->data() + owner->size()) << "not a view into the bytes";
+  EXPECT_GT(owner.use_count(), 1);  // the tensors hold the bytes
+  std::weak_ptr<std::string> weak = owner;
+  owner.reset();
+  options.owner.reset();
+  EXPECT_FALSE(weak.expired());
+  EXPECT_TRUE(same(*ours, expected));
+  ours = absl::StatusOr<c10::IValue>(c10::IValue());
+  EXPECT_TRUE(weak.expired()) << "the bytes outlived every tensor";
+}
+
 TEST(TorchFileReaderTest, AnyArchivePrefixAndZip64) {
   const Entries entries = renamed(sample_entries(), "archive/", "adam_state/");
   testing::ZipOptions o;
