@@ -69,6 +69,15 @@ void check_betas(const std::tuple<double, double>& b) {
   TORCH_CHECK(std::get<1>(b) >= 0.0 && std::get<1>(b) < 1.0, "Invalid beta parameter at index 1: ", py(std::get<1>(b)));
 }
 
+// The same kernel compiled for AVX2 (chosen at run time on CPUs that have it): every call inside is
+// inlined into this function, so the loops are vectorised 8 floats wide instead of SSE2's 4. No FMA
+// (a multiply-add stays two roundings), so results are bit-identical to the baseline kernel's.
+template <typename Traits, typename T, typename Options>
+__attribute__((target("avx2"), flatten)) void kernel_avx2(const FusedTensor<T>& t, int64_t lo, int64_t hi,
+                                                          const Options& o) {
+  Traits::template kernel<T>(t, lo, hi, o);
+}
+
 // Runs one optimizer's update over (index, gradient) pairs: Traits::prepare on each (lazy state,
 // step count), then the fused kernel over all contiguous float/double tensors in one parallel
 // pass, and Traits::aten (ATen operations, PyTorch's exact sequence) over the rest.
@@ -101,11 +110,12 @@ void drive(std::vector<at::Tensor>& params, std::vector<ParamState>& state, cons
       Traits::aten(s, params[i], g, o, first);
     }
   }
+  const bool avx2 = internal::cpu_has_avx2();
   internal::for_each_range(f32, [&](const FusedTensor<float>& t, int64_t lo, int64_t hi) {
-    Traits::template kernel<float>(t, lo, hi, o);
+    avx2 ? kernel_avx2<Traits>(t, lo, hi, o) : Traits::template kernel<float>(t, lo, hi, o);
   });
   internal::for_each_range(f64, [&](const FusedTensor<double>& t, int64_t lo, int64_t hi) {
-    Traits::template kernel<double>(t, lo, hi, o);
+    avx2 ? kernel_avx2<Traits>(t, lo, hi, o) : Traits::template kernel<double>(t, lo, hi, o);
   });
 }
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -24,6 +25,22 @@ struct FusedTensor {
   std::array<double, 4> c{};
   bool first = false;  // first update of this tensor (SGD creates its momentum buffer from it)
 };
+
+// Tests set this to run the baseline (SSE2) kernels on an AVX2 machine, to compare the two.
+inline std::atomic<bool>& baseline_kernels_only() {
+  static std::atomic<bool> only{false};
+  return only;
+}
+
+// Whether the fused kernels use their AVX2 build: this CPU runs AVX2 code and no test said no.
+inline bool cpu_has_avx2() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has && !baseline_kernels_only().load(std::memory_order_relaxed);
+#else
+  return false;
+#endif
+}
 
 // Elements per task: large enough to amortise scheduling, small enough to split 1-tensor models.
 constexpr int64_t kFusedGrain = int64_t{1} << 16;
