@@ -1,4 +1,5 @@
 #include "comm/process_group.h"
+#include "comm/rendezvous_checks.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -61,6 +62,8 @@ const c10::intrusive_ptr<c10d::Store>& Group::store() const {
   pg();  // members only
   return state_->store;
 }
+
+const c10::intrusive_ptr<c10d::Store>& Group::root_store() const { return state().root_store; }
 
 namespace {
 
@@ -257,21 +260,52 @@ absl::StatusOr<Rendezvous> rendezvous(const InitOptions& o) {
 
   rv.master = absl::StrCat(host, ":", port);
   if (is_loopback(host)) rv.bind_host = "127.0.0.1";
+  // Every step under one deadline enforced here, each failure with its cause (rendezvous_checks.h):
+  // reach the master, connect to its store, then every rank announces itself and waits for all.
+  const std::chrono::milliseconds rendezvous_timeout = o.rendezvous_timeout.count() > 0 ? o.rendezvous_timeout : o.timeout;
+  const Deadline deadline = std::chrono::steady_clock::now() + rendezvous_timeout;
+  if (rv.rank != 0) {
+    if (absl::Status s = wait_for_listener(host, port, deadline); !s.ok()) return s;
+  }
   c10d::TCPStoreOptions so = tcp_store_options();
   so.port = static_cast<uint16_t>(port);
   so.isServer = rv.rank == 0;
   so.numWorkers = rv.world_size;
-  so.waitWorkers = true;
+  so.waitWorkers = false;  // check_arrivals waits, naming who is missing
   so.timeout = o.timeout;
   // The store's server listens on MASTER_ADDR's interface only (loopback stays loopback).
   if (kTcpStoreTakesListenFd && so.isServer) {
     if (const int fd = listen_on_host(host, port); fd >= 0) set_store_listen_fd(so, fd);
   }
-  try {
-    rv.store = c10::make_intrusive<c10d::TCPStore>(host, so);
-  } catch (const std::exception& e) {
-    return store_error(e, rv.master, o.timeout);
+  const std::string master = rv.master;
+  const std::chrono::milliseconds timeout = rendezvous_timeout;
+  absl::StatusOr<c10::intrusive_ptr<c10d::Store>> store = run_with_deadline<c10::intrusive_ptr<c10d::Store>>(
+      [host, so, master, timeout]() -> absl::StatusOr<c10::intrusive_ptr<c10d::Store>> {
+        try {
+          return c10::intrusive_ptr<c10d::Store>(c10::make_intrusive<c10d::TCPStore>(host, so));
+        } catch (const std::exception& e) {
+          return store_error(e, master, timeout);
+        }
+      },
+      deadline, absl::StrCat("connecting to the c10d store at ", master));
+  if (!store.ok()) {
+    if (absl::IsDeadlineExceeded(store.status())) {
+      return absl::DeadlineExceededError(absl::StrCat(store.status().message(), ": something accepts connections on ",
+                                                      master, " but does not answer as a c10d store; is another "
+                                                      "program using MASTER_PORT?"));
+    }
+    return store.status();
   }
+  rv.store = *store;
+  const int rank = rv.rank, world = rv.world_size;
+  absl::StatusOr<bool> arrived = run_with_deadline<bool>(
+      [s = rv.store, rank, world, deadline, master]() -> absl::StatusOr<bool> {
+        absl::Status st = check_arrivals(*s, rank, world, deadline, absl::StrCat("rendezvous on ", master));
+        if (!st.ok()) return st;
+        return true;
+      },
+      deadline + std::chrono::seconds(1), absl::StrCat("rendezvous on ", master, " (the store stopped answering)"));
+  if (!arrived.ok()) return arrived.status();
   return rv;
 }
 

@@ -39,6 +39,9 @@ struct InitOptions {
   // Rendezvous and collective timeout (PyTorch's default: 30 minutes). A collective that does not
   // complete in this time throws instead of hanging.
   std::chrono::milliseconds timeout = std::chrono::minutes(30);
+  // Deadline of the whole rendezvous (reaching the master, every rank arriving, WORLD_SIZE agreeing)
+  // when it should differ from `timeout`; 0: `timeout`.
+  std::chrono::milliseconds rendezvous_timeout{0};
   // Rendezvous store to use instead of `init_method` (e.g. a c10d::HashStore shared by ranks that
   // run as threads of one process).
   c10::intrusive_ptr<c10d::Store> store;
@@ -80,6 +83,8 @@ class Group {
   // This group's own namespace of the rendezvous store (for control-plane exchanges that must not
   // collide with other groups').
   const c10::intrusive_ptr<c10d::Store>& store() const;
+  // The rendezvous store itself, shared by every group of the job (comm/heartbeat.h's counters).
+  const c10::intrusive_ptr<c10d::Store>& root_store() const;
 
  private:
   struct State {

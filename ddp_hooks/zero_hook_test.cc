@@ -86,7 +86,9 @@ void check_matches_unsharded_adam(const Case& c) {
     ZeroRedundancyOptimizer zero(net->parameters(), adam(), zo);
     auto hook = std::make_unique<ZeroOverlapHook>(std::make_unique<AllReduceHook>(g), ddp, zero, c.shard_buckets);
     const size_t buckets = hook->bucket_params().size();
-    if (c.bucket_cap_mb < 1e-5) EXPECT_EQ(buckets, 6u);  // one parameter per bucket
+    if (c.bucket_cap_mb < 1e-5) {
+      EXPECT_EQ(buckets, 6u);  // one parameter per bucket
+    }
     ddp.register_comm_hook(std::move(hook));
     // Both ranks own state: the partition follows the buckets.
     EXPECT_GT(zero.partition().numel_per_rank[0], 0);

@@ -34,6 +34,7 @@
 #include "absl/strings/str_join.h"
 #include "checkpoint/state_file.h"
 #include "checkpoint/step_checkpoints.h"
+#include "comm/heartbeat.h"
 #include "comm/local_launcher.h"
 #include "comm/process_group.h"
 #include "ddp_hooks/default_hooks.h"
@@ -64,6 +65,9 @@ ABSL_FLAG(double, lr, 3e-3, "Adam learning rate.");
 ABSL_FLAG(int, batch_size, 64, "Samples per rank per step.");
 ABSL_FLAG(int, hidden, 256, "Width of the student's hidden layers.");
 ABSL_FLAG(int, log_every, 0, "Steps between progress lines when stdout is not a terminal; 0: steps / 10.");
+ABSL_FLAG(int, timeout_s, 60,
+          "Seconds a collective may wait for the other ranks before the job fails, naming the rank that stopped.");
+ABSL_FLAG(int, rendezvous_timeout_s, 300, "Seconds for every rank to join the job at startup.");
 ABSL_FLAG(uint64_t, seed, 0, "Seed of the teacher, the student's initial weights and the data.");
 
 namespace {
@@ -113,6 +117,9 @@ Config read_flags() {
   if (!(c.lr > 0)) die(2, absl::StrCat("--lr must be positive, got ", c.lr));
   c.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
   if (c.keep_checkpoints < 1) die(2, absl::StrCat("--keep_checkpoints must be at least 1, got ", c.keep_checkpoints));
+  if (absl::GetFlag(FLAGS_timeout_s) < 1 || absl::GetFlag(FLAGS_rendezvous_timeout_s) < 1) {
+    die(2, "--timeout_s and --rendezvous_timeout_s must be at least 1");
+  }
   if (c.checkpoint_every < 1) die(2, absl::StrCat("--checkpoint_every must be at least 1, got ", c.checkpoint_every));
   if (c.hook == "post_local_sgd" && c.zero != "off") {
     die(2, "--hook=post_local_sgd lets ranks drift apart between averagings, which ZeRO's parameter broadcast "
@@ -212,13 +219,25 @@ class Progress {
   int every_ = 1;
 };
 
+// Names the rank that stopped when a collective fails (see main's error handler).
+std::unique_ptr<comm::Heartbeat> g_heartbeat;
+
+// What the heartbeats say, for an error message: "; rank 1 stopped responding (...)", or "".
+std::string stalls() {
+  if (g_heartbeat == nullptr) return "";
+  const std::string said = g_heartbeat->describe_stalls();
+  return absl::StrCat("; ", said);
+}
+
 int train(const Config& c) {
   comm::InitOptions init;
   init.init_method = "env://";
-  init.timeout = std::chrono::minutes(5);
+  init.timeout = std::chrono::seconds(absl::GetFlag(FLAGS_timeout_s));
+  init.rendezvous_timeout = std::chrono::seconds(absl::GetFlag(FLAGS_rendezvous_timeout_s));
   absl::StatusOr<comm::Group> joined = comm::init_process_group(init);
   if (!joined.ok()) die(2, absl::StrCat("cannot join the job: ", joined.status().message()));
   comm::Group world = *joined;
+  g_heartbeat = std::make_unique<comm::Heartbeat>(world);
   const int rank = world.rank(), world_size = world.size();
   std::vector<at::Tensor> tty = {torch::full({1}, rank == 0 && ::isatty(1) == 1 ? 1 : 0, torch::kInt)};
   c10d::BroadcastOptions from_rank0;
@@ -472,8 +491,9 @@ int main(int argc, char** argv) {
   try {
     return train(config);
   } catch (const c10::Error& e) {
-    die(1, absl::StrCat("rank ", std::getenv("RANK") ? std::getenv("RANK") : "?", ": ", e.what_without_backtrace()));
+    die(1, absl::StrCat("rank ", std::getenv("RANK") ? std::getenv("RANK") : "?", ": ", e.what_without_backtrace(),
+                        stalls()));
   } catch (const std::exception& e) {
-    die(1, absl::StrCat("rank ", std::getenv("RANK") ? std::getenv("RANK") : "?", ": ", e.what()));
+    die(1, absl::StrCat("rank ", std::getenv("RANK") ? std::getenv("RANK") : "?", ": ", e.what(), stalls()));
   }
 }

@@ -55,5 +55,30 @@ campaign() {  # name, extra flags...
 campaign single --hook=allreduce
 campaign powersgd --hook=powersgd
 campaign sharded --sharded_checkpoint --zero=flat
+# A stopped rank (SIGSTOP) is reported within --timeout_s plus the heartbeat check, naming it.
+"$TRAIN" --steps=100000 --hidden=32 --batch_size=16 --checkpoint_dir= --timeout_s=5 >"$TMP/stop.log" 2>&1 &
+launcher=$!
+sleep 3
+rank1=""
+for d in /proc/[0-9]*; do  # the launcher's children (no pgrep in minimal images)
+  p=${d#/proc/}
+  [[ "$(awk '{print $4}' "$d/stat" 2>/dev/null)" == "$launcher" ]] || continue
+  tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "RANK=1" && rank1=$p
+done
+if [[ -z "$rank1" ]]; then
+  echo "FAIL: no rank 1 process under the launcher $launcher"; other=$((other + 1))
+else
+  start=$SECONDS
+  kill -STOP "$rank1"
+  for _ in $(seq 1 60); do kill -0 "$launcher" 2>/dev/null || break; sleep 1; done
+  took=$((SECONDS - start))
+  kill -CONT "$rank1" 2>/dev/null; kill -9 "$launcher" 2>/dev/null; wait "$launcher" 2>/dev/null
+  if grep -q "rank 1 stopped responding" "$TMP/stop.log" && [[ $took -le 40 ]]; then
+    echo "stopped rank 1: the job ended in ${took} s naming it: $(grep -o 'rank 1 stopped responding[^:]*' "$TMP/stop.log" | head -1)"
+  else
+    echo "FAIL: stopped rank 1: after ${took} s: $(tail -5 "$TMP/stop.log")"; other=$((other + 1))
+  fi
+fi
+
 echo "outcomes: $exact resumed exactly, $clear_error clear error with the previous step intact, $other other"
 [[ $other -eq 0 ]] || exit 1
