@@ -13,6 +13,7 @@ const char* unsupported_name(uint8_t op) {
     case 'P': return "PERSID (protocol 0 persistent id)";
     case 'i': return "INST (creates an object)";
     case 'o': return "OBJ (creates an object)";
+    case 0x92: return "NEWOBJ_EX (creates an object)";
     case 0x82: return "EXT1";
     case 0x83: return "EXT2";
     case 0x84: return "EXT4";

@@ -228,7 +228,12 @@ absl::StatusOr<Item> restore_type_tag(const Context& ctx, const std::vector<Item
   }
   const c10::IValue& v = a[0].value;
   if (!v.isGenericDict() && !v.isList()) return ctx.data_loss("restore_type_tag of something not a dict or list");
-  const c10::TypePtr t = TypeParser(a[1].value.toStringRef()).parse_all();
+  c10::TypePtr t;
+  try {
+    t = TypeParser(a[1].value.toStringRef()).parse_all();
+  } catch (const std::exception&) {  // a type LibTorch refuses to build (e.g. Optional[NoneType])
+    t = nullptr;
+  }
   if (t == nullptr) return a[0];
   if (v.isGenericDict() && t->kind() == c10::TypeKind::DictType) {
     c10::impl::GenericDict d = v.toGenericDict();

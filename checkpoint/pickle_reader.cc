@@ -149,7 +149,8 @@ class Machine {
   }
   absl::Status set_item(const Item& dict_item, const Item& key, const Item& value) {
     if (!dict_item.is_value() || !dict_item.value.isGenericDict() ||
-        dict_item.value.toGenericDict().keyType()->kind() != c10::TypeKind::AnyType) {
+        dict_item.value.toGenericDict().keyType()->kind() != c10::TypeKind::AnyType ||
+        dict_item.value.toGenericDict().valueType()->kind() != c10::TypeKind::AnyType) {
       return ctx_.data_loss(absl::StrCat("SETITEM(S) on ", pickle_internal::describe(dict_item), ", not a dict"));
     }
     const c10::IValue& k = key.value;
@@ -159,7 +160,11 @@ class Machine {
     }
     absl::StatusOr<c10::IValue> v = plain(value, "a dict");
     if (!v.ok()) return v.status();
-    dict_item.value.toGenericDict().insert_or_assign(k, std::move(*v));
+    if (dict_item.value.toGenericDict().contains(k)) {
+      // Python never pickles a key twice (and 1, 1.0 and True are one key there).
+      return ctx_.data_loss(absl::StrCat("a dict key occurs twice: ", pickle_internal::describe(key)));
+    }
+    dict_item.value.toGenericDict().insert(k, std::move(*v));
     return absl::OkStatus();
   }
   absl::Status memo_put(uint64_t index) {

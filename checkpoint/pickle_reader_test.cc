@@ -140,6 +140,7 @@ TEST(PickleReaderTest, MalformedPicklesAreDataLossWithTheirOffset) {
       {"\x80\x02N.N", "1 bytes follow the STOP opcode"},
       {"\x80\x02]q\x00h\x00" "a."s, "a container contains itself"},
       {"\x80\x02K\x01}q\x00"s, "ends without a STOP"},
+      {"\x80\x02}(K\x01K\x02K\x01K\x03u."s, "a dict key occurs twice"},
   };
   for (const auto& [pickle, want] : cases) {
     absl::StatusOr<c10::IValue> v = read(pickle);
@@ -153,6 +154,7 @@ TEST(PickleReaderTest, UnsupportedContentIsInvalidArgument) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"\x80\x06N.", "pickle protocol 6 is newer than 5"},
       {"\x80\x04\x8f.", "opcode EMPTY_SET (sets are not read)"},
+      {"\x80\x04\x92.", "NEWOBJ_EX (creates an object)"},
       {"S'x'\np0\n.", "opcode STRING (protocol 0 str)"},
       {"\x80\x02}]N\x85s.", "a dict key is a list"},
       {std::string("\x80\x02\x8a\x09\0\0\0\0\0\0\0\0\x01.", 14), "does not fit 64 bits"},

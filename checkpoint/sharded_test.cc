@@ -4,11 +4,13 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <functional>
 
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "checkpoint/state_file.h"
 #include "comm/test_harness.h"
 #include "partition/flat_partition.h"
 #include "partition/sorted_greedy.h"
@@ -173,6 +175,58 @@ TEST(ShardedTest, IncompleteAndCorruptCheckpoints) {
   EXPECT_EQ(incomplete.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(incomplete.status().message()), HasSubstr("incomplete checkpoint: " + dir));
   EXPECT_EQ(read_sharded_info(temp_dir()).status().code(), absl::StatusCode::kNotFound);
+}
+
+// Metadata that passes its checksum but lies: every variant is a DataLoss naming the problem,
+// never an exception, a crash or uninitialised memory handed back.
+TEST(ShardedTest, HostileMetadataIsAStatusNeverAThrow) {
+  using Mutation = std::function<void(Dict&)>;
+  auto shard = [](Dict& m, size_t i) { return m.at("shards").toList().get(i).toGenericDict(); };
+  auto first_range_key = [&](Dict& m) { return (*shard(m, 0).at("ranges").toGenericDict().begin()).key(); };
+  auto set_range = [&](std::vector<c10::IValue> r) {
+    return Mutation([&, r](Dict& m) {
+      c10::impl::GenericList l(c10::AnyType::get());
+      for (const auto& v : r) l.push_back(v);
+      shard(m, 0).at("ranges").toGenericDict().insert_or_assign(first_range_key(m), l);
+    });
+  };
+  const std::vector<std::pair<std::string, Mutation>> cases = {
+      {"no world_size", [](Dict& m) { m.erase("world_size"); }},
+      {"world_size a string", [](Dict& m) { m.insert_or_assign("world_size", std::string("2")); }},
+      {"empty range", set_range({})},
+      {"one-element range", set_range({int64_t{3}})},
+      {"negative range", set_range({int64_t{-3}, int64_t{5}})},
+      {"range past the parameter", set_range({int64_t{0}, int64_t{1} << 40})},
+      {"negative shape", [](Dict& m) {
+         c10::impl::GenericList l(c10::AnyType::get());
+         l.push_back(int64_t{-2});
+         l.push_back(int64_t{-3});
+         m.at("shapes").toGenericDict().insert_or_assign(int64_t{0}, l);
+       }},
+      {"overflowing shape", [](Dict& m) {
+         c10::impl::GenericList l(c10::AnyType::get());
+         l.push_back(int64_t{1} << 40);
+         l.push_back(int64_t{1} << 40);
+         m.at("shapes").toGenericDict().insert_or_assign(int64_t{0}, l);
+       }},
+      {"two shards claim the same elements", [&](Dict& m) {
+         shard(m, 1).insert_or_assign("ranges", shard(m, 0).at("ranges").toGenericDict().copy());
+       }},
+      {"a shard file outside the directory", [&](Dict& m) { shard(m, 0).insert_or_assign("file", std::string("../x.pt")); }},
+      {"shards not a list", [](Dict& m) { m.insert_or_assign("shards", int64_t{7}); }},
+  };
+  for (const auto& [name, mutate] : cases) {
+    const std::string dir = temp_dir();
+    save_at(dir, "flat", 2);
+    absl::StatusOr<c10::IValue> meta = load_state(dir + "/metadata.pt");
+    ASSERT_TRUE(meta.ok());
+    Dict m = meta->toGenericDict();
+    mutate(m);
+    ASSERT_TRUE(save_state(dir + "/metadata.pt", m).ok());
+    absl::StatusOr<ShardedState> got = absl::UnknownError("not run");
+    EXPECT_NO_THROW(got = load_sharded(dir, owned("flat", 1, 0))) << name;
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << name << ": " << got.status();
+  }
 }
 
 TEST(ShardedTest, BadRequests) {

@@ -201,7 +201,8 @@ absl::Status save_state(const std::string& path, const c10::IValue& state, const
 }
 
 absl::StatusOr<c10::IValue> load_state(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO (or another special file) at `path` must not block the open.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     if (errno == ENOENT) return absl::NotFoundError(absl::StrCat("state file ", path, " does not exist"));
     return os_error("cannot open", path);
@@ -212,6 +213,12 @@ absl::StatusOr<c10::IValue> load_state(const std::string& path) {
     ::close(fd);
     return s;
   }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat("state file ", path, " is not a regular file (a directory, FIFO "
+                                                   "or device); give the path of a checkpoint file"));
+  }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   // Uninitialised (no pass to zero it), shared: the tensors read are views into it (no 2nd copy).
   const size_t size = static_cast<size_t>(st.st_size);
   std::shared_ptr<char[]> buffer(new (std::nothrow) char[std::max<size_t>(size, 1)]);

@@ -1,5 +1,7 @@
 #include "checkpoint/state_file.h"
 
+#include <sys/stat.h>
+
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -148,6 +150,15 @@ std::string read_all(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 void write_all(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
+
+TEST(StateFileTest, AFifoOrADirectoryIsAnErrorNotAHang) {
+  const std::string dir = temp_dir();
+  ASSERT_EQ(::mkfifo((dir + "/fifo.pt").c_str(), 0600), 0);
+  absl::StatusOr<c10::IValue> fifo = load_state(dir + "/fifo.pt");  // no writer: a blocking open never returns
+  EXPECT_EQ(fifo.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(fifo.status().message()), HasSubstr("is not a regular file"));
+  EXPECT_EQ(load_state(dir).status().code(), absl::StatusCode::kInvalidArgument);
+}
 
 TEST(StateFileTest, CorruptedTruncatedAndMissingFiles) {
   const std::string dir = temp_dir();

@@ -86,13 +86,30 @@ class Parser {
     std::unordered_set<std::string_view> names;
     const uint64_t cd_end = cd_offset + cd_size;
     uint64_t at = cd_offset;
+    std::vector<std::pair<uint64_t, uint64_t>> spans;  // [local header, end of data) of each entry
+    spans.reserve(static_cast<size_t>(count));
     for (uint64_t i = 0; i < count; ++i) {
-      absl::StatusOr<uint64_t> next = entry(at, cd_end, cd_offset, i, count, verify_crcs, zip);
+      absl::StatusOr<uint64_t> next = entry(at, cd_end, cd_offset, i, count, zip, spans);
       if (!next.ok()) return next.status();
       at = *next;
     }
     for (const ZipEntry& entry : zip.entries) {
       if (!names.insert(entry.name).second) return loss(absl::StrCat("the entry name ", entry.name, " occurs twice"));
+    }
+    // Entries never share bytes (a real zip's do not; overlapping ones would make the CRC checks
+    // below quadratic and let two tensors alias): checked before any CRC is computed.
+    std::sort(spans.begin(), spans.end());
+    for (size_t i = 1; i < spans.size(); ++i) {
+      if (spans[i].first < spans[i - 1].second) {
+        return loss(absl::StrCat("two entries overlap at offset ", spans[i].first));
+      }
+    }
+    if (verify_crcs) {
+      for (const ZipEntry& entry : zip.entries) {
+        if (crc32_of(entry.data) != entry.crc32) {
+          return loss(absl::StrCat("entry ", entry.name, " fails its CRC-32 check (its bytes are corrupted)"));
+        }
+      }
     }
     zip.comment = b_.view(e + kEocdSize, b_.size() - e - kEocdSize);
     zip.eocd_offset = e;
@@ -106,7 +123,7 @@ class Parser {
 
   // Parses central-directory entry `i` at `at`, appends it to zip.entries, returns the next offset.
   absl::StatusOr<uint64_t> entry(uint64_t at, uint64_t cd_end, uint64_t data_limit, uint64_t i, uint64_t count,
-                                 bool verify_crcs, StoredZip& zip) {
+                                 StoredZip& zip, std::vector<std::pair<uint64_t, uint64_t>>& spans) {
     if (!b_.has(at, kCentralSize) || at + kCentralSize > cd_end || b_.le(at, 4) != kCentralSig) {
       return loss(absl::StrCat("central-directory entry ", i + 1, " of ", count, " is missing or out of bounds"));
     }
@@ -171,9 +188,7 @@ class Parser {
     ZipEntry entry;
     entry.data = b_.view(data, size);
     entry.crc32 = static_cast<uint32_t>(crc);
-    if (verify_crcs && crc32_of(entry.data) != entry.crc32) {
-      return loss(absl::StrCat("entry ", name, " fails its CRC-32 check (its bytes are corrupted)"));
-    }
+    spans.emplace_back(local, data + size);
     entry.name = std::move(name);
     zip.entries.push_back(std::move(entry));
     return at + kCentralSize + var_len;

@@ -95,6 +95,19 @@ TEST(StoredZipTest, InconsistentDirectoriesAreDataLoss) {
   EXPECT_THAT(message(read_stored_zip(far, "f").status()), HasSubstr("central directory"));
 }
 
+// An entry whose local header lies inside another entry's data: each passes its own checks, but
+// entries must not share bytes (the CRC work would be quadratic, tensors could alias).
+TEST(StoredZipTest, OverlappingEntriesAreDataLoss) {
+  const std::string one = make_zip({{"a/y", "Q"}});
+  const std::string inner = one.substr(0, one.find("PK\x01\x02"));  // a/y's local header and data
+  std::string zip = make_zip({{"a/x", inner}, {"a/y", "Q"}});
+  const size_t nested = zip.find(inner);
+  const size_t second_central = zip.find("PK\x01\x02", zip.find("PK\x01\x02") + 4);
+  ASSERT_NE(second_central, std::string::npos);
+  for (int k = 0; k < 4; ++k) zip[second_central + 42 + k] = static_cast<char>((nested >> (8 * k)) & 0xff);
+  EXPECT_THAT(message(read_stored_zip(zip, "f").status()), HasSubstr("two entries overlap"));
+}
+
 TEST(StoredZipTest, Crc32OfMatchesZlibInPieces) {
   const std::string data = "123456789";
   EXPECT_EQ(crc32_of(data), 0xcbf43926u);

@@ -52,8 +52,9 @@ struct TorchFileReadOptions {
 
 // Reads the value PyTorch stored in `bytes` (a whole file's contents). `name_for_errors` is how
 // messages refer to the bytes, e.g. "state file /ckpt/a.pt". The result shares no memory with
-// `bytes`. Errors: DataLoss for damaged or malformed bytes (truncation, bytes appended, a CRC
-// mismatch, an offset or length out of range, a malformed pickle, a tensor outside its storage);
+// `bytes` (unless options.owner is set: then tensors view `bytes`). Errors: DataLoss for damaged
+// or malformed bytes (truncation, bytes appended, a CRC mismatch, overlapping entries, an offset
+// or length out of range, a malformed pickle, a tensor outside its storage);
 // InvalidArgument for well-formed content dtrain does not read (the list above); each message names
 // the file, says what is wrong and what to do. Thread safety: a pure function of its arguments.
 absl::StatusOr<c10::IValue> read_torch_file(std::string_view bytes, const std::string& name_for_errors,
