@@ -395,8 +395,23 @@ absl::StatusOr<Item> resolve_global(const Context& ctx, std::string_view module,
       "file. In Python, save state dicts (model.state_dict(), optimizer.state_dict()) rather than objects"));
 }
 
+// How many elements a call on `item` may visit: a container's size, 1 for anything else.
+uint64_t visits(const Item& item) {
+  if (item.raw != nullptr) return item.raw->size() + 1;
+  const c10::IValue& v = item.value;
+  if (v.isList()) return v.toListRef().size() + 1;
+  if (v.isGenericDict()) return v.toGenericDict().size() + 1;
+  if (v.isTuple()) return v.toTupleRef().elements().size() + 1;
+  return 1;
+}
+
 absl::StatusOr<Item> call_global(Context& ctx, const Item& callable, const std::vector<Item>& args) {
   const int32_t g = callable.ref;
+  for (const Item& a : args) ctx.work += visits(a);
+  if (ctx.work > ctx.work_limit) {
+    return ctx.data_loss(absl::StrCat("its calls visit more than ", ctx.work_limit, " elements, far more than a "
+                                      "pickle of its size needs (a hostile file repeating calls on one large value)"));
+  }
   if (g >= kStorageClass) return ctx.invalid(absl::StrCat(global_name(g), " is called; storages come by persistent id"));
   switch (g) {
     case kRebuildTensorV2:

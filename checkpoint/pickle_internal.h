@@ -98,6 +98,11 @@ struct Context {
   // Every list and dict made while reading. On failure they are cleared, which breaks any
   // reference cycle a hostile pickle built and keeps destruction shallow.
   std::vector<c10::IValue> containers;
+  // Work budget: element visits by the allow-listed calls (each is linear in its arguments), so a
+  // small pickle that calls them again and again on one large memoized value is refused instead of
+  // taking hours or all memory. Legitimate pickles visit each element about once.
+  uint64_t work = 0;
+  uint64_t work_limit = 0;
 };
 
 // The allow-listed global `module.name`, or InvalidArgument naming it.

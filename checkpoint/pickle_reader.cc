@@ -473,6 +473,7 @@ absl::StatusOr<c10::IValue> Machine::stop() {
 absl::StatusOr<c10::IValue> read_pickle(std::string_view pickle, const std::string& name_for_errors,
                                         const StorageLoader& load_storage) {
   Context ctx(name_for_errors, load_storage);
+  ctx.work_limit = 8 * static_cast<uint64_t>(pickle.size()) + (uint64_t{1} << 20);
   absl::StatusOr<c10::IValue> result;
   {
     Machine machine(pickle, ctx);

@@ -150,6 +150,22 @@ TEST(PickleReaderTest, MalformedPicklesAreDataLossWithTheirOffset) {
   }
 }
 
+// A small pickle calling an allowed function again and again on one large memoized list: linear
+// work per call would add up to hours or all memory for a few MB of file; it is refused.
+TEST(PickleReaderTest, RepeatedCallsOnALargeValueExhaustTheWorkBudget) {
+  std::string p = "\x80\x02]q\x00("s;
+  for (int i = 0; i < 1000; ++i) p += "K\x01";
+  p += "ectorch.jit._pickle\nbuild_intlist\nq\x01";
+  for (int i = 0; i < 5000; ++i) p += "h\x01h\x00\x85R0"s;  // build_intlist(the list), result dropped
+  p += "N.";
+  absl::StatusOr<c10::IValue> v = read(p);
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kDataLoss) << v.status();
+  EXPECT_THAT(message(v), HasSubstr("far more than a pickle of its size needs"));
+  // The same calls a few times are fine.
+  std::string few = p.substr(0, p.find("h\x01h\x00"s)) + "00h\x01h\x00\x85R."s;
+  EXPECT_TRUE(read(few).ok()) << read(few).status();
+}
+
 TEST(PickleReaderTest, UnsupportedContentIsInvalidArgument) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"\x80\x06N.", "pickle protocol 6 is newer than 5"},
