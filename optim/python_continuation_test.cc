@@ -195,6 +195,48 @@ TEST_F(PythonContinuationTest, LibTorchOptimizersContinueAsPython) {
   EXPECT_GE(checked, 13);
 }
 
+// The other direction: what dtrain's optimizers hand back after continuing, saved with save_state,
+// loads into PyTorch's optimizer and goes on exactly as PyTorch's own (check_continuation.py).
+TEST_F(PythonContinuationTest, PyTorchContinuesFromTheStateDtrainWrote) {
+  for (const char* who : {"functional", "adapter"}) {
+    for (const std::string& name : case_names()) {
+      const Case c = load(name);
+      std::vector<at::Tensor> params = fresh_params(c);
+      c10::IValue sd;
+      if (std::string(who) == "functional" && c.groups.size() == 1) {
+        auto opt = FunctionalRegistry::global().create(c.optimizer, params, lr_only());
+        opt->load_state_dict(c.state_dict);
+        for (const auto& gs : c.grads) opt->step(gs);
+        sd = opt->state_dict();
+      } else {
+        FunctionalOptimizerAdapter opt(param_groups(c, params), c.optimizer, lr_only());
+        opt.load_state_dict(c.state_dict);
+        for (const auto& gs : c.grads) {
+          set_grads(params, gs);
+          opt.step();
+        }
+        sd = opt.state_dict();
+      }
+      c10::impl::GenericList ps(c10::AnyType::get());
+      for (const auto& p : params) ps.push_back(p.detach());
+      c10::impl::GenericDict out(c10::StringType::get(), c10::AnyType::get());
+      out.insert("params", ps);
+      out.insert("state_dict", sd);
+      absl::Status s = checkpoint::save_state(*dir_ + "/" + name + "." + who + ".pt", out);
+      ASSERT_TRUE(s.ok()) << s;
+    }
+    const std::string cmd = python() + " optim/testdata/check_continuation.py " + *dir_ + " " + who + " 2>&1";
+    FILE* pipe = ::popen(cmd.c_str(), "r");
+    ASSERT_NE(pipe, nullptr);
+    std::string output;
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof(buf), pipe)) > 0;) output.append(buf, n);
+    EXPECT_EQ(::pclose(pipe), 0) << who << ":\n" << output;
+    EXPECT_EQ(output.find("FAIL"), std::string::npos) << output;
+    EXPECT_NE(output.find("adam_scheduler ok"), std::string::npos) << output;
+  }
+}
+
 TEST_F(PythonContinuationTest, ZeroAtWorld2And3UnderBothStrategiesContinuesAsPython) {
   std::vector<Case> cases;
   for (const std::string& name : case_names()) cases.push_back(load(name));
