@@ -148,10 +148,23 @@ absl::StatusOr<int> launch_local(const std::vector<std::string>& argv, const Lau
   ::fcntl(g_signal_pipe[0], F_SETFD, FD_CLOEXEC);
   ::fcntl(g_signal_pipe[1], F_SETFD, FD_CLOEXEC);
   ::fcntl(g_signal_pipe[1], F_SETFL, O_NONBLOCK);
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  ::sigemptyset(&sa.sa_mask);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) ::sigaction(sig, &sa, nullptr);
+  // The caller's handlers come back, and the pipe is closed, however this function returns.
+  struct SignalsInstalled {
+    static constexpr int kSignals[4] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD};
+    struct sigaction old[4] {};
+    SignalsInstalled() {
+      struct sigaction sa {};
+      sa.sa_handler = on_signal;
+      ::sigemptyset(&sa.sa_mask);
+      for (int i = 0; i < 4; ++i) ::sigaction(kSignals[i], &sa, &old[i]);
+    }
+    ~SignalsInstalled() {
+      for (int i = 0; i < 4; ++i) ::sigaction(kSignals[i], &old[i], nullptr);
+      ::close(g_signal_pipe[0]);
+      ::close(g_signal_pipe[1]);
+      g_signal_pipe[0] = g_signal_pipe[1] = -1;
+    }
+  } installed;
 
   const int world = nproc * nnodes;
   // One thread per rank is what 2-core machines can afford; torchrun does the same.

@@ -7,7 +7,8 @@
 //   o.rank0_owns_terminal = true;     // rank 0 may redraw a progress line in place
 //   absl::StatusOr<int> code = dtrain::comm::launch_local({"/path/to/program", "--flag"}, o);
 //
-// Not thread-safe: one launch per process at a time (it installs signal handlers while running).
+// Not thread-safe: one launch per process at a time (it installs signal handlers while running and
+// restores the caller's when it returns).
 #ifndef DTRAIN_COMM_LOCAL_LAUNCHER_H_
 #define DTRAIN_COMM_LOCAL_LAUNCHER_H_
 

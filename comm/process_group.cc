@@ -2,6 +2,7 @@
 #include "comm/rendezvous_checks.h"
 
 #include <arpa/inet.h>
+#include <signal.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -11,6 +12,7 @@
 #include <cstdlib>
 #include <exception>
 #include <map>
+#include <mutex>
 #include <set>
 #include <utility>
 
@@ -371,6 +373,14 @@ absl::StatusOr<RendezvousResult> rendezvous_store(const InitOptions& options) {
   return RendezvousResult{rv->store, rv->rank, rv->world_size};
 }
 
+void ignore_sigpipe() {
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  struct sigaction now {};
+  if (::sigaction(SIGPIPE, nullptr, &now) != 0) return;
+  if ((now.sa_flags & SA_SIGINFO) == 0 && now.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
+}
+
 absl::StatusOr<Group> init_process_group(const InitOptions& options) {
   if (options.backend != "gloo" && options.backend != "nccl") {
     return absl::InvalidArgumentError(
@@ -385,6 +395,7 @@ absl::StatusOr<Group> init_process_group(const InitOptions& options) {
   }
   absl::StatusOr<Rendezvous> rv = rendezvous(options);
   if (!rv.ok()) return rv.status();
+  ignore_sigpipe();
 
   auto state = std::make_shared<Group::State>();
   state->root_store = rv->store;

@@ -105,16 +105,6 @@ class Group {
   const State& state() const;  // TORCH_CHECKs that the Group was initialised
 
   friend absl::StatusOr<Group> init_process_group(const InitOptions& options);
-
-// Only the rendezvous of init_process_group (the store, this rank, the world size), for layers
-// that bring their own transport (rpc/'s TensorPipe agent). Same options and errors; `backend`
-// and the Gloo fields are ignored.
-struct RendezvousResult {
-  c10::intrusive_ptr<c10d::Store> store;
-  int rank = -1;
-  int world_size = -1;
-};
-absl::StatusOr<RendezvousResult> rendezvous_store(const InitOptions& options);
   friend absl::StatusOr<Group> new_group(const Group& parent, std::vector<int> ranks);
 };
 
@@ -137,6 +127,12 @@ struct RendezvousResult {
   int world_size = -1;
 };
 absl::StatusOr<RendezvousResult> rendezvous_store(const InitOptions& options);
+
+// A write to a peer that has died raises SIGPIPE, whose default action kills the writer silently
+// (exit by signal 13, no message). init_process_group and rpc's agent call this, so such a write
+// fails the collective or call with an error instead, as in Python (which ignores SIGPIPE at
+// startup). A handler the program installed itself is left alone. Idempotent and thread-safe.
+void ignore_sigpipe();
 
 // A group of some of `parent`'s ranks (parent ranks, any order, no duplicates), as
 // torch.distributed.new_group. Collective over `parent`: every parent rank calls it with the same

@@ -1,5 +1,9 @@
 #include "comm/process_group.h"
 
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -7,6 +11,7 @@
 #include <thread>
 
 #include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <gmock/gmock.h>
 #include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
@@ -250,6 +255,45 @@ TEST(SubgroupTest, ValidationErrors) {
     EXPECT_THAT(std::string(new_subgroups_by_enumeration(world, {{0, 1}, {1}}).status().message()),
                 HasSubstr("Rank 1 has appeared in both subgroup 0 and 1"));
   });
+}
+
+// A one-rank Gloo group on an in-process store, then a write into a pipe nobody reads: the write
+// must fail with EPIPE instead of killing the process (it exits 0 when it fails, 1 when it wrote).
+[[noreturn]] void init_then_write_to_a_closed_pipe() {
+  InitOptions o;
+  o.store = c10::make_intrusive<c10d::HashStore>();
+  o.rank = 0;
+  o.world_size = 1;
+  absl::StatusOr<Group> g = init_process_group(o);
+  if (!g.ok()) ::_exit(2);
+  int fds[2];
+  if (::pipe(fds) != 0) ::_exit(3);
+  ::close(fds[0]);
+  const ssize_t n = ::write(fds[1], "x", 1);
+  ::_exit(n == -1 && errno == EPIPE ? 0 : 1);
+}
+
+TEST(ProcessGroupTest, AWriteToADeadPeerIsAnErrorNotSigpipe) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(init_then_write_to_a_closed_pipe(), ::testing::ExitedWithCode(0), "");
+}
+
+int g_sigpipes = 0;
+void count_sigpipe(int) { ++g_sigpipes; }
+
+TEST(ProcessGroupTest, TheProgramsOwnSigpipeHandlerIsKept) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        ::signal(SIGPIPE, count_sigpipe);
+        ignore_sigpipe();
+        int fds[2];
+        if (::pipe(fds) != 0) ::_exit(3);
+        ::close(fds[0]);
+        [[maybe_unused]] const ssize_t n = ::write(fds[1], "x", 1);
+        ::_exit(g_sigpipes == 1 ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
 }
 
 TEST(HarnessTest, HungCollectiveFailsWithinTimeout) {

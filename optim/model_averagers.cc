@@ -45,9 +45,9 @@ PeriodicModelAverager::PeriodicModelAverager(int64_t period, int64_t warmup_step
   TORCH_CHECK(warmup_steps >= 0, "Arg ``warmup_steps`` must be a non-negative number.");
   TORCH_CHECK(period >= 1, "Arg ``period`` must be a positive value.");
   if (period == 1) {
-    std::cerr << "When period is 1, no need to use model averaging because the communication cost of all-reducing "
-                 "parameters will be no less than the cost of all-reducing gradients by DistributedDataParallel in "
-                 "the backward pass. Therefore, only DistributedDataParallel should be used for this case.\n";
+    TORCH_WARN("When period is 1, no need to use model averaging because the communication cost of all-reducing "
+               "parameters will be no less than the cost of all-reducing gradients by DistributedDataParallel in "
+               "the backward pass. Therefore, only DistributedDataParallel should be used for this case.");
   }
 }
 
@@ -76,8 +76,8 @@ HierarchicalModelAverager::HierarchicalModelAverager(std::vector<std::pair<int64
                 period_group_size[i].first, ", ", period_group_size[i].second, ")");
   }
   if (period_group_size.back().first == 1) {
-    std::cerr << "When the maximum period in arg ``period_group_size_dict`` is 1, no need to use model averaging; "
-                 "only DistributedDataParallel should be used for this case.\n";
+    TORCH_WARN("When the maximum period in arg ``period_group_size_dict`` is 1, no need to use model averaging; "
+               "only DistributedDataParallel should be used for this case.");
   }
   for (const auto& [period, size] : period_group_size) {
     TORCH_CHECK(size >= 1 && overall % size == 0, "group size ", size, " does not divide the process group's size ",

@@ -65,7 +65,7 @@ void PostLocalSGDOptimizer::load_state_dict(const c10::IValue& state_dict) {
   if (sd.contains("step")) {
     averager_->set_step(sd.at("step").toInt());
   } else {
-    std::cerr << "Loaded state dict does not contain a step counter for an averager. Setting step counter to 0.\n";
+    TORCH_WARN("Loaded state dict does not contain a step counter for an averager. Setting step counter to 0.");
     averager_->set_step(0);
   }
 }

@@ -62,10 +62,11 @@ void FunctionalRegistry::register_type(std::type_index type, const std::string& 
   twins_.insert_or_assign(type, name);
 }
 
-const std::string* FunctionalRegistry::twin_name(std::type_index type) const {
+std::optional<std::string> FunctionalRegistry::twin_name(std::type_index type) const {
   std::shared_lock<std::shared_mutex> lock(mu_);
   auto it = twins_.find(type);
-  return it == twins_.end() ? nullptr : &it->second;
+  if (it == twins_.end()) return std::nullopt;
+  return it->second;
 }
 
 bool FunctionalRegistry::contains(const std::string& name) const {

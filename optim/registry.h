@@ -17,6 +17,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <shared_mutex>
 #include <string>
 #include <typeindex>
@@ -49,14 +50,13 @@ class FunctionalRegistry {
   bool contains(const std::string& name) const;
   template <typename TorchOptimizer>
   bool has_twin() const {
-    return twin_name(std::type_index(typeid(TorchOptimizer))) != nullptr;
+    return twin_name(std::type_index(typeid(TorchOptimizer))).has_value();
   }
   std::vector<std::string> names() const;
   // The registry name of a LibTorch optimizer type's twin ("" when it has none).
   template <typename TorchOptimizer>
   std::string name_of() const {
-    const std::string* name = twin_name(std::type_index(typeid(TorchOptimizer)));
-    return name == nullptr ? std::string() : *name;
+    return twin_name(std::type_index(typeid(TorchOptimizer))).value_or(std::string());
   }
 
   // Creates the functional optimizer registered under `name` (TORCH_CHECK listing the known
@@ -66,15 +66,16 @@ class FunctionalRegistry {
   // The functional twin of a LibTorch optimizer type.
   template <typename TorchOptimizer>
   std::unique_ptr<FunctionalOptimizer> create(std::vector<at::Tensor> params, const OptionsDict& options) const {
-    const std::string* name = twin_name(std::type_index(typeid(TorchOptimizer)));
-    TORCH_CHECK(name != nullptr, "there is no supported functional optimizer equivalent for ",
+    const std::optional<std::string> name = twin_name(std::type_index(typeid(TorchOptimizer)));
+    TORCH_CHECK(name.has_value(), "there is no supported functional optimizer equivalent for ",
                 typeid(TorchOptimizer).name(), "; register one with register_optimizer + register_twin");
     return create(*name, std::move(params), options);
   }
 
  private:
   void register_type(std::type_index type, const std::string& name);
-  const std::string* twin_name(std::type_index type) const;
+  // A copy, taken under the lock: register_twin may replace the entry at any time.
+  std::optional<std::string> twin_name(std::type_index type) const;
 
   mutable std::shared_mutex mu_;
   std::map<std::string, FunctionalFactory> factories_;

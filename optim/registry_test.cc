@@ -1,5 +1,8 @@
 #include "optim/registry.h"
 
+#include <atomic>
+#include <thread>
+
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -62,6 +65,37 @@ TEST(RegistryTest, BuiltinsAndTwins) {
   auto sgd = r.create<torch::optim::SGD>(p, options_from_torch(torch::optim::SGDOptions(0.3).momentum(0.9)));
   EXPECT_EQ(sgd->name(), "SGD");
   EXPECT_EQ(sgd->options_dict().at("momentum").toDouble(), 0.9);
+}
+
+// Lookups of a twin's name while another thread re-registers it: each lookup copies the name under
+// the lock (a pointer into the map could dangle; --config=asan reports that as a use after free).
+TEST(RegistryTest, TwinLookupsRaceWithRegistration) {
+  FunctionalRegistry r;
+  r.register_optimizer("A", [](std::vector<at::Tensor> p, const OptionsDict&) {
+    return std::unique_ptr<FunctionalOptimizer>(std::make_unique<FunctionalSGD>(std::move(p), SGDOptions(0.1)));
+  });
+  r.register_optimizer("BB_a_name_longer_than_the_small_string_buffer", [](std::vector<at::Tensor> p, const OptionsDict&) {
+    return std::unique_ptr<FunctionalOptimizer>(std::make_unique<FunctionalSGD>(std::move(p), SGDOptions(0.1)));
+  });
+  std::atomic<bool> stop{false};
+  std::thread writer([&] {
+    for (int i = 0; i < 20000; ++i) {
+      if (i % 2 == 0) {
+        r.register_twin<torch::optim::SGD>("A");
+      } else {
+        r.register_twin<torch::optim::SGD>("BB_a_name_longer_than_the_small_string_buffer");
+      }
+    }
+    stop = true;
+  });
+  int64_t seen = 0;
+  while (!stop) {
+    const std::string name = r.name_of<torch::optim::SGD>();
+    EXPECT_TRUE(name.empty() || name == "A" || name == "BB_a_name_longer_than_the_small_string_buffer") << name;
+    ++seen;
+  }
+  writer.join();
+  EXPECT_GT(seen, 0);
 }
 
 TEST(RegistryTest, ClearErrors) {

@@ -486,8 +486,8 @@ at::Tensor ZeroRedundancyOptimizer::step_unchecked(LossClosure closure) {
   }
   std::vector<bool> mask = trainable_mask();
   if (mask != trainable_) {
-    std::cerr << "ZeroRedundancyOptimizer detected that the trainable parameters changed; rebuilding the parameter "
-                 "buckets if enabled\n";
+    TORCH_WARN("ZeroRedundancyOptimizer detected that the trainable parameters changed; rebuilding the parameter "
+               "buckets if enabled");
     trainable_ = std::move(mask);
     build_buckets();
   }

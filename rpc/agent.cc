@@ -1,7 +1,5 @@
 #include "rpc/agent.h"
 
-#include <signal.h>
-
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
@@ -134,9 +132,7 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::create(AgentOptions options) {
   absl::StatusOr<comm::RendezvousResult> rv = comm::rendezvous_store(init);
   if (!rv.ok()) return rv.status();
   if (!options.listen_interface.empty()) ::setenv("TP_SOCKET_IFNAME", options.listen_interface.c_str(), 1);
-  // A write to a peer that died raises SIGPIPE, whose default action kills this process; the
-  // failed write is reported as an error on the call instead (Python ignores SIGPIPE the same way).
-  ::signal(SIGPIPE, SIG_IGN);
+  comm::ignore_sigpipe();  // a write to a dead peer fails the call instead of killing this process
 
   std::unique_ptr<Agent> agent(new Agent());
   agent->rank_ = rv->rank;

@@ -17,7 +17,7 @@
 // Handlers run on the agent's worker threads (AgentOptions::num_worker_threads), concurrently:
 // they must be thread-safe. An exception in a handler, a malformed message or an unknown handler
 // becomes an error reply; the caller's Status names the remote worker and its message.
-// Creating an agent ignores SIGPIPE process-wide, so a dead peer is an error, not a dead caller.
+// Creating an agent ignores SIGPIPE (comm::ignore_sigpipe), so a dead peer is an error, not a dead caller.
 #ifndef DTRAIN_RPC_AGENT_H_
 #define DTRAIN_RPC_AGENT_H_
 
