@@ -12,7 +12,6 @@
 
 #include <chrono>
 #include <cstdlib>
-#include <dirent.h>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -22,14 +21,13 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
-#include <torch/csrc/jit/serialization/pickle.h>
 
 #include "absl/strings/str_cat.h"
+#include "checkpoint/fuzz_support.h"
 #include "checkpoint/state_file.h"
 #include "checkpoint/stored_zip.h"
 #include "checkpoint/test_zip.h"
 #include "checkpoint/torch_file_reader.h"
-#include "checkpoint/torch_file_writer.h"
 
 namespace dtrain::checkpoint {
 namespace {
@@ -40,58 +38,6 @@ using namespace std::string_literals;
 int64_t env_int(const char* name, int64_t fallback) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? std::atoll(v) : fallback;
-}
-
-std::vector<std::string> seeds() {
-  std::vector<std::string> out;
-  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
-  c10::impl::GenericDict state(c10::IntType::get(), c10::AnyType::get());
-  c10::impl::GenericDict s0(c10::StringType::get(), c10::AnyType::get());
-  s0.insert("step", at::scalar_tensor(3.0));
-  s0.insert("exp_avg", at::arange(6, at::kFloat).reshape({2, 3}));
-  s0.insert("view", s0.at("exp_avg").toTensor().t());
-  state.insert(int64_t{0}, s0);
-  d.insert("state", state);
-  c10::impl::GenericList groups(c10::AnyType::get());
-  c10::impl::GenericDict g(c10::StringType::get(), c10::AnyType::get());
-  g.insert("lr", 0.01);
-  g.insert("betas", c10::ivalue::Tuple::create({c10::IValue(0.9), c10::IValue(0.999)}));
-  g.insert("params", c10::List<int64_t>({0}));
-  g.insert("name", std::string("group"));
-  g.insert("flag", true);
-  g.insert("none", c10::IValue());
-  groups.push_back(g);
-  d.insert("param_groups", groups);
-  d.insert("mask", at::arange(4).gt(1));
-  d.insert("half", at::ones({3}, at::kHalf));
-  out.push_back(*write_torch_file(d));
-  const std::vector<char> libtorch = torch::jit::pickle_save(d);  // type tags, memo, typed lists
-  out.emplace_back(libtorch.begin(), libtorch.end());
-  // Protocol 4 framing, MEMOIZE, STACK_GLOBAL, SHORT_BINUNICODE, OrderedDict + BUILD, a Parameter.
-  const std::string p4 =
-      "\x80\x04\x95\x00\x00\x00\x00\x00\x00\x00\x00\x8c\x0b" "collections\x94\x8c\x0bOrderedDict\x94\x93\x94)R\x94"
-      "(\x8c\x01w\x94\x8c\x0ctorch._utils\x94\x8c\x12_rebuild_parameter\x94\x93\x94h\x05\x8c\x12_rebuild_tensor_v2"
-      "\x94\x93\x94((\x8c\x07storage\x94\x8c\x05torch\x94\x8c\x0c" "FloatStorage\x94\x93\x94\x8c\x01" "0\x94\x8c"
-      "\x06" "cuda:0\x94K\x06t\x94QK\x00K\x02K\x03\x86\x94K\x03K\x01\x86\x94\x89h\x02)R\x94t\x94R\x94\x88h\x02)R"
-      "\x94\x87\x94R\x94u}\x94\x8c\x09_metadata\x94}\x94sb."s;
-  Entries e = {{"p4/data.pkl", p4}, {"p4/byteorder", "little"}, {"p4/data/0", std::string(24, '\x01')},
-               {"p4/version", "3\n"}};
-  out.push_back(testing::make_zip(e));
-  testing::ZipOptions z64;
-  z64.zip64 = true;
-  out.push_back(testing::make_zip(e, z64));
-  if (const char* dir = std::getenv("DTRAIN_FUZZ_CORPUS"); dir != nullptr) {
-    if (DIR* dp = ::opendir(dir)) {
-      while (dirent* ent = ::readdir(dp)) {
-        if (ent->d_name[0] == '.' || ent->d_type == DT_DIR) continue;
-        std::ifstream in(absl::StrCat(dir, "/", ent->d_name), std::ios::binary);
-        std::string bytes((std::istreambuf_iterator<char>(in)), {});
-        if (!bytes.empty()) out.push_back(std::move(bytes));
-      }
-      ::closedir(dp);
-    }
-  }
-  return out;
 }
 
 const std::vector<std::string> kFragments = {
@@ -164,28 +110,10 @@ std::string mutate_content(const std::string& seed, const std::vector<std::strin
   return testing::make_zip(e, o);
 }
 
-// Touches every byte of every tensor in `v` (so ASan sees any read past a storage).
-uint64_t touch(const c10::IValue& v, int depth = 0) {
-  uint64_t sum = 0;
-  if (depth > 1100) return 0;
-  if (v.isTensor()) {
-    const at::Tensor c = v.toTensor().detach().contiguous();
-    const auto* p = static_cast<const unsigned char*>(c.data_ptr());
-    for (size_t i = 0; i < c.nbytes(); ++i) sum += p[i];
-  } else if (v.isGenericDict()) {
-    for (const auto& kv : v.toGenericDict()) sum += touch(kv.key(), depth + 1) + touch(kv.value(), depth + 1);
-  } else if (v.isList()) {
-    for (const c10::IValue& x : v.toListRef()) sum += touch(x, depth + 1);
-  } else if (v.isTuple()) {
-    for (const c10::IValue& x : v.toTupleRef().elements()) sum += touch(x, depth + 1);
-  }
-  return sum;
-}
-
 TEST(TorchFileFuzz, MutatedFilesGiveErrorsOrReadableValues) {
   const int64_t seconds = env_int("DTRAIN_FUZZ_SECONDS", 15);
   const auto seed = static_cast<uint64_t>(env_int("DTRAIN_FUZZ_SEED", 1));
-  const std::vector<std::string> corpus = seeds();
+  const std::vector<std::string> corpus = testing::torch_file_seeds();
   for (const std::string& s : corpus) ASSERT_TRUE(read_torch_file(s, "seed").ok()) << read_torch_file(s, "seed").status();
   const char* tmp = std::getenv("TEST_TMPDIR");
   const std::string path = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/fuzz_", ::getpid(), ".pt");
@@ -199,7 +127,7 @@ TEST(TorchFileFuzz, MutatedFilesGiveErrorsOrReadableValues) {
       const std::string input = rng() % 2 ? mutate_content(base, corpus, rng) : mutate_bytes(base, corpus, rng);
       absl::StatusOr<c10::IValue> v = read_torch_file(input, "fuzz input");
       if (v.ok()) {
-        touch(*v);
+        testing::touch_all(*v);
         ++outcomes["ok"];
       } else {
         ++outcomes[absl::StatusCodeToString(v.status().code())];
@@ -208,7 +136,7 @@ TEST(TorchFileFuzz, MutatedFilesGiveErrorsOrReadableValues) {
       if (runs % 16 == 0) {  // through load_state too, the trailer logic included
         std::ofstream(path, std::ios::binary | std::ios::trunc) << input;
         absl::StatusOr<c10::IValue> s = load_state(path);
-        if (s.ok()) touch(*s);
+        if (s.ok()) testing::touch_all(*s);
       }
     }
   }

@@ -150,16 +150,16 @@ absl::StatusOr<int> launch_local(const std::vector<std::string>& argv, const Lau
   ::fcntl(g_signal_pipe[1], F_SETFL, O_NONBLOCK);
   // The caller's handlers come back, and the pipe is closed, however this function returns.
   struct SignalsInstalled {
-    static constexpr int kSignals[4] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD};
+    const int signals[4] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD};
     struct sigaction old[4] {};
     SignalsInstalled() {
       struct sigaction sa {};
       sa.sa_handler = on_signal;
       ::sigemptyset(&sa.sa_mask);
-      for (int i = 0; i < 4; ++i) ::sigaction(kSignals[i], &sa, &old[i]);
+      for (int i = 0; i < 4; ++i) ::sigaction(signals[i], &sa, &old[i]);
     }
     ~SignalsInstalled() {
-      for (int i = 0; i < 4; ++i) ::sigaction(kSignals[i], &old[i], nullptr);
+      for (int i = 0; i < 4; ++i) ::sigaction(signals[i], &old[i], nullptr);
       ::close(g_signal_pipe[0]);
       ::close(g_signal_pipe[1]);
       g_signal_pipe[0] = g_signal_pipe[1] = -1;

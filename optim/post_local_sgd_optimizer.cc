@@ -1,7 +1,5 @@
 #include "optim/post_local_sgd_optimizer.h"
 
-#include <iostream>
-
 #include "optim/functional_adapter.h"
 #include "optim/torch_state.h"
 
@@ -20,14 +18,27 @@ PostLocalSGDOptimizer::PostLocalSGDOptimizer(std::unique_ptr<torch::optim::Optim
                                              std::shared_ptr<ModelAverager> averager)
     : torch::optim::Optimizer(copy_groups(*optim), optim->defaults().clone()),
       optim_(std::move(optim)),
-      averager_(std::move(averager)) {
+      averager_(std::move(averager)),
+      synced_(optim_->param_groups().size()) {
   TORCH_CHECK(averager_ != nullptr, "PostLocalSGDOptimizer needs a model averager");
 }
 
 void PostLocalSGDOptimizer::sync_options(bool to_local) {
   auto& local = optim_->param_groups();
-  TORCH_CHECK(local.size() == param_groups_.size(), "PostLocalSGDOptimizer: param groups were added to the local "
-              "optimizer directly; add them through this optimizer");
+  // Groups added on either side since the last call (see the header) go to the other side, in one
+  // order on both: the local optimizer's new groups first, then this one's.
+  if (local.size() != synced_ || param_groups_.size() != synced_) {
+    std::vector<torch::optim::OptimizerParamGroup> mine(param_groups_.begin() + synced_, param_groups_.end());
+    while (param_groups_.size() > synced_) param_groups_.pop_back();  // (groups are not assignable)
+    for (size_t g = synced_; g < local.size(); ++g) param_groups_.emplace_back(local[g]);
+    for (const auto& group : mine) {
+      optim_->add_param_group(group);
+      param_groups_.push_back(group);
+    }
+    synced_ = local.size();
+  }
+  TORCH_CHECK(local.size() == param_groups_.size(), "PostLocalSGDOptimizer: param groups out of step (", local.size(),
+              " in the local optimizer, ", param_groups_.size(), " here)");
   for (size_t g = 0; g < local.size(); ++g) {
     if (to_local) {
       local[g].set_options(param_groups_[g].options().clone());

@@ -9,6 +9,11 @@
 //   c10::IValue sd = opt.state_dict();      // the local optimizer's, plus "step" of the averager
 //
 // step() is a collective whenever the averager averages (every rank must step).
+//
+// Param groups are shared as in PyTorch (where the wrapper's param_groups *is* the local
+// optimizer's list): a group added to either this optimizer or the local one reaches the other
+// before the next step() or state_dict(). LibTorch's add_param_group is not virtual, so that is
+// when it happens, not at the call.
 #ifndef DTRAIN_OPTIM_POST_LOCAL_SGD_OPTIMIZER_H_
 #define DTRAIN_OPTIM_POST_LOCAL_SGD_OPTIMIZER_H_
 
@@ -33,6 +38,11 @@ class PostLocalSGDOptimizer : public torch::optim::Optimizer {
   // and sets the step to 0, as PyTorch does.
   void load_state_dict(const c10::IValue& state_dict);
 
+  // The local optimizer's per-parameter state, as PyTorch's PostLocalSGDOptimizer.state. LibTorch's
+  // state() is not virtual: called through a torch::optim::Optimizer& it gives this object's own
+  // map, which stays empty; call it on PostLocalSGDOptimizer or on optimizer().
+  decltype(auto) state() { return optim_->state(); }
+
   torch::optim::Optimizer& optimizer() { return *optim_; }
   ModelAverager& averager() { return *averager_; }
 
@@ -41,6 +51,7 @@ class PostLocalSGDOptimizer : public torch::optim::Optimizer {
 
   std::unique_ptr<torch::optim::Optimizer> optim_;
   std::shared_ptr<ModelAverager> averager_;
+  size_t synced_;  // groups both sides had at the last sync_options
 };
 
 }  // namespace dtrain::optim

@@ -92,5 +92,49 @@ TEST(PostLocalSGDOptimizerTest, LrChangesReachTheLocalOptimizer) {
   });
 }
 
+// PyTorch's wrapper shares one param_groups list with the local optimizer: a group added to either
+// is stepped by the local optimizer, with its own options.
+TEST(PostLocalSGDOptimizerTest, GroupsAddedToEitherSideAreStepped) {
+  run_ranks_as_threads(2, [](comm::Group& g) {
+    std::vector<at::Tensor> p = params();
+    at::Tensor extra = at::ones({3}).requires_grad_();
+    at::Tensor direct = at::ones({2}).requires_grad_();
+    auto* local = new torch::optim::SGD({p[0]}, torch::optim::SGDOptions(0.1));
+    PostLocalSGDOptimizer opt(std::unique_ptr<torch::optim::Optimizer>(local),
+                              std::make_shared<PeriodicModelAverager>(1000, 500, g));  // never averages here
+    torch::optim::Optimizer& base = opt;  // add_param_group is not virtual: the base's runs
+    base.add_param_group(torch::optim::OptimizerParamGroup({extra}, std::make_unique<torch::optim::SGDOptions>(0.5)));
+    local->add_param_group(torch::optim::OptimizerParamGroup({direct}, std::make_unique<torch::optim::SGDOptions>(0.25)));
+    for (const at::Tensor& t : {p[0], extra, direct}) t.mutable_grad() = at::ones_like(t);
+    const at::Tensor p0 = p[0].detach().clone();
+    opt.step();
+    EXPECT_TRUE(p[0].detach().allclose(p0 - 0.1));
+    EXPECT_TRUE(extra.detach().allclose(at::full({3}, 0.5))) << extra;
+    EXPECT_TRUE(direct.detach().allclose(at::full({2}, 0.75))) << direct;
+    EXPECT_EQ(opt.param_groups().size(), 3u);
+    EXPECT_EQ(local->param_groups().size(), 3u);
+    for (size_t i = 0; i < 3; ++i) {  // one order on both sides, so options sync group by group
+      EXPECT_TRUE(opt.param_groups()[i].params()[0].is_same(local->param_groups()[i].params()[0])) << i;
+    }
+    auto lr = [&](size_t i) { return static_cast<torch::optim::SGDOptions&>(opt.param_groups()[i].options()).lr(); };
+    EXPECT_DOUBLE_EQ(lr(1), 0.25);  // the local optimizer's new group first, then the wrapper's
+    EXPECT_DOUBLE_EQ(lr(2), 0.5);
+  });
+}
+
+// The wrapper's state() is the local optimizer's, as in PyTorch.
+TEST(PostLocalSGDOptimizerTest, StateIsTheLocalOptimizers) {
+  run_ranks_as_threads(2, [](comm::Group& g) {
+    std::vector<at::Tensor> p = params();
+    PostLocalSGDOptimizer opt(std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.1).momentum(0.9)),
+                              std::make_shared<PeriodicModelAverager>(1000, 500, g));
+    EXPECT_TRUE(opt.state().empty());
+    local_grads(p, g.rank(), 0);
+    opt.step();
+    EXPECT_EQ(opt.state().size(), 2u);
+    EXPECT_EQ(&opt.state(), &opt.optimizer().state());
+  });
+}
+
 }  // namespace
 }  // namespace dtrain::optim
