@@ -26,7 +26,6 @@ struct DistributedDataParallel::State {
     std::vector<c10::IntArrayRef> sizes;
     at::Tensor buffer;
     size_t pending = 0;
-    bool launched = false;
     c10::intrusive_ptr<c10::ivalue::Future> future;
   };
 
@@ -99,7 +98,6 @@ struct DistributedDataParallel::State {
       c10d::GradBucket grad_bucket = make_grad_bucket(next_bucket, buckets.size(), bucket.buffer, bucket.offsets,
                                                      bucket.lengths, bucket.sizes, bucket_params);
       bucket.future = hook->runHook(grad_bucket);
-      bucket.launched = true;
       ++next_bucket;
     }
   }
@@ -184,7 +182,6 @@ struct DistributedDataParallel::State {
   void reset() {
     for (Bucket& bucket : buckets) {
       bucket.pending = bucket.params.size();
-      bucket.launched = false;
       bucket.future.reset();
     }
     std::fill(ready.begin(), ready.end(), false);

@@ -31,6 +31,21 @@ absl::StatusOr<FlatPartition> flat_partition(int64_t total_numel, int world_size
   return fp;
 }
 
+namespace {
+
+// Appends to `out` the pieces of parameters p, p + 1, ... that overlap `range`, parameter p
+// starting at flat offset `start`.
+void append_slices(const std::vector<int64_t>& numels, Range range, int64_t p, int64_t start,
+                   std::vector<ParamSlice>* out) {
+  for (; p < static_cast<int64_t>(numels.size()) && start < range.end; start += numels[p++]) {
+    const int64_t lo = std::max(range.begin, start);
+    const int64_t hi = std::min(range.end, start + numels[p]);
+    if (hi > lo) out->push_back(ParamSlice{p, lo - start, hi - start, lo});
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<FlatPartition> flat_partition(const std::vector<int64_t>& param_numels,
                                              int world_size, int64_t alignment) {
   int64_t total = 0;
@@ -53,27 +68,14 @@ absl::StatusOr<FlatPartition> flat_partition(const std::vector<int64_t>& param_n
            param_start + param_numels[param] <= range.begin) {
       param_start += param_numels[param++];
     }
-    int64_t p = param;
-    int64_t start = param_start;
-    while (p < static_cast<int64_t>(param_numels.size()) && start < range.end) {
-      const int64_t lo = std::max(range.begin, start);
-      const int64_t hi = std::min(range.end, start + param_numels[p]);
-      if (hi > lo) fp->slices[r].push_back(ParamSlice{p, lo - start, hi - start, lo});
-      start += param_numels[p++];
-    }
+    append_slices(param_numels, range, param, param_start, &fp->slices[r]);
   }
   return fp;
 }
 
 std::vector<ParamSlice> slices_in_range(const std::vector<int64_t>& param_numels, Range range) {
   std::vector<ParamSlice> out;
-  int64_t start = 0;
-  for (int64_t p = 0; p < static_cast<int64_t>(param_numels.size()) && start < range.end; ++p) {
-    const int64_t lo = std::max(range.begin, start);
-    const int64_t hi = std::min(range.end, start + param_numels[p]);
-    if (hi > lo) out.push_back(ParamSlice{p, lo - start, hi - start, lo});
-    start += param_numels[p];
-  }
+  append_slices(param_numels, range, 0, 0, &out);
   return out;
 }
 

@@ -56,8 +56,9 @@ absl::StatusOr<FlatPartition> flat_partition(int64_t total_numel, int world_size
 absl::StatusOr<FlatPartition> flat_partition(const std::vector<int64_t>& param_numels,
                                              int world_size, int64_t alignment = 1);
 
-// The pieces of parameters (flattened in order, sizes `param_numels`) that overlap `range`.
-// Used to re-slice a shard saved under one partition into the ranges of another.
+// The pieces of parameters (flattened in order, sizes `param_numels`) that overlap `range`: what
+// FlatPartition::slices holds for a rank's range, for any range (e.g. to map a range of another
+// partition onto parameters).
 std::vector<ParamSlice> slices_in_range(const std::vector<int64_t>& param_numels, Range range);
 
 }  // namespace dtrain::partition

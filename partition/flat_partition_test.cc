@@ -64,7 +64,7 @@ TEST(FlatPartitionTest, ParameterSlicesCoverEachElementOnce) {
         for (int64_t e = s.begin; e < s.end; ++e) ++seen[s.param_index][e];
       }
       EXPECT_EQ(flat, fp->ranges[r].end);
-      // slices_in_range agrees with the one-pass construction.
+      // slices_in_range (from parameter 0) agrees with the construction (which resumes per rank).
       auto again = slices_in_range(numels, fp->ranges[r]);
       ASSERT_EQ(again.size(), fp->slices[r].size());
       for (size_t i = 0; i < again.size(); ++i) {
