@@ -3,6 +3,7 @@
 #include <atomic>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace dtrain::rpc {
 namespace {
@@ -12,6 +13,11 @@ std::atomic<int64_t> g_next_optimizer{1};
 absl::StatusOr<std::unique_ptr<DistributedOptimizer>> DistributedOptimizer::create(
     Agent& agent, const std::string& optimizer, const optim::OptionsDict& options, std::vector<RemoteRef> params) {
   if (params.empty()) return absl::InvalidArgumentError("DistributedOptimizer got an empty parameter list");
+  if (!optim::FunctionalRegistry::global().contains(optimizer) && LocalOptimizerRegistry::global().contains(optimizer)) {
+    TORCH_WARN("DistributedOptimizer: ", optimizer, " has no functional form; each owner runs the LibTorch ",
+               "optimizer itself, through .grad, under its step lock (PyTorch's _LocalOptimizer fallback). ",
+               "Register a functional twin (optim/registry.h) for the functional path.");
+  }
   std::map<std::string, std::vector<int64_t>> by_owner;
   for (const auto& p : params) by_owner[p.owner].push_back(p.id);
   std::unique_ptr<DistributedOptimizer> opt(
@@ -55,17 +61,37 @@ DistributedOptimizer::~DistributedOptimizer() {
 }
 
 absl::Status DistributedOptimizer::step(int64_t context_id) {
+  const ContextState here = local_context_state(context_id);
+  if (here == ContextState::kReleased) {
+    return absl::NotFoundError(absl::StrCat("DistributedOptimizer::step: autograd context ", context_id,
+                                            " was released; call step(context.id()) while the context is alive"));
+  }
   std::vector<CallFuture> calls;
   for (const auto& owner : owners_) {
     calls.push_back(agent_.rpc_async(owner, "dtrain.optim.step", Writer().str(key_).i64(context_id)));
   }
   absl::Status first;
+  bool known = false;
   for (auto& c : calls) {
     absl::StatusOr<Response> r = c.get();
+    if (r.ok()) {
+      try {
+        known = r->body.boolean() || known;
+      } catch (const CodecError& e) {
+        r = absl::DataLossError(absl::StrCat("malformed dtrain.optim.step reply: ", e.what()));
+      }
+    }
     if (!r.ok() && first.ok()) {
       first = absl::Status(r.status().code(), absl::StrCat("DistributedOptimizer::step on '", c.to(), "' failed: ",
                                                            r.status().message()));
     }
+  }
+  if (first.ok() && !known && here == ContextState::kUnknown) {
+    // Nobody stepped: PyTorch's "Could not find autograd context with id".
+    return absl::NotFoundError(absl::StrCat(
+        "DistributedOptimizer::step: autograd context ", context_id, " is unknown: it was not created in this ",
+        "process and none of the owners (", absl::StrJoin(owners_, ", "), ") has gradients under it; pass the id of ",
+        "a live dist_autograd::Context (or GradientContext) after its backward"));
   }
   return first;
 }

@@ -15,6 +15,7 @@
 #define DTRAIN_RPC_DISTRIBUTED_OPTIMIZER_H_
 
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,30 +23,52 @@
 #include "absl/status/statusor.h"
 #include "optim/registry.h"
 #include "rpc/agent.h"
+#include "rpc/local_optimizers.h"
 #include "rpc/remote.h"
 
 namespace dtrain::rpc {
 
 class DistributedOptimizer {
  public:
-  // Creates the local optimizers on every owner in parallel. Errors name the owner and carry its
-  // message (an unknown optimizer name, invalid options, an unknown parameter); optimizers
-  // already created on other owners are destroyed again.
+  // Creates the local optimizers on every owner in parallel: the functional optimizer registered
+  // as `optimizer` (optim/registry.h), or else the LibTorch one registered so with
+  // rpc::LocalOptimizerRegistry (TORCH_WARN: stepped through .grad under the owner's lock).
+  // Errors name the owner and carry its message (an unknown optimizer name, invalid options, an
+  // unknown parameter); optimizers already created on other owners are destroyed again.
   static absl::StatusOr<std::unique_ptr<DistributedOptimizer>> create(Agent& agent, const std::string& optimizer,
                                                                       const optim::OptionsDict& options,
                                                                       std::vector<RemoteRef> params);
   // From a LibTorch optimizer type and its options: create<torch::optim::Adam>(agent, AdamOptions(1e-3), params).
+  // Its functional twin when it has one (optim/registry.h); otherwise the type as registered with
+  // rpc::LocalOptimizerRegistry, run as it is on every owner, with a warning (TORCH_WARN) that
+  // it is the slower path, as PyTorch warns. InvalidArgument when it is neither.
   template <typename TorchOptimizer, typename Options>
   static absl::StatusOr<std::unique_ptr<DistributedOptimizer>> create(Agent& agent, const Options& options,
                                                                       std::vector<RemoteRef> params) {
     const std::string name = optim::FunctionalRegistry::global().name_of<TorchOptimizer>();
-    if (name.empty()) return absl::InvalidArgumentError("this LibTorch optimizer type has no functional twin");
-    return create(agent, name, optim::options_from_torch(options), std::move(params));
+    if (!name.empty()) return create(agent, name, optim::options_from_torch(options), std::move(params));
+    std::optional<LocalOptimizerRegistry::TypeEntry> local = LocalOptimizerRegistry::global().find<TorchOptimizer>();
+    if (!local.has_value()) {
+      return absl::InvalidArgumentError(
+          std::string("DistributedOptimizer: the LibTorch optimizer type ") + typeid(TorchOptimizer).name() +
+          " has no functional twin and is not registered with rpc::LocalOptimizerRegistry; register a functional " +
+          "twin (optim/registry.h) or the type itself (rpc/local_optimizers.h) on every worker");
+    }
+    optim::OptionsDict dict = optim::new_options_dict();
+    try {
+      dict = local->to_dict(options);
+    } catch (const c10::Error& e) {
+      return absl::InvalidArgumentError(e.what_without_backtrace());
+    }
+    return create(agent, local->name, dict, std::move(params));
   }
   ~DistributedOptimizer();  // destroys the remote optimizers (errors ignored)
 
   // Every owner applies its optimizer to the gradients of `context_id`, in parallel; returns
-  // when all are done. The first error, naming its owner, if any failed.
+  // when all are done. The first error, naming its owner, if any failed. NotFound, naming the
+  // context, when it was released or is unknown (created neither in this process nor, by its
+  // gradients, on any owner), as PyTorch raises; nothing is stepped then. An owner with no
+  // gradient under a live context leaves its parameters untouched.
   absl::Status step(int64_t context_id);
 
   const std::vector<std::string>& owners() const { return owners_; }

@@ -16,48 +16,15 @@
 #include "rpc/codec.h"
 #include "rpc/distributed_optimizer.h"
 #include "rpc/remote.h"
+#include "rpc/test_workers.h"
 
 namespace dtrain::rpc {
 namespace {
 
 using ::testing::HasSubstr;
 
-struct Worker {
-  int rank;
-  Agent& agent;
-  ParameterOwner& owner;
-};
-
-// Runs one thread per name, each with its own TensorPipe agent over a shared in-process store,
-// a ParameterOwner and `extra` handlers; fn runs between creation and the collective shutdown.
-void run_workers(const std::vector<std::string>& names, const std::function<void(Worker&)>& fn,
-                 std::chrono::milliseconds timeout = std::chrono::seconds(30),
-                 const std::function<void(int, Handlers&)>& extra = nullptr,
-                 c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::HashStore>()) {
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < static_cast<int>(names.size()); ++rank) {
-    threads.emplace_back([&, rank] {
-      auto handlers = std::make_shared<Handlers>();
-      ParameterOwner owner(handlers);
-      if (extra) extra(rank, *handlers);
-      AgentOptions o;
-      o.name = names[rank];
-      o.rank = rank;
-      o.world_size = static_cast<int>(names.size());
-      o.store = store;
-      o.handlers = handlers;
-      o.timeout = timeout;
-      o.num_worker_threads = 4;
-      absl::StatusOr<std::unique_ptr<Agent>> agent = Agent::create(o);
-      ASSERT_TRUE(agent.ok()) << agent.status();
-      Worker w{rank, **agent, owner};
-      fn(w);
-      absl::Status s = (*agent)->shutdown();
-      EXPECT_TRUE(s.ok()) << s;
-    });
-  }
-  for (auto& t : threads) t.join();
-}
+using rpc::testing::run_workers;
+using rpc::testing::Worker;
 
 TEST(RpcTest, StrayAddsToTheStoreCannotWedgeShutdown) {
   auto store = c10::make_intrusive<c10d::HashStore>();
