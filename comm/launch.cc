@@ -1,10 +1,11 @@
 // torchrun-style local launcher:
 //   launch --nproc_per_node=N [--master_addr=A] [--master_port=P] [--nnodes=K --node_rank=I]
-//          -- PROGRAM ARGS...
+//          [--max_restarts=R] -- PROGRAM ARGS...
 // starts N copies of PROGRAM with RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
 // MASTER_ADDR and MASTER_PORT set, prefixes every output line with "[rank R] ", forwards
 // SIGINT/SIGTERM/SIGHUP to the ranks, and when a rank exits non-zero stops the others and exits
-// with that rank's code (128 + signal for a rank killed by a signal).
+// with that rank's code (128 + signal for a rank killed by a signal), or, with --max_restarts,
+// starts all ranks again up to R times (TORCHELASTIC_RESTART_COUNT tells them which attempt).
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -22,6 +23,9 @@ ABSL_FLAG(int, master_port, 0,
           "Port of rank 0's rendezvous store; 0 picks a free port (single node) or 29500.");
 ABSL_FLAG(double, stop_grace_seconds, 5.0,
           "After a rank fails or a signal arrives, seconds to wait before SIGKILL.");
+ABSL_FLAG(int, max_restarts, 0,
+          "Times to restart all ranks after one fails (as torchrun's; 0-100, single node); a signal to the "
+          "launcher is never restarted.");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -39,10 +43,16 @@ int main(int argc, char** argv) {
   o.master_addr = absl::GetFlag(FLAGS_master_addr);
   o.master_port = absl::GetFlag(FLAGS_master_port);
   o.stop_grace_seconds = absl::GetFlag(FLAGS_stop_grace_seconds);
+  o.max_restarts = absl::GetFlag(FLAGS_max_restarts);
   if (o.nproc_per_node < 1 || o.nnodes < 1 || o.node_rank < 0 || o.node_rank >= o.nnodes) {
     std::fprintf(stderr,
                  "launch: need --nproc_per_node >= 1, --nnodes >= 1 and 0 <= --node_rank < --nnodes "
                  "(got %d, %d, %d)\n", o.nproc_per_node, o.nnodes, o.node_rank);
+    return 2;
+  }
+  if (o.max_restarts < 0 || o.max_restarts > dtrain::comm::kMaxRestarts) {
+    std::fprintf(stderr, "launch: --max_restarts must be in [0, %d], got %d\n", dtrain::comm::kMaxRestarts,
+                 o.max_restarts);
     return 2;
   }
   absl::StatusOr<int> code = dtrain::comm::launch_local(std::vector<std::string>(rest.begin() + 1, rest.end()), o);

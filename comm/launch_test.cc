@@ -100,6 +100,63 @@ TEST(LaunchTest, ForwardsSignals) {
   EXPECT_LT(r.seconds, 20);
 }
 
+int count(const std::string& haystack, const std::string& needle) {
+  int n = 0;
+  for (size_t at = haystack.find(needle); at != std::string::npos; at = haystack.find(needle, at + 1)) ++n;
+  return n;
+}
+
+// --max_restarts: rank 1 fails on the first attempt only; the whole set is started again, on a
+// fresh port, with TORCHELASTIC_RESTART_COUNT=1, and the job succeeds.
+TEST(LaunchTest, RestartsAllRanksAfterAFailure) {
+  Result r = run_launch({"--nproc_per_node=2", "--max_restarts=1", "--", "/bin/sh", "-c",
+                         "echo attempt=$TORCHELASTIC_RESTART_COUNT of=$TORCHELASTIC_MAX_RESTARTS port=$MASTER_PORT; "
+                         "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then "
+                         "  if [ \"$RANK\" = 1 ]; then sleep 0.5; exit 3; fi; exec sleep 60; fi"});
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_LT(r.seconds, 20) << "the sleeping rank was not stopped before the restart";
+  EXPECT_THAT(r.output, HasSubstr("launch: rank 1 exited with code 3; restarting all ranks (attempt 2 of 2)\n"));
+  EXPECT_EQ(count(r.output, "restarting all ranks"), 1) << r.output;
+  for (const char* rank : {"[rank 0] ", "[rank 1] "}) {
+    EXPECT_THAT(r.output, HasSubstr(std::string(rank) + "attempt=0 of=1 port="));
+    EXPECT_THAT(r.output, HasSubstr(std::string(rank) + "attempt=1 of=1 port="));
+  }
+  const size_t first = r.output.find("attempt=0 of=1 port="), second = r.output.find("attempt=1 of=1 port=");
+  ASSERT_NE(first, std::string::npos);
+  ASSERT_NE(second, std::string::npos);
+  const std::string port0 = r.output.substr(first + 20, r.output.find('\n', first) - first - 20);
+  const std::string port1 = r.output.substr(second + 20, r.output.find('\n', second) - second - 20);
+  EXPECT_NE(port0, port1) << "a restart must not reuse the launcher-picked MASTER_PORT";
+}
+
+// A rank that fails every time: max_restarts + 1 attempts, then that rank's exit code.
+TEST(LaunchTest, GivesUpAfterMaxRestarts) {
+  Result r = run_launch({"--nproc_per_node=2", "--max_restarts=2", "--", "/bin/sh", "-c",
+                         "echo attempt=$TORCHELASTIC_RESTART_COUNT; if [ \"$RANK\" = 1 ]; then exit 5; fi; exec sleep 60"});
+  EXPECT_EQ(r.code, 5) << r.output;
+  EXPECT_LT(r.seconds, 30);
+  EXPECT_THAT(r.output, HasSubstr("launch: rank 1 exited with code 5; restarting all ranks (attempt 2 of 3)\n"));
+  EXPECT_THAT(r.output, HasSubstr("launch: rank 1 exited with code 5; restarting all ranks (attempt 3 of 3)\n"));
+  EXPECT_THAT(r.output, HasSubstr("launch: rank 1 exited with code 5; stopping the other ranks; no restarts left"));
+  EXPECT_EQ(count(r.output, "restarting all ranks"), 2) << r.output;
+  EXPECT_EQ(count(r.output, "[rank 1] attempt="), 3) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("[rank 1] attempt=2"));
+  EXPECT_THAT(r.output, Not(HasSubstr("attempt=3")));
+}
+
+// A signal to the launcher stops the job even with restarts left.
+TEST(LaunchTest, SignalsAreNeverRestarted) {
+  Result r = run_launch({"--nproc_per_node=2", "--max_restarts=3", "--", "/bin/sh", "-c",
+                         "trap 'echo got TERM; exit 7' TERM; echo attempt=$TORCHELASTIC_RESTART_COUNT; "
+                         "while true; do sleep 0.1; done"},
+                        SIGTERM, std::chrono::milliseconds(1500));
+  EXPECT_EQ(r.code, 128 + SIGTERM) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("[rank 0] got TERM"));
+  EXPECT_THAT(r.output, Not(HasSubstr("restarting")));
+  EXPECT_THAT(r.output, Not(HasSubstr("attempt=1")));
+  EXPECT_LT(r.seconds, 20);
+}
+
 bool process_gone(pid_t pid) {
   if (::kill(pid, 0) != 0) return true;
   // A zombie nobody has reaped yet is dead too.
@@ -154,6 +211,15 @@ TEST(LaunchTest, BadUsageIsAOneLineError) {
   Result missing = run_launch({"--nproc_per_node=1", "--", "/no/such/program"});
   EXPECT_EQ(missing.code, 127);
   EXPECT_THAT(missing.output, HasSubstr("cannot start /no/such/program"));
+  for (const char* bad : {"--max_restarts=-1", "--max_restarts=101"}) {
+    Result restarts = run_launch({"--nproc_per_node=1", bad, "--", "/bin/true"});
+    EXPECT_EQ(restarts.code, 2) << bad;
+    EXPECT_THAT(restarts.output, HasSubstr("launch: --max_restarts must be in [0, 100], got ")) << bad;
+    EXPECT_EQ(count(restarts.output, "\n"), 1) << bad << ": " << restarts.output;
+  }
+  Result nodes = run_launch({"--nproc_per_node=1", "--nnodes=2", "--max_restarts=1", "--", "/bin/true"});
+  EXPECT_EQ(nodes.code, 2);
+  EXPECT_THAT(nodes.output, HasSubstr("max_restarts needs a single node"));
 }
 
 }  // namespace

@@ -1,16 +1,12 @@
 #include "comm/local_launcher.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -19,10 +15,9 @@
 #include <string>
 #include <vector>
 
-#include <algorithm>
-
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "comm/process_set.h"
 
 namespace dtrain::comm {
 namespace {
@@ -32,21 +27,6 @@ int g_signal_pipe[2] = {-1, -1};
 void on_signal(int sig) {
   const char c = static_cast<char>(sig);
   [[maybe_unused]] ssize_t n = ::write(g_signal_pipe[1], &c, 1);
-}
-
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = 29500;
-  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  if (fd >= 0) ::close(fd);
-  return port;
 }
 
 // A relative program path that is not there from the current directory is tried from the
@@ -62,57 +42,137 @@ std::string resolve_program(const std::string& program) {
   return program;
 }
 
-struct Stream {
-  int fd = -1;
-  FILE* sink = nullptr;
-  std::string partial;
-};
-
-struct Rank {
+// Prefixes every line a rank writes with "[rank R] " (a last line without '\n' when its pipe ends).
+struct Relay {
   int rank = 0;
-  pid_t pid = -1;
-  Stream out, err;
-  bool running = true;
-  int code = 0;
+  std::array<std::string, 2> partial;  // by Pipe
+
+  void feed(Pipe pipe, const char* data, size_t n) {
+    FILE* sink = pipe == Pipe::kOut ? stdout : stderr;
+    std::string& s = partial[static_cast<int>(pipe)];
+    if (n == 0) {  // the end of the pipe
+      if (!s.empty()) std::fprintf(sink, "[rank %d] %s\n", rank, s.c_str());
+      s.clear();
+      std::fflush(sink);
+      return;
+    }
+    s.append(data, n);
+    size_t start = 0;
+    for (size_t nl; (nl = s.find('\n', start)) != std::string::npos; start = nl + 1) {
+      std::fprintf(sink, "[rank %d] %.*s\n", rank, static_cast<int>(nl - start), s.data() + start);
+    }
+    s.erase(0, start);
+    std::fflush(sink);
+  }
 };
 
-void emit(Rank& r, Stream& s, const char* data, size_t n) {
-  s.partial.append(data, n);
-  size_t start = 0;
-  for (size_t nl; (nl = s.partial.find('\n', start)) != std::string::npos; start = nl + 1) {
-    std::fprintf(s.sink, "[rank %d] %.*s\n", r.rank, static_cast<int>(nl - start), s.partial.data() + start);
-  }
-  s.partial.erase(0, start);
-  std::fflush(s.sink);
+// A port free a moment ago and different from `previous` (a restart gets a fresh store).
+int fresh_port(int previous) {
+  int port = free_port();
+  for (int tries = 0; port == previous && tries < 10; ++tries) port = free_port();
+  return port;
 }
 
-void flush_partial(Rank& r, Stream& s) {
-  if (!s.partial.empty()) {
-    std::fprintf(s.sink, "[rank %d] %s\n", r.rank, s.partial.c_str());
-    s.partial.clear();
-    std::fflush(s.sink);
-  }
-}
-
-void signal_all(std::vector<Rank>& ranks, int sig) {
-  for (auto& r : ranks) {
-    if (r.running && r.pid > 0) ::kill(-r.pid, sig);  // the rank's whole process group
-  }
-}
-
-// After a failed spawn: the ranks already started must not train on without their peers.
-absl::Status stop_started(std::vector<Rank>& ranks, const std::string& what) {
-  signal_all(ranks, SIGKILL);
-  for (auto& r : ranks) {
-    if (r.running && r.pid > 0) ::waitpid(r.pid, nullptr, 0);
-    r.running = false;
-    for (Stream* s : {&r.out, &r.err}) {
-      if (s->fd >= 0) ::close(s->fd);
-      s->fd = -1;
+// The first signal (other than SIGCHLD) waiting in the signal pipe, or 0.
+int pending_signal() {
+  int found = 0;
+  for (pollfd p{g_signal_pipe[0], POLLIN, 0}; ::poll(&p, 1, 0) > 0 && (p.revents & POLLIN) != 0;) {
+    char buf[64];
+    const ssize_t n = ::read(g_signal_pipe[0], buf, sizeof(buf));
+    if (n <= 0) break;
+    for (ssize_t k = 0; k < n; ++k) {
+      if (found == 0 && buf[k] != SIGCHLD) found = buf[k];
     }
   }
-  return absl::InternalError(absl::StrCat("launch: ", what, ": ", std::strerror(errno),
-                                          "; the ranks already started were stopped"));
+  return found;
+}
+
+// What all attempts share.
+struct Job {
+  const LaunchOptions* options = nullptr;
+  std::vector<std::string> argv;  // the program's
+  int world = 0;
+  bool set_omp = false;
+  int grace_ms = 0;
+};
+
+// How one attempt ended.
+struct Outcome {
+  int code = 0;            // 0, the first failing rank's code, or 128 + the launcher's signal
+  bool signalled = false;  // the launcher received SIGINT, SIGTERM or SIGHUP during the attempt
+};
+
+// Starts every rank once (TORCHELASTIC_RESTART_COUNT=attempt) and waits for all of them; when one
+// fails, prints "launch: rank R exited with code C; <on_failure>" and stops the others.
+absl::StatusOr<Outcome> run_attempt(const Job& job, int port, int attempt, const std::string& on_failure) {
+  const LaunchOptions& options = *job.options;
+  const int nproc = options.nproc_per_node;
+  const int node_rank = options.node_rank;
+  ProcessSet ranks;  // killed and reaped however this returns
+  std::vector<Relay> relays(nproc);
+  for (int local = 0; local < nproc; ++local) {
+    relays[local].rank = node_rank * nproc + local;
+    ProcessSpec spec;
+    spec.argv = job.argv;
+    spec.env = {{"RANK", std::to_string(relays[local].rank)},
+                {"LOCAL_RANK", std::to_string(local)},
+                {"WORLD_SIZE", std::to_string(job.world)},
+                {"LOCAL_WORLD_SIZE", std::to_string(nproc)},
+                {"GROUP_RANK", std::to_string(node_rank)},
+                {"MASTER_ADDR", options.master_addr},
+                {"MASTER_PORT", std::to_string(port)},
+                {"TORCHELASTIC_RESTART_COUNT", std::to_string(attempt)},
+                {"TORCHELASTIC_MAX_RESTARTS", std::to_string(options.max_restarts)}};
+    if (job.set_omp) spec.env.emplace_back("OMP_NUM_THREADS", "1");
+    if (options.rank0_owns_terminal && local == 0) spec.output = ProcessSpec::Output::kInherit;
+    spec.error_prefix = "launch: ";
+    if (absl::Status s = ranks.start(spec); !s.ok()) {
+      // The ranks already started must not train on without their peers.
+      ranks.kill_all();
+      return absl::InternalError(absl::StrCat("launch: ", s.message(), "; the ranks already started were stopped"));
+    }
+  }
+
+  Outcome outcome;
+  bool stopping = false;
+  std::chrono::steady_clock::time_point kill_at{};
+  auto relay = [&](int i, Pipe pipe, const char* data, size_t n) { relays[i].feed(pipe, data, n); };
+  while (!ranks.done()) {
+    if (ranks.poll(std::chrono::milliseconds(200), relay, g_signal_pipe[0])) {
+      char buf[64];
+      const ssize_t n = ::read(g_signal_pipe[0], buf, sizeof(buf));
+      for (ssize_t k = 0; k < n; ++k) {
+        const int sig = buf[k];
+        if (sig == SIGCHLD) continue;
+        outcome.signalled = true;  // whatever else happens, no restart after this attempt
+        // Forward the first signal; the ranks decide how to stop. A second one is escalated.
+        if (!stopping) {
+          std::fprintf(stderr, "launch: got signal %d, forwarding to the ranks\n", sig);
+          ranks.signal_all(sig);
+          stopping = true;
+          if (outcome.code == 0) outcome.code = 128 + sig;
+          kill_at = std::chrono::steady_clock::now() + std::chrono::milliseconds(job.grace_ms);
+        } else {
+          ranks.signal_all(SIGKILL);
+        }
+      }
+    }
+    for (int i : ranks.reap()) {
+      const int code = ranks.exit_code(i);
+      if (code != 0 && !stopping) {
+        std::fprintf(stderr, "launch: rank %d exited with code %d; %s\n", relays[i].rank, code, on_failure.c_str());
+        outcome.code = code;
+        stopping = true;
+        ranks.signal_all(SIGTERM);
+        kill_at = std::chrono::steady_clock::now() + std::chrono::milliseconds(job.grace_ms);
+      }
+    }
+    if (stopping && ranks.num_running() > 0 && std::chrono::steady_clock::now() >= kill_at) {
+      ranks.signal_all(SIGKILL);
+      kill_at = std::chrono::steady_clock::now() + std::chrono::hours(1);
+    }
+  }
+  return outcome;
 }
 
 }  // namespace
@@ -121,6 +181,7 @@ absl::StatusOr<int> launch_local(const std::vector<std::string>& argv, const Lau
   const int nproc = options.nproc_per_node;
   const int nnodes = options.nnodes;
   const int node_rank = options.node_rank;
+  const int max_restarts = options.max_restarts;
   if (argv.empty() || argv[0].empty()) return absl::InvalidArgumentError("launch: no program given");
   if (nproc < 1 || nnodes < 1 || node_rank < 0 || node_rank >= nnodes) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -131,18 +192,29 @@ absl::StatusOr<int> launch_local(const std::vector<std::string>& argv, const Lau
     return absl::InvalidArgumentError(absl::StrCat("launch: nproc_per_node ", nproc, " exceeds the limit of ",
                                                    kMaxProcsPerNode, " ranks per node; use more nodes"));
   }
-  int port = options.master_port;
-  if (port < 0 || port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("launch: master_port ", port, " is not a port number (0-65535)"));
+  if (max_restarts < 0 || max_restarts > kMaxRestarts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("launch: max_restarts must be in [0, ", kMaxRestarts, "], got ", max_restarts));
   }
-  if (port == 0) port = nnodes == 1 ? free_port() : 29500;
+  if (max_restarts > 0 && nnodes > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "launch: max_restarts needs a single node (got nnodes ", nnodes,
+        "): restarting this node's ranks alone would leave the other nodes in another attempt"));
+  }
+  if (options.master_port < 0 || options.master_port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("launch: master_port ", options.master_port, " is not a port number (0-65535)"));
+  }
   const std::string program = resolve_program(argv[0]);
   std::vector<std::string> args = argv;
   args[0] = program;
-  std::vector<char*> child_argv;
-  for (auto& a : args) child_argv.push_back(const_cast<char*>(a.c_str()));
-  child_argv.push_back(nullptr);
-  const int grace_ms = static_cast<int>(1000 * options.stop_grace_seconds);
+  Job job;
+  job.options = &options;
+  job.argv = args;
+  job.world = nproc * nnodes;
+  // One thread per rank is what 2-core machines can afford; torchrun does the same.
+  job.set_omp = options.one_thread_per_rank && std::getenv("OMP_NUM_THREADS") == nullptr && nproc > 1;
+  job.grace_ms = static_cast<int>(1000 * options.stop_grace_seconds);
 
   if (::pipe(g_signal_pipe) != 0) return absl::InternalError(absl::StrCat("launch: pipe: ", std::strerror(errno)));
   ::fcntl(g_signal_pipe[0], F_SETFD, FD_CLOEXEC);
@@ -166,134 +238,29 @@ absl::StatusOr<int> launch_local(const std::vector<std::string>& argv, const Lau
     }
   } installed;
 
-  const int world = nproc * nnodes;
-  // One thread per rank is what 2-core machines can afford; torchrun does the same.
-  const bool set_omp = options.one_thread_per_rank && std::getenv("OMP_NUM_THREADS") == nullptr && nproc > 1;
-  std::vector<Rank> ranks(nproc);
-  for (int local = 0; local < nproc; ++local) {
-    Rank& r = ranks[local];
-    r.rank = node_rank * nproc + local;
-    int out[2] = {-1, -1}, err[2] = {-1, -1};
-    if (::pipe(out) != 0 || ::pipe(err) != 0) {
-      for (int fd : {out[0], out[1], err[0], err[1]}) {
-        if (fd >= 0) ::close(fd);
-      }
-      return stop_started(ranks, "pipe");
+  int port = 0;
+  for (int attempt = 0;; ++attempt) {
+    // A port the launcher picks is picked afresh for every attempt: the last attempt's store may
+    // still hold it.
+    if (options.master_port != 0) {
+      port = options.master_port;
+    } else {
+      port = nnodes == 1 ? fresh_port(port) : 29500;
     }
-    const pid_t parent = ::getpid();
-    const pid_t pid = ::fork();
-    if (pid < 0) {
-      for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
-      return stop_started(ranks, "fork");
-    }
-    if (pid == 0) {
-      // A rank dies with its launcher (kill -9 included), as torchrun's workers do; the check
-      // after prctl covers a launcher that died before it.
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != parent) std::_Exit(128 + SIGKILL);
-      ::setpgid(0, 0);
-      if (!(options.rank0_owns_terminal && local == 0)) {
-        ::dup2(out[1], 1);
-        ::dup2(err[1], 2);
-      }
-      ::close(out[0]); ::close(out[1]); ::close(err[0]); ::close(err[1]);
-      struct sigaction dfl {};
-      dfl.sa_handler = SIG_DFL;
-      for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) ::sigaction(sig, &dfl, nullptr);
-      ::setenv("RANK", std::to_string(r.rank).c_str(), 1);
-      ::setenv("LOCAL_RANK", std::to_string(local).c_str(), 1);
-      ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
-      ::setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
-      ::setenv("GROUP_RANK", std::to_string(node_rank).c_str(), 1);
-      ::setenv("MASTER_ADDR", options.master_addr.c_str(), 1);
-      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-      if (set_omp) ::setenv("OMP_NUM_THREADS", "1", 1);
-      ::execvp(child_argv[0], child_argv.data());
-      std::fprintf(stderr, "launch: cannot start %s: %s\n", child_argv[0], std::strerror(errno));
-      std::_Exit(127);
-    }
-    ::setpgid(pid, pid);
-    ::close(out[1]);
-    ::close(err[1]);
-    r.pid = pid;
-    r.out = Stream{out[0], stdout, {}};
-    r.err = Stream{err[0], stderr, {}};
-    if (options.rank0_owns_terminal && local == 0) {
-      ::close(out[0]);
-      ::close(err[0]);
-      r.out.fd = r.err.fd = -1;
+    const bool last = attempt == max_restarts;
+    const std::string on_failure =
+        !last ? absl::StrCat("restarting all ranks (attempt ", attempt + 2, " of ", max_restarts + 1, ")")
+        : max_restarts > 0 ? absl::StrCat("stopping the other ranks; no restarts left (max_restarts ", max_restarts, ")")
+                           : std::string("stopping the other ranks");
+    absl::StatusOr<Outcome> outcome = run_attempt(job, port, attempt, on_failure);
+    if (!outcome.ok()) return outcome.status();
+    if (outcome->code == 0 || outcome->signalled || last) return outcome->code;
+    // A signal that arrived while the last rank was being reaped still cancels the restart.
+    if (const int sig = pending_signal(); sig != 0) {
+      std::fprintf(stderr, "launch: got signal %d; not restarting\n", sig);
+      return 128 + sig;
     }
   }
-
-  int exit_code = 0;
-  bool stopping = false;
-  std::chrono::steady_clock::time_point kill_at{};
-  int running = nproc;
-  while (running > 0 || std::any_of(ranks.begin(), ranks.end(), [](const Rank& r) { return r.out.fd >= 0 || r.err.fd >= 0; })) {
-    std::vector<pollfd> pfds = {{g_signal_pipe[0], POLLIN, 0}};
-    std::vector<std::pair<Rank*, Stream*>> who = {{nullptr, nullptr}};
-    for (auto& r : ranks) {
-      for (Stream* s : {&r.out, &r.err}) {
-        if (s->fd >= 0) {
-          pfds.push_back({s->fd, POLLIN, 0});
-          who.emplace_back(&r, s);
-        }
-      }
-    }
-    ::poll(pfds.data(), pfds.size(), 200);
-    for (size_t i = 0; i < pfds.size(); ++i) {
-      if (pfds[i].revents == 0) continue;
-      char buf[8192];
-      const ssize_t n = ::read(pfds[i].fd, buf, sizeof(buf));
-      if (i == 0) {
-        for (ssize_t k = 0; k < n; ++k) {
-          const int sig = buf[k];
-          if (sig == SIGCHLD) continue;
-          // Forward the first signal; the ranks decide how to stop. A second one is escalated.
-          if (!stopping) {
-            std::fprintf(stderr, "launch: got signal %d, forwarding to the ranks\n", sig);
-            signal_all(ranks, sig);
-            stopping = true;
-            if (exit_code == 0) exit_code = 128 + sig;
-            kill_at = std::chrono::steady_clock::now() +
-                      std::chrono::milliseconds(grace_ms);
-          } else {
-            signal_all(ranks, SIGKILL);
-          }
-        }
-        continue;
-      }
-      auto [r, s] = who[i];
-      if (n > 0) {
-        emit(*r, *s, buf, static_cast<size_t>(n));
-      } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
-        flush_partial(*r, *s);
-        ::close(s->fd);
-        s->fd = -1;
-      }
-    }
-    for (auto& r : ranks) {
-      if (!r.running) continue;
-      int status = 0;
-      if (::waitpid(r.pid, &status, WNOHANG) != r.pid) continue;
-      r.running = false;
-      --running;
-      r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      if (r.code != 0 && !stopping) {
-        std::fprintf(stderr, "launch: rank %d exited with code %d; stopping the other ranks\n", r.rank, r.code);
-        exit_code = r.code;
-        stopping = true;
-        signal_all(ranks, SIGTERM);
-        kill_at = std::chrono::steady_clock::now() +
-                  std::chrono::milliseconds(grace_ms);
-      }
-    }
-    if (stopping && running > 0 && std::chrono::steady_clock::now() >= kill_at) {
-      signal_all(ranks, SIGKILL);
-      kill_at = std::chrono::steady_clock::now() + std::chrono::hours(1);
-    }
-  }
-  return exit_code;
 }
 
 }  // namespace dtrain::comm

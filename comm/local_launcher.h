@@ -1,10 +1,12 @@
 // torchrun-style local launcher as a library: starts this node's ranks of a program with
-// torchrun's environment variables, relays their output, forwards signals and stops every rank
-// when one fails. //comm:launch is its command line; examples/train uses it to launch itself.
+// torchrun's environment variables, relays their output, forwards signals, stops every rank when
+// one fails and, with max_restarts (torchrun's --max_restarts), starts them all again.
+// //comm:launch is its command line; examples/train uses it to launch itself.
 //
 //   dtrain::comm::LaunchOptions o;
 //   o.nproc_per_node = 2;
 //   o.rank0_owns_terminal = true;     // rank 0 may redraw a progress line in place
+//   o.max_restarts = 1;               // a failed rank restarts the whole set once
 //   absl::StatusOr<int> code = dtrain::comm::launch_local({"/path/to/program", "--flag"}, o);
 //
 // Not thread-safe: one launch per process at a time (it installs signal handlers while running and
@@ -21,6 +23,8 @@ namespace dtrain::comm {
 
 // Most ranks one node may start (each costs two pipes here and a Gloo connection to every peer).
 inline constexpr int kMaxProcsPerNode = 256;
+// Most restarts one launch may make.
+inline constexpr int kMaxRestarts = 100;
 
 struct LaunchOptions {
   int nproc_per_node = 1;              // ranks started on this node, at most kMaxProcsPerNode
@@ -35,13 +39,23 @@ struct LaunchOptions {
   // Sets OMP_NUM_THREADS=1 for the ranks when it is unset and more than one rank shares the node
   // (torchrun does the same: N ranks x all cores oversubscribes the machine).
   bool one_thread_per_rank = true;
+  // torchrun's --max_restarts, in [0, kMaxRestarts]: when a rank fails, the others are stopped and,
+  // while restarts remain, every rank is started again (with a fresh MASTER_PORT when the launcher
+  // picked the port itself), after one line on stderr: "launch: rank R exited with code C;
+  // restarting all ranks (attempt K of N)", N being max_restarts + 1 attempts in all. Ranks read
+  // which attempt they are in from TORCHELASTIC_RESTART_COUNT (0 on the first) and the limit from
+  // TORCHELASTIC_MAX_RESTARTS, as under torchrun. A signal to the launcher is never followed by a
+  // restart. Single node only (nnodes == 1): restarting one node's ranks alone would leave the
+  // other nodes in a different attempt.
+  int max_restarts = 0;
 };
 
 // Starts the ranks (argv[0] is looked up on PATH if it has no '/'; a relative path missing from
 // the current directory is tried from BUILD_WORKING_DIRECTORY) and waits for all of them.
-// Returns 0 when every rank succeeded, else the first failing rank's exit code (128 + signal
-// for a rank killed by a signal, or 128 + the signal this launcher received and forwarded).
-// InvalidArgument for bad options or an empty argv; Internal when pipes or fork fail (the ranks
+// Returns 0 when every rank of an attempt succeeded, else the first failing rank's exit code in
+// the last attempt (128 + signal for a rank killed by a signal, or 128 + the signal this launcher
+// received and forwarded). InvalidArgument for bad options (max_restarts outside [0, kMaxRestarts],
+// or above 0 with nnodes > 1) or an empty argv; Internal when pipes or fork fail (the ranks
 // already started are killed first). Every rank is killed when this process dies, however it dies
 // (PR_SET_PDEATHSIG), so no rank trains on without its launcher.
 absl::StatusOr<int> launch_local(const std::vector<std::string>& argv, const LaunchOptions& options);

@@ -1,14 +1,6 @@
 #include "comm/test_harness.h"
 
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
@@ -22,6 +14,7 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "comm/process_set.h"
 
 namespace dtrain::comm::testing {
 namespace {
@@ -44,22 +37,7 @@ std::string describe(std::exception_ptr e) {
 
 bool in_rank_process() { return std::getenv(kRankEnv) != nullptr; }
 
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    if (fd >= 0) ::close(fd);
-    return 29500;
-  }
-  const int port = ntohs(addr.sin_port);
-  ::close(fd);
-  return port;
-}
+int free_port() { return comm::free_port(); }
 
 void run_ranks_as_threads(int world_size, const RankFn& fn, const HarnessOptions& options) {
   ASSERT_GE(world_size, 1);
@@ -151,94 +129,45 @@ void run_ranks_as_processes(int world_size, const RankFn& fn, const HarnessOptio
       absl::StrCat("--gtest_filter=", info->test_suite_name(), ".", info->name());
   const std::string port = std::to_string(free_port());
 
-  struct Child {
-    pid_t pid = -1;
-    int out = -1;
-    std::string output;
-    int status = 0;
-    bool exited = false;
-  };
-  std::vector<Child> children(world_size);
+  // Killed and reaped however this returns (an ASSERT included): no rank outlives its test.
+  ProcessSet children;
+  std::vector<std::string> output(world_size);
   for (int rank = 0; rank < world_size; ++rank) {
-    int fds[2];
-    ASSERT_EQ(::pipe(fds), 0);
-    pid_t pid = ::fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      ::dup2(fds[1], 1);
-      ::dup2(fds[1], 2);
-      ::close(fds[0]);
-      ::close(fds[1]);
-      const std::string r = std::to_string(rank);
-      const std::string w = std::to_string(world_size);
-      ::setenv(kRankEnv, r.c_str(), 1);
-      ::setenv("RANK", r.c_str(), 1);
-      ::setenv("LOCAL_RANK", r.c_str(), 1);
-      ::setenv("WORLD_SIZE", w.c_str(), 1);
-      ::setenv("LOCAL_WORLD_SIZE", w.c_str(), 1);
-      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-      ::setenv("MASTER_PORT", port.c_str(), 1);
-      // Children of a test must not write the parent's XML report.
-      ::unsetenv("XML_OUTPUT_FILE");
-      ::unsetenv("GTEST_OUTPUT");
-      ::execl("/proc/self/exe", "/proc/self/exe", filter.c_str(), "--gtest_brief=1",
-              static_cast<char*>(nullptr));
-      std::_Exit(127);
-    }
-    ::close(fds[1]);
-    children[rank].pid = pid;
-    children[rank].out = fds[0];
+    const std::string r = std::to_string(rank);
+    const std::string w = std::to_string(world_size);
+    ProcessSpec spec;
+    spec.argv = {"/proc/self/exe", filter, "--gtest_brief=1"};
+    spec.env = {{kRankEnv, r}, {"RANK", r}, {"LOCAL_RANK", r}, {"WORLD_SIZE", w}, {"LOCAL_WORLD_SIZE", w},
+                {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port}};
+    // Children of a test must not write the parent's XML report.
+    spec.unset_env = {"XML_OUTPUT_FILE", "GTEST_OUTPUT"};
+    spec.output = ProcessSpec::Output::kMerged;
+    const absl::Status started = children.start(spec);
+    ASSERT_TRUE(started.ok()) << "rank " << rank << ": " << started;
   }
 
   const auto deadline = std::chrono::steady_clock::now() + options.timeout + options.grace;
   bool timed_out = false;
-  int open = world_size;
-  while (open > 0) {
-    std::vector<pollfd> pfds;
-    std::vector<int> who;
-    for (int r = 0; r < world_size; ++r) {
-      if (children[r].out >= 0) {
-        pfds.push_back(pollfd{children[r].out, POLLIN, 0});
-        who.push_back(r);
-      }
-    }
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
+  while (!children.done()) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
       timed_out = true;
       break;
     }
-    const int n = ::poll(pfds.data(), pfds.size(), static_cast<int>(std::min<int64_t>(left.count(), 1000)));
-    if (n <= 0) continue;
-    for (size_t i = 0; i < pfds.size(); ++i) {
-      if (pfds[i].revents == 0) continue;
-      char buf[4096];
-      const ssize_t got = ::read(pfds[i].fd, buf, sizeof(buf));
-      if (got > 0) {
-        children[who[i]].output.append(buf, static_cast<size_t>(got));
-      } else {
-        ::close(pfds[i].fd);
-        children[who[i]].out = -1;
-        --open;
-      }
-    }
+    children.poll(std::min(left, std::chrono::milliseconds(1000)),
+                  [&](int r, Pipe, const char* data, size_t n) { output[r].append(data, n); });
+    children.reap();
   }
+  children.kill_all();  // after a timeout: the hung ranks; otherwise nothing is left running
   for (int r = 0; r < world_size; ++r) {
-    if (timed_out) ::kill(children[r].pid, SIGKILL);
-    ::waitpid(children[r].pid, &children[r].status, 0);
-    if (children[r].out >= 0) ::close(children[r].out);
-  }
-  for (int r = 0; r < world_size; ++r) {
-    const int st = children[r].status;
+    const int code = children.exit_code(r);
     if (timed_out) {
       ADD_FAILURE() << "rank " << r << " still running " << (options.timeout + options.grace).count()
-                    << " ms after start (hung?); killed. Output:\n" << children[r].output;
-    } else if (WIFSIGNALED(st)) {
-      ADD_FAILURE() << "rank " << r << " died of signal " << WTERMSIG(st) << ". Output:\n"
-                    << children[r].output;
-    } else if (WEXITSTATUS(st) != 0) {
-      ADD_FAILURE() << "rank " << r << " exited with code " << WEXITSTATUS(st) << ". Output:\n"
-                    << children[r].output;
+                    << " ms after start (hung?); killed. Output:\n" << output[r];
+    } else if (children.term_signal(r) != 0) {
+      ADD_FAILURE() << "rank " << r << " died of signal " << children.term_signal(r) << ". Output:\n" << output[r];
+    } else if (code != 0) {
+      ADD_FAILURE() << "rank " << r << " exited with code " << code << ". Output:\n" << output[r];
     }
   }
 }

@@ -41,13 +41,14 @@ void run_ranks_as_threads(int world_size, const RankFn& fn, const HarnessOptions
 // current test; each child rendezvous through env:// (MASTER_ADDR=127.0.0.1, a free MASTER_PORT,
 // RANK, WORLD_SIZE, LOCAL_RANK). Code before the call runs in every child too, so call it once per
 // test. The parent only waits and reports: a child that fails, crashes or hangs fails the test,
-// with that rank's output.
+// with that rank's output. Children never outlive the test process, however it ends
+// (comm/process_set.h).
 void run_ranks_as_processes(int world_size, const RankFn& fn, const HarnessOptions& options = {});
 
 // True inside a child started by run_ranks_as_processes.
 bool in_rank_process();
 
-// A TCP port on 127.0.0.1 that was free a moment ago.
+// A TCP port on 127.0.0.1 that was free a moment ago (comm::free_port, from comm/process_set.h).
 int free_port();
 
 }  // namespace dtrain::comm::testing

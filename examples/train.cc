@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -42,6 +43,7 @@
 #include "ddp_hooks/powersgd_hook.h"
 #include "ddp_hooks/zero_hook.h"
 #include "examples/train_checkpoint.h"
+#include "examples/train_progress.h"
 #include "optim/functional_adapter.h"
 #include "optim/model_averagers.h"
 #include "optim/post_local_sgd_optimizer.h"
@@ -68,6 +70,11 @@ ABSL_FLAG(int, log_every, 0, "Steps between progress lines when stdout is not a 
 ABSL_FLAG(int, timeout_s, 60,
           "Seconds a collective may wait for the other ranks before the job fails, naming the rank that stopped.");
 ABSL_FLAG(int, rendezvous_timeout_s, 300, "Seconds for every rank to join the job at startup.");
+ABSL_FLAG(int, max_restarts, 0,
+          "Times to restart all ranks after one fails (torchrun's --max_restarts, 0-100); a restarted attempt "
+          "resumes from the newest committed step in --checkpoint_dir.");
+ABSL_FLAG(int, fail_at_step, 0,
+          "Testing only: rank 1 kills itself (SIGKILL) before this step on the first attempt; 0: never.");
 ABSL_FLAG(uint64_t, seed, 0, "Seed of the teacher, the student's initial weights and the data.");
 
 namespace {
@@ -77,6 +84,8 @@ using namespace dtrain;  // NOLINT: an example reads better with short names
 constexpr int64_t kIn = 32, kOut = 8;
 using examples::kCheckpointFile;
 using examples::kShardDir;
+using examples::kib;
+using examples::Progress;
 constexpr char kShardedNeedsZero[] =
     "--resume: this checkpoint's optimizer state is sharded (written with --sharded_checkpoint); resume with "
     "--zero=sorted_greedy or --zero=flat";
@@ -95,7 +104,9 @@ struct Config {
   double lr;
   uint64_t seed;
   bool sharded_checkpoint;
-  int keep_checkpoints = 2;  // set after the aggregate initialisation below
+  int keep_checkpoints = 2;  // these three are set after the aggregate initialisation below
+  int max_restarts = 0;
+  int fail_at_step = 0;
 };
 
 Config read_flags() {
@@ -117,6 +128,12 @@ Config read_flags() {
   if (!(c.lr > 0)) die(2, absl::StrCat("--lr must be positive, got ", c.lr));
   c.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
   if (c.keep_checkpoints < 1) die(2, absl::StrCat("--keep_checkpoints must be at least 1, got ", c.keep_checkpoints));
+  c.max_restarts = absl::GetFlag(FLAGS_max_restarts);
+  if (c.max_restarts < 0 || c.max_restarts > comm::kMaxRestarts) {
+    die(2, absl::StrCat("--max_restarts must be in [0, ", comm::kMaxRestarts, "], got ", c.max_restarts));
+  }
+  c.fail_at_step = absl::GetFlag(FLAGS_fail_at_step);
+  if (c.fail_at_step < 0) die(2, absl::StrCat("--fail_at_step must be at least 0, got ", c.fail_at_step));
   if (absl::GetFlag(FLAGS_timeout_s) < 1 || absl::GetFlag(FLAGS_rendezvous_timeout_s) < 1) {
     die(2, "--timeout_s and --rendezvous_timeout_s must be at least 1");
   }
@@ -150,8 +167,6 @@ torch::nn::Sequential make_mlp(int64_t hidden, torch::Generator& gen) {
 
 torch::Generator generator(uint64_t seed) { return at::detail::createCPUGenerator(seed); }
 
-std::string kib(int64_t bytes) { return absl::StrFormat("%.1f KiB", static_cast<double>(bytes) / 1024); }
-
 // The optimizer behind one of three shapes: ZeRO, plain Adam, or post-local SGD around Adam.
 struct Optimizer {
   std::unique_ptr<optim::ZeroRedundancyOptimizer> zero;
@@ -182,41 +197,6 @@ struct Optimizer {
     if (post_local) return post_local->load_state_dict(sd);
     adam->load_state_dict(sd);
   }
-};
-
-class Progress {
- public:
-  // `tty`: whether rank 0 writes to a terminal, the same value on every rank (reporting involves a
-  // collective, so every rank must agree on when it happens).
-  Progress(bool enabled, bool tty, int total, int log_every) : enabled_(enabled), total_(total), tty_(tty) {
-    every_ = log_every > 0 ? log_every : std::max(1, total / 10);
-  }
-  // Whether step `step` (1-based) reports: every step on a terminal, else every log_every.
-  bool due(int step) const { return tty_ || step % every_ == 0 || step == total_; }
-  void show(int step, double loss, double steps_per_s, int64_t state) {
-    if (!enabled_) return;
-    const std::string line = absl::StrFormat("step %*d/%d  loss %.6f  %.1f steps/s  optimizer state %s/rank",
-                                             static_cast<int>(std::to_string(total_).size()), step, total_, loss,
-                                             steps_per_s, kib(state));
-    if (tty_) {
-      std::printf("\r%s\x1b[K", line.c_str());
-      if (step == total_) std::printf("\n");
-    } else {
-      std::printf("%s\n", line.c_str());
-    }
-    std::fflush(stdout);
-  }
-  void note(const std::string& message) {
-    if (!enabled_) return;
-    std::printf("%s\n", message.c_str());
-    std::fflush(stdout);
-  }
-
- private:
-  bool enabled_;
-  int total_;
-  bool tty_;
-  int every_ = 1;
 };
 
 // Names the rank that stopped when a collective fails (see main's error handler).
@@ -308,7 +288,11 @@ int train(const Config& c) {
   int start = 0;
   const std::filesystem::path dir = c.checkpoint_dir;  // step-N directories, `latest`, checkpoint.pt
   checkpoint::StepCheckpoints ckpts(dir.string(), c.keep_checkpoints);
-  if (c.resume) {
+  // A restarted attempt (--max_restarts, or torchrun's) continues from the newest committed step.
+  const char* restarts = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  const int restart_count = restarts != nullptr ? std::atoi(restarts) : 0;
+  const bool restarted = restart_count > 0 && !c.checkpoint_dir.empty() && !absl::IsNotFound(ckpts.latest().status());
+  if (c.resume || restarted) {
     // The newest committed step: every file of it (model, optimizer or its shards, hook states)
     // is in its step directory, so nothing can come from different steps.
     absl::StatusOr<examples::TrainCheckpoint> ck = examples::read_train_checkpoint(ckpts);
@@ -338,7 +322,8 @@ int train(const Config& c) {
     } else if (powersgd) {
       powersgd->iter = start;
     }
-    progress.note(absl::StrCat("resumed from step ", start, " (", ck->file, ", written by ", ck->world_size, " ranks)"));
+    progress.note(absl::StrCat("resumed from step ", start, " (", ck->file, ", written by ", ck->world_size, " ranks)",
+                               restart_count > 0 ? absl::StrCat(" on restart ", restart_count) : ""));
     if (start >= c.steps) {
       progress.note(absl::StrCat("the checkpoint is at step ", start, ", at or past --steps=", c.steps,
                                  "; nothing to train (raise --steps)"));
@@ -402,6 +387,7 @@ int train(const Config& c) {
   int64_t state = 0;
   for (int step = start + 1; step <= c.steps; ++step) {
     // The batch of (step, rank): the same whatever happened before, so resuming is exact.
+    if (step == c.fail_at_step && rank == 1 && restart_count == 0) ::raise(SIGKILL);  // test-only crash
     torch::Generator data_gen = generator(c.seed * 1000003 + static_cast<uint64_t>(step) * 4099 + rank);
     const torch::Tensor x = torch::randn({c.batch_size, kIn}, data_gen);
     torch::Tensor y;
@@ -482,6 +468,7 @@ int main(int argc, char** argv) {
     comm::LaunchOptions o;
     o.nproc_per_node = nproc;
     o.rank0_owns_terminal = true;
+    o.max_restarts = config.max_restarts;
     std::vector<std::string> args = {"/proc/self/exe"};
     for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
     absl::StatusOr<int> code = comm::launch_local(args, o);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs //examples:train as a user would: the loss falls, a resumed run ends exactly where an
-# uninterrupted one does (also from sharded optimizer state), PyTorch reads the checkpoint, and
-# bad input gets a one-line error.
+# uninterrupted one does (also from sharded optimizer state, and after a crash restarted by
+# --max_restarts), PyTorch reads the checkpoint, and bad input gets a one-line error.
 set -uo pipefail
 TRAIN=examples/train
 TMP="${TEST_TMPDIR:-$(mktemp -d)}"
@@ -26,6 +26,19 @@ grep -q "resumed from step 20" "$TMP/b2.log" || fail "no 'resumed from step 20':
 resumed=$(final_loss "$TMP/b2.log")
 echo "resumed run: final loss $resumed"
 [[ "$resumed" == "$last" ]] || fail "resumed run ends at loss $resumed, the straight run at $last"
+
+# 2b. --max_restarts: rank 1 kills itself (SIGKILL) before step 25 on the first attempt; the
+# launcher restarts both ranks, which resume from step 20 and end where the straight run does.
+"$TRAIN" --steps=40 --checkpoint_every=10 --max_restarts=1 --fail_at_step=25 --checkpoint_dir="$TMP/r" >"$TMP/r.log" 2>&1 || fail "restarted run exited with $?: $(cat "$TMP/r.log")"
+grep -q "exited with code [0-9]*; restarting all ranks (attempt 2 of 2)" "$TMP/r.log" || fail "no restart line: $(cat "$TMP/r.log")"
+grep -q "resumed from step 20 .* on restart 1" "$TMP/r.log" || fail "the restarted attempt did not resume from step 20: $(cat "$TMP/r.log")"
+restarted=$(final_loss "$TMP/r.log")
+echo "restarted run: final loss $restarted"
+[[ "$restarted" == "$last" ]] || fail "restarted run ends at loss $restarted, the straight run at $last"
+# Without --max_restarts the same crash ends the job with rank 1's code (128 + SIGKILL).
+"$TRAIN" --steps=40 --checkpoint_every=10 --fail_at_step=25 --checkpoint_dir="$TMP/r0" >"$TMP/r0.log" 2>&1; code=$?
+[[ $code -eq 137 ]] || fail "a crash without restarts: exit $code, expected 137: $(cat "$TMP/r0.log")"
+grep -q "restarting" "$TMP/r0.log" && fail "restarted without --max_restarts"
 
 # 3. The checkpoint is a PyTorch file: torch.load reads it.
 /usr/bin/python3 - "$TMP/a/checkpoint.pt" <<'PY' || fail "torch.load could not read the checkpoint"
@@ -64,7 +77,7 @@ out=$("$TRAIN" --steps=60 --resume --zero=off --checkpoint_dir="$TMP/s" 2>&1); c
 [[ -d "$TMP/a/step-00000020" && -f "$TMP/a/step-00000040/checkpoint.pt" ]] || fail "steps kept: $(ls "$TMP/a")"
 
 # 6. Bad input: exit code 2 and one line that says what to do.
-for args in "--hook=foo" "--zero=nope" "--steps=0" "--resume --checkpoint_dir=$TMP/none" "--hook=post_local_sgd" "--zero=off --sharded_checkpoint" "--keep_checkpoints=0"; do
+for args in "--hook=foo" "--zero=nope" "--steps=0" "--resume --checkpoint_dir=$TMP/none" "--hook=post_local_sgd" "--zero=off --sharded_checkpoint" "--keep_checkpoints=0" "--max_restarts=-1" "--max_restarts=101" "--fail_at_step=-1"; do
   out=$("$TRAIN" $args 2>&1); code=$?
   [[ $code -eq 2 ]] || fail "$args: exit code $code, expected 2"
   [[ $(printf '%s\n' "$out" | wc -l) -eq 1 ]] || fail "$args: expected one line, got: $out"

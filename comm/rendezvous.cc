@@ -1,0 +1,288 @@
+// The rendezvous of init_process_group and rendezvous_store: env:// / tcp:// / file:// parsing,
+// the store (TCPStore or FileStore) and the arrival checks (rendezvous_checks.h), under one
+// deadline. Declared in comm/internal/rendezvous.h and comm/process_group.h.
+#include "comm/internal/rendezvous.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <exception>
+#include <utility>
+
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "comm/rendezvous_checks.h"
+
+namespace dtrain::comm {
+namespace internal {
+
+absl::StatusOr<int> parse_int(const std::string& what, const std::string& text, int lo, int hi) {
+  int value = 0;
+  if (!absl::SimpleAtoi(text, &value) || value < lo || value > hi) {
+    return absl::InvalidArgumentError(absl::StrCat(what, "='", text, "' is not an integer in [", lo,
+                                                   ", ", hi, "]"));
+  }
+  return value;
+}
+
+}  // namespace internal
+namespace {
+
+using internal::parse_int;
+using internal::Rendezvous;
+
+bool is_loopback(const std::string& host) {
+  return absl::StartsWith(host, "127.") || host == "localhost" || host == "::1" || host == "[::1]";
+}
+
+// A socket listening on `host`'s IPv4 address only (loopback for a loopback host), for the store's
+// server; -1 when the host does not resolve to a local IPv4 address (the store then listens on every
+// interface, as PyTorch's does).
+int listen_on_host(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(is_loopback(host) ? "127.0.0.1" : host.c_str(), nullptr, &hints, &found) != 0) return -1;
+  sockaddr_in addr = *reinterpret_cast<sockaddr_in*>(found->ai_addr);
+  ::freeaddrinfo(found);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd, SOMAXCONN) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Reads an integer environment variable; NotFound names the variable and what sets it.
+absl::StatusOr<int> env_int(const char* name, int lo, int hi) {
+  const char* value = std::getenv(name);
+  if (value == nullptr) {
+    return absl::NotFoundError(absl::StrCat(
+        "env:// rendezvous: environment variable ", name,
+        " expected, but not set; launch with //comm:launch or torchrun, or export it"));
+  }
+  return parse_int(absl::StrCat("environment variable ", name), value, lo, hi);
+}
+
+
+// "?rank=0&world_size=2" query of a tcp:// or file:// URL.
+absl::Status parse_query(const std::string& query, int* rank, int* world_size) {
+  for (absl::string_view kv : absl::StrSplit(query, '&', absl::SkipEmpty())) {
+    std::pair<std::string, std::string> p = absl::StrSplit(kv, absl::MaxSplits('=', 1));
+    if (p.first == "rank") {
+      auto r = parse_int("URL rank", p.second, 0, 1 << 30);
+      if (!r.ok()) return r.status();
+      if (*rank < 0) *rank = *r;
+    } else if (p.first == "world_size") {
+      auto w = parse_int("URL world_size", p.second, 1, 1 << 30);
+      if (!w.ok()) return w.status();
+      if (*world_size < 0) *world_size = *w;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown init_method URL parameter '", p.first, "' (expected rank, world_size)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status check_rank(int rank, int world_size, const char* rank_name, const char* world_name) {
+  if (world_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(world_name, " must be at least 1, got ", world_size));
+  }
+  if (rank < 0 || rank >= world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(rank_name, "=", rank, " must be in [0, ",
+                                                   world_name, "=", world_size, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status store_error(const std::exception& e, const std::string& master,
+                         std::chrono::milliseconds timeout) {
+  const std::string what = e.what();
+  const std::string first_line = what.substr(0, what.find('\n'));
+  if (absl::StrContains(what, "Address already in use")) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", master,
+                                               ": port in use; pick another MASTER_PORT (",
+                                               first_line, ")"));
+  }
+  // 1.13: "Socket Timeout", "timed out"; 2.x: "Timed out after N seconds waiting for clients".
+  const std::string lower = absl::AsciiStrToLower(what);
+  if (absl::StrContains(lower, "waiting for clients")) {
+    // LibTorch 2.x: the master's store waits for every rank to connect before returning.
+    return absl::DeadlineExceededError(
+        absl::StrCat("rendezvous on master ", master, ": not every rank connected within ", timeout.count(),
+                     " ms: check that every rank started with the same MASTER_ADDR, MASTER_PORT and "
+                     "WORLD_SIZE (", first_line, ")"));
+  }
+  if (absl::StrContains(lower, "timed out") || absl::StrContains(lower, "timeout")) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("rendezvous with master ", master, " did not complete within ",
+                     timeout.count(), " ms: check that the master is reachable and every rank "
+                     "started (", first_line, ")"));
+  }
+  return absl::UnavailableError(
+      absl::StrCat("rendezvous with master ", master, " failed: ", first_line));
+}
+
+}  // namespace
+
+namespace internal {
+
+absl::StatusOr<Rendezvous> rendezvous(const InitOptions& o) {
+  Rendezvous rv;
+  rv.rank = o.rank;
+  rv.world_size = o.world_size;
+  if (o.store) {
+    if (absl::Status s = check_rank(rv.rank, rv.world_size, "rank", "world_size"); !s.ok()) return s;
+    rv.store = o.store;
+    rv.master = "in-process store";
+    rv.bind_host = "127.0.0.1";
+    return rv;
+  }
+  const std::string& url = o.init_method;
+  std::string host;
+  int port = 0;
+  if (url == "env://" || absl::StartsWith(url, "env://")) {
+    const char* addr = std::getenv("MASTER_ADDR");
+    if (addr == nullptr || *addr == '\0') {
+      return absl::NotFoundError(
+          "env:// rendezvous: environment variable MASTER_ADDR expected, but not set; set it to "
+          "rank 0's address (//comm:launch and torchrun do)");
+    }
+    host = addr;
+    auto p = env_int("MASTER_PORT", 1, 65535);
+    if (!p.ok()) return p.status();
+    port = *p;
+    if (rv.rank < 0) {
+      auto r = env_int("RANK", 0, 1 << 30);
+      if (!r.ok()) return r.status();
+      rv.rank = *r;
+    }
+    if (rv.world_size < 0) {
+      auto w = env_int("WORLD_SIZE", 1, 1 << 30);
+      if (!w.ok()) return w.status();
+      rv.world_size = *w;
+    }
+    if (absl::Status s = check_rank(rv.rank, rv.world_size, "RANK", "WORLD_SIZE"); !s.ok()) return s;
+  } else if (absl::StartsWith(url, "tcp://")) {
+    std::pair<std::string, std::string> hq = absl::StrSplit(url.substr(6), absl::MaxSplits('?', 1));
+    if (absl::Status s = parse_query(hq.second, &rv.rank, &rv.world_size); !s.ok()) return s;
+    const size_t colon = hq.first.rfind(':');
+    if (colon == std::string::npos || colon == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("init_method '", url, "' must be tcp://HOST:PORT"));
+    }
+    host = hq.first.substr(0, colon);
+    if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+    auto p = parse_int(absl::StrCat("port of init_method '", url, "'"), hq.first.substr(colon + 1), 1, 65535);
+    if (!p.ok()) return p.status();
+    port = *p;
+    if (absl::Status s = check_rank(rv.rank, rv.world_size, "rank", "world_size"); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          s.message(), " (tcp:// needs InitOptions rank and world_size, or ?rank=&world_size=)"));
+    }
+  } else if (absl::StartsWith(url, "file://")) {
+    std::pair<std::string, std::string> pq = absl::StrSplit(url.substr(7), absl::MaxSplits('?', 1));
+    if (absl::Status s = parse_query(pq.second, &rv.rank, &rv.world_size); !s.ok()) return s;
+    if (pq.first.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("init_method '", url, "' must be file:///PATH"));
+    }
+    if (absl::Status s = check_rank(rv.rank, rv.world_size, "rank", "world_size"); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          s.message(), " (file:// needs InitOptions rank and world_size, or ?rank=&world_size=)"));
+    }
+    rv.master = pq.first;
+    try {
+      rv.store = c10::make_intrusive<c10d::FileStore>(pq.first, rv.world_size);
+      rv.store->setTimeout(o.timeout);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(absl::StrCat("cannot open rendezvous file ", pq.first, ": ", e.what()));
+    }
+    return rv;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown init_method '", url, "': use env://, tcp://HOST:PORT or file:///PATH"));
+  }
+
+  rv.master = absl::StrCat(host, ":", port);
+  if (is_loopback(host)) rv.bind_host = "127.0.0.1";
+  // Every step under one deadline enforced here, each failure with its cause (rendezvous_checks.h):
+  // reach the master, connect to its store, then every rank announces itself and waits for all.
+  const std::chrono::milliseconds rendezvous_timeout = o.rendezvous_timeout.count() > 0 ? o.rendezvous_timeout : o.timeout;
+  const Deadline deadline = std::chrono::steady_clock::now() + rendezvous_timeout;
+  if (rv.rank != 0) {
+    if (absl::Status s = wait_for_listener(host, port, deadline); !s.ok()) return s;
+  }
+  c10d::TCPStoreOptions so = tcp_store_options();
+  so.port = static_cast<uint16_t>(port);
+  so.isServer = rv.rank == 0;
+  so.numWorkers = rv.world_size;
+  so.waitWorkers = false;  // check_arrivals waits, naming who is missing
+  so.timeout = o.timeout;
+  // The store's server listens on MASTER_ADDR's interface only (loopback stays loopback).
+  if (kTcpStoreTakesListenFd && so.isServer) {
+    if (const int fd = listen_on_host(host, port); fd >= 0) set_store_listen_fd(so, fd);
+  }
+  const std::string master = rv.master;
+  const std::chrono::milliseconds timeout = rendezvous_timeout;
+  absl::StatusOr<c10::intrusive_ptr<c10d::Store>> store = run_with_deadline<c10::intrusive_ptr<c10d::Store>>(
+      [host, so, master, timeout]() -> absl::StatusOr<c10::intrusive_ptr<c10d::Store>> {
+        try {
+          return c10::intrusive_ptr<c10d::Store>(c10::make_intrusive<c10d::TCPStore>(host, so));
+        } catch (const std::exception& e) {
+          return store_error(e, master, timeout);
+        }
+      },
+      deadline, absl::StrCat("connecting to the c10d store at ", master));
+  if (!store.ok()) {
+    if (absl::IsDeadlineExceeded(store.status())) {
+      return absl::DeadlineExceededError(absl::StrCat(store.status().message(), ": something accepts connections on ",
+                                                      master, " but does not answer as a c10d store; is another "
+                                                      "program using MASTER_PORT?"));
+    }
+    return store.status();
+  }
+  rv.store = *store;
+  const int rank = rv.rank, world = rv.world_size;
+  absl::StatusOr<bool> arrived = run_with_deadline<bool>(
+      [s = rv.store, rank, world, deadline, master]() -> absl::StatusOr<bool> {
+        absl::Status st = check_arrivals(*s, rank, world, deadline, absl::StrCat("rendezvous on ", master));
+        if (!st.ok()) return st;
+        return true;
+      },
+      deadline + std::chrono::seconds(1), absl::StrCat("rendezvous on ", master, " (the store stopped answering)"));
+  if (!arrived.ok()) return arrived.status();
+  return rv;
+}
+
+}  // namespace internal
+
+absl::StatusOr<RendezvousResult> rendezvous_store(const InitOptions& options) {
+  if (options.timeout.count() <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("timeout must be positive, got ", options.timeout.count(), " ms"));
+  }
+  absl::StatusOr<internal::Rendezvous> rv = internal::rendezvous(options);
+  if (!rv.ok()) return rv.status();
+  return RendezvousResult{rv->store, rv->rank, rv->world_size};
+}
+
+}  // namespace dtrain::comm
