@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include "optim/zero_overlap.h"
 #include "partition/bucket_assignment.h"
 
 namespace dtrain::ddp {
@@ -50,7 +51,7 @@ ZeroOverlapHook::ZeroOverlapHook(std::unique_ptr<c10d::CommHookInterface> inner,
       }
     }
   }
-  zero.set_overlap_partition(std::move(params_per_rank));
+  optim::ZeroOverlap(zero).set_partition(std::move(params_per_rank));
   pending_.resize(bucket_params_.size());
 }
 
@@ -91,8 +92,9 @@ void ZeroOverlapHook::step_bucket(size_t b) {
       offset += g.numel();
     }
   }
-  zero_.overlap_step(bucket_params_[b], grads);
-  for (auto& w : zero_.overlap_broadcast(bucket_params_[b])) broadcasts_.push_back(std::move(w));
+  optim::ZeroOverlap overlap(zero_);
+  overlap.step(bucket_params_[b], grads);
+  for (auto& w : overlap.broadcast(bucket_params_[b])) broadcasts_.push_back(std::move(w));
   p.layout.clear();
   p.buffer = at::Tensor();
 }

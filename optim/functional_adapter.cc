@@ -40,7 +40,16 @@ OptionsDict FunctionalOptimizerAdapter::group_options(size_t group) const {
 void FunctionalOptimizerAdapter::sync_groups() {
   // add_param_group is not virtual in LibTorch: new groups are noticed here.
   for (size_t g = functionals_.size(); g < param_groups_.size(); ++g) {
-    functionals_.push_back(FunctionalRegistry::global().create(name_, param_groups_[g].params(), group_options(g)));
+    OptionsDict options = group_options(g);
+    // A LibTorch param group may be empty (a ZeroRedundancyOptimizer rank that owns no parameter):
+    // the functional optimizer is asked to accept that, as PyTorch's ZeRO asks its functional
+    // local optimizer with _allow_empty_param_list=True. Only for an empty group, so a user's
+    // factory sees the key only where it matters.
+    if (param_groups_[g].params().empty()) {
+      options = options.copy();
+      options.insert_or_assign(kAllowEmptyParamList, true);
+    }
+    functionals_.push_back(FunctionalRegistry::global().create(name_, param_groups_[g].params(), options));
   }
   for (size_t g = 0; g < functionals_.size(); ++g) {
     const auto& params = param_groups_[g].params();

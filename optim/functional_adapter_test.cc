@@ -123,6 +123,23 @@ TEST(FunctionalAdapterTest, BadConstructionIsAClearError) {
 // PyTorch keeps param-group keys an optimizer does not use (an LR scheduler's initial_lr, 2.x's
 // foreach, a user's own) and returns them in state_dict(); so do the functional optimizer and the
 // adapter. set_options() still refuses a key it does not know.
+// A LibTorch optimizer accepts empty param groups (ZeRO gives a rank that owns no parameter
+// one): the adapter asks the functional optimizer for _allow_empty_param_list, as PyTorch's ZeRO does.
+TEST(FunctionalAdapterTest, EmptyParamGroupsAreAccepted) {
+  at::Tensor w = torch::ones({2}, torch::requires_grad());
+  std::vector<torch::optim::OptimizerParamGroup> groups = {torch::optim::OptimizerParamGroup(std::vector<at::Tensor>{}),
+                                                           torch::optim::OptimizerParamGroup({w})};
+  FunctionalOptimizerAdapter opt(groups, "Adam", opts({{"lr", 0.1}}));
+  EXPECT_EQ(opt.functional(0).params().size(), 0u);
+  w.mutable_grad() = torch::ones({2});
+  opt.step();
+  EXPECT_FALSE(w.equal(torch::ones({2})));
+  EXPECT_FALSE(opt.functional(0).options_dict().contains(kAllowEmptyParamList));
+  FunctionalOptimizerAdapter none(std::vector<at::Tensor>{}, "SGD", opts({{"lr", 0.1}}));
+  none.step();
+  EXPECT_EQ(none.state_dict().toGenericDict().at("param_groups").toList().size(), 1u);
+}
+
 TEST(FunctionalAdapterTest, UnknownParamGroupKeysAreKept) {
   at::Tensor w = torch::zeros({2}, torch::requires_grad());
   FunctionalOptimizerAdapter opt({w}, "Adam", opts({{"lr", 0.01}}));

@@ -41,8 +41,9 @@ struct ParamState {
 
 class FunctionalOptimizer {
  public:
-  // REQUIRES: params are defined, dense, distinct tensors. An empty list is allowed (a ZeRO rank
-  // may own no parameter: PyTorch's _allow_empty_param_list).
+  // REQUIRES: params are defined, dense, distinct tensors. This base class accepts an empty list;
+  // the built-in optimizers refuse one unless asked (PyTorch's _allow_empty_param_list, see
+  // functional_optimizer_options.h), and a user's optimizer decides for itself.
   explicit FunctionalOptimizer(std::vector<at::Tensor> params);
   virtual ~FunctionalOptimizer();
   FunctionalOptimizer(const FunctionalOptimizer&) = delete;
@@ -69,6 +70,10 @@ class FunctionalOptimizer {
   // PyTorch-only keys (foreach, capturable, differentiable, fused) are accepted when they ask for
   // nothing dtrain lacks.
   void set_options(const OptionsDict& options);
+  // `current` with `overrides` applied, after checking every override key (see set_options);
+  // `optimizer` names it in errors.
+  static OptionsDict merged_options(const std::string& optimizer, OptionsDict current,
+                                    const OptionsDict& overrides);
 
   // {"state": {index: {name: tensor | int | None}}, "param_groups": [{options..., "params": [0..n-1]}]}
   c10::IValue state_dict() const;
@@ -83,6 +88,13 @@ class FunctionalOptimizer {
   // True once the parameter at `index` has optimizer state.
   bool has_state(size_t index) const;
 
+  // How "step" appears in PyTorch's state dict (see step_kind()).
+  enum class StepKind {
+    kNone,         // no "step" entry (SGD)
+    kInt,          // Python int (Adadelta, RMSprop, Rprop)
+    kFloatTensor,  // 0-dim float32 tensor (Adam, AdamW, Adamax, Adagrad)
+  };
+
  protected:
   // Updates params()[index] with a checked gradient. Called with autograd off.
   virtual void update(size_t index, const at::Tensor& grad) = 0;
@@ -92,16 +104,7 @@ class FunctionalOptimizer {
   // Builds new options from `merged` (every key of options_dict() present), validates them
   // with PyTorch's messages (c10::Error) and only then replaces the current ones.
   virtual void apply_options(const OptionsDict& merged) = 0;
-  // `current` with `overrides` applied, after checking every override key (see set_options).
-  static OptionsDict merged_options(const std::string& optimizer, OptionsDict current,
-                                    const OptionsDict& overrides);
 
-  // How "step" appears in PyTorch's state dict.
-  enum class StepKind {
-    kNone,         // no "step" entry (SGD)
-    kInt,          // Python int (Adadelta, RMSprop, Rprop)
-    kFloatTensor,  // 0-dim float32 tensor (Adam, AdamW, Adamax, Adagrad)
-  };
   virtual StepKind step_kind() const = 0;
   // Names of the slots; an empty name ends the list. An undefined slot tensor is left out of the
   // state dict, unless none_for_undefined_slots() (SGD writes momentum_buffer=None).

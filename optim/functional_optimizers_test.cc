@@ -246,6 +246,81 @@ TEST(FunctionalOptimizersTest, RejectsInvalidHyperParametersWithPyTorchMessages)
   expect_error([&] { adam.set_options(capturable); }, "capturable=True is not supported");
 }
 
+OptionsDict dict_of(const std::vector<std::pair<const char*, c10::IValue>>& kv) {
+  OptionsDict d = new_options_dict();
+  for (const auto& [k, v] : kv) d.insert(k, v);
+  return d;
+}
+
+// amsgrad (Adam, AdamW), momentum and centered (RMSprop) switched on after a parameter has state:
+// PyTorch raises KeyError for the missing state entry; dtrain raises before changing anything, on
+// the fused and the ATen path. SGD's momentum may be switched on later (PyTorch starts the buffer).
+TEST(FunctionalOptimizersTest, SwitchingOnStatefulOptionsAfterTheFirstStepIsAnError) {
+  const std::vector<std::tuple<const char*, OptionsDict, const char*>> cases = {
+      {"Adam", dict_of({{"amsgrad", true}}), "Adam: amsgrad=True needs the state 'max_exp_avg_sq', which parameter 0"},
+      {"AdamW", dict_of({{"amsgrad", true}}), "AdamW: amsgrad=True needs the state 'max_exp_avg_sq', which parameter 0"},
+      {"RMSprop", dict_of({{"momentum", 0.9}}), "RMSprop: momentum > 0 needs the state 'momentum_buffer'"},
+      {"RMSprop", dict_of({{"centered", true}}), "RMSprop: centered=True needs the state 'grad_avg'"},
+  };
+  auto step_of = [](const FunctionalOptimizer& o) {
+    const c10::IValue v = o.state_dict().toGenericDict().at("state").toGenericDict().at(0).toGenericDict().at("step");
+    return v.isTensor() ? v.toTensor().item<double>() : v.toInt();
+  };
+  for (const auto& [name, later, message] : cases) {
+    for (Layout layout : {Layout::kContiguous, Layout::kStrided}) {
+      SCOPED_TRACE(std::string(name) + (layout == Layout::kContiguous ? " fused" : " aten"));
+      std::vector<at::Tensor> params = {make_param(at::ones({3}), at::kFloat, layout)};
+      auto opt = FunctionalRegistry::global().create(name, params, dict_of({{"lr", 0.1}}));
+      opt->step({at::ones({3})});
+      const at::Tensor before = params[0].clone();
+      opt->set_options(later);
+      expect_error([&] { opt->step({at::ones({3})}); }, message);
+      EXPECT_TRUE(params[0].equal(before));
+      EXPECT_EQ(step_of(*opt), 1);
+      // A parameter without state yet starts it with the new options.
+      auto fresh = FunctionalRegistry::global().create(name, {make_param(at::ones({3}), at::kFloat, layout)}, later);
+      fresh->step({at::ones({3})});
+    }
+  }
+  at::Tensor w = at::zeros({2});
+  FunctionalSGD sgd({w}, SGDOptions(1.0));
+  sgd.step({at::ones({2})});
+  sgd.set_options(SGDOptions(sgd.options()).momentum(0.9));
+  sgd.step({at::ones({2})});  // the buffer starts as the gradient: w = -1 - 1
+  EXPECT_TRUE(w.equal(at::full({2}, -2.0)));
+}
+
+// Switching momentum (SGD) or amsgrad (Adam) off again leaves the buffer unused and untouched, as
+// in PyTorch: the fused kernels follow the options, not the presence of the buffer.
+TEST(FunctionalOptimizersTest, SwitchingStatefulOptionsOffIgnoresTheirState) {
+  const std::vector<std::tuple<const char*, OptionsDict, OptionsDict>> cases = {
+      {"SGD", dict_of({{"lr", 0.1}, {"momentum", 0.9}, {"dampening", 0.5}}), dict_of({{"momentum", 0.0}})},
+      {"Adam", dict_of({{"lr", 0.1}, {"amsgrad", true}}), dict_of({{"amsgrad", false}})},
+      {"AdamW", dict_of({{"lr", 0.1}, {"amsgrad", true}}), dict_of({{"amsgrad", false}})},
+  };
+  for (const auto& [name, first, later] : cases) {
+    SCOPED_TRACE(name);
+    at::manual_seed(5);
+    const at::Tensor init = at::randn({37});
+    std::vector<at::Tensor> fused = {make_param(init, at::kFloat, Layout::kContiguous)};
+    std::vector<at::Tensor> aten = {make_param(init, at::kFloat, Layout::kStrided)};
+    auto a = FunctionalRegistry::global().create(name, fused, first);
+    auto b = FunctionalRegistry::global().create(name, aten, first);
+    for (int s = 0; s < 6; ++s) {
+      if (s == 3) a->set_options(later), b->set_options(later);
+      const at::Tensor g = at::randn({37});
+      a->step({g});
+      b->step({g});
+    }
+    EXPECT_LE(relative_error(fused[0], aten[0]), 1e-6);
+    auto state = [](FunctionalOptimizer& o) { return o.state_dict().toGenericDict().at("state").toGenericDict().at(0).toGenericDict(); };
+    for (const auto& kv : state(*a)) {
+      if (!kv.value().isTensor()) continue;
+      EXPECT_LE(relative_error(kv.value().toTensor(), state(*b).at(kv.key()).toTensor()), 1e-6) << kv.key().toStringRef();
+    }
+  }
+}
+
 TEST(FunctionalOptimizersTest, SchedulerStyleLrChangesApply) {
   at::Tensor a = at::zeros({3}), b = at::zeros({3});
   FunctionalSGD sgd({a}, SGDOptions(1.0));

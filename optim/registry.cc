@@ -13,13 +13,26 @@
 namespace dtrain::optim {
 namespace {
 
-// Builds a typed optimizer: defaults from the class, then the caller's options over them.
-template <typename Functional, typename Options>
-FunctionalFactory factory(Options defaults, const char* name) {
-  return [defaults, name](std::vector<at::Tensor> params, const OptionsDict& options) {
+// Registers a built-in under its table's name: the factory starts from the table's defaults,
+// applies the caller's options over them, and takes PyTorch's `_allow_empty_param_list`
+// constructor argument from the dict too (it is not an option). With `Twin`, also maps that
+// LibTorch optimizer type to it.
+template <typename Functional, typename... Twin>
+void register_builtin(FunctionalRegistry& r) {
+  const auto& table = Functional::option_table();
+  r.register_optimizer(table.name(), [&table](std::vector<at::Tensor> params, const OptionsDict& options) {
+    OptionsDict rest = options.copy();
+    bool allow_empty = false;
+    if (rest.contains(kAllowEmptyParamList)) {
+      const c10::IValue v = rest.at(kAllowEmptyParamList);
+      TORCH_CHECK(v.isBool(), table.name(), ": ", kAllowEmptyParamList, " must be a bool, got ", v.tagKind());
+      allow_empty = v.toBool();
+      rest.erase(kAllowEmptyParamList);
+    }
     return std::unique_ptr<FunctionalOptimizer>(
-        std::make_unique<Functional>(std::move(params), Functional::resolve(defaults, options, name)));
-  };
+        std::make_unique<Functional>(std::move(params), table.resolve(rest), allow_empty));
+  });
+  (r.register_twin<Twin>(table.name()), ...);
 }
 
 }  // namespace
@@ -27,22 +40,14 @@ FunctionalFactory factory(Options defaults, const char* name) {
 FunctionalRegistry& FunctionalRegistry::global() {
   static FunctionalRegistry* registry = [] {
     auto* r = new FunctionalRegistry();
-    r->register_optimizer("SGD", [](std::vector<at::Tensor> params, const OptionsDict& options) {
-      TORCH_CHECK(options.contains("lr"), "SGD needs an 'lr' option (it has no default)");
-      return factory<FunctionalSGD>(SGDOptions(0), "SGD")(std::move(params), options);
-    });
-    r->register_optimizer("Adam", factory<FunctionalAdam>(AdamOptions(), "Adam"));
-    r->register_optimizer("AdamW", factory<FunctionalAdamW>(AdamWOptions(), "AdamW"));
-    r->register_optimizer("Adagrad", factory<FunctionalAdagrad>(AdagradOptions(), "Adagrad"));
-    r->register_optimizer("Adadelta", factory<FunctionalAdadelta>(AdadeltaOptions(), "Adadelta"));
-    r->register_optimizer("Adamax", factory<FunctionalAdamax>(AdamaxOptions(), "Adamax"));
-    r->register_optimizer("RMSprop", factory<FunctionalRMSprop>(RMSpropOptions(), "RMSprop"));
-    r->register_optimizer("Rprop", factory<FunctionalRprop>(RpropOptions(), "Rprop"));
-    r->register_twin<torch::optim::SGD>("SGD");
-    r->register_twin<torch::optim::Adam>("Adam");
-    r->register_twin<torch::optim::AdamW>("AdamW");
-    r->register_twin<torch::optim::Adagrad>("Adagrad");
-    r->register_twin<torch::optim::RMSprop>("RMSprop");
+    register_builtin<FunctionalSGD, torch::optim::SGD>(*r);
+    register_builtin<FunctionalAdam, torch::optim::Adam>(*r);
+    register_builtin<FunctionalAdamW, torch::optim::AdamW>(*r);
+    register_builtin<FunctionalAdagrad, torch::optim::Adagrad>(*r);
+    register_builtin<FunctionalAdadelta>(*r);
+    register_builtin<FunctionalAdamax>(*r);
+    register_builtin<FunctionalRMSprop, torch::optim::RMSprop>(*r);
+    register_builtin<FunctionalRprop>(*r);
     return r;
   }();
   return *registry;

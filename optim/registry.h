@@ -29,6 +29,11 @@
 
 namespace dtrain::optim {
 
+// The options key of PyTorch's functional-optimizer constructor argument: True lets a built-in
+// be created with no parameters (a ZeroRedundancyOptimizer rank that owns none). It is not an
+// option: set_options() refuses it and state_dict() has no such key.
+inline constexpr char kAllowEmptyParamList[] = "_allow_empty_param_list";
+
 using FunctionalFactory =
     std::function<std::unique_ptr<FunctionalOptimizer>(std::vector<at::Tensor> params, const OptionsDict& options)>;
 
@@ -60,7 +65,9 @@ class FunctionalRegistry {
   }
 
   // Creates the functional optimizer registered under `name` (TORCH_CHECK listing the known
-  // names if there is none).
+  // names if there is none). The built-ins also take PyTorch's constructor argument
+  // `_allow_empty_param_list` (kAllowEmptyParamList, a bool, default false) in `options`: without
+  // it an empty `params` is an error ("optimizer got an empty parameter list"), as in PyTorch.
   std::unique_ptr<FunctionalOptimizer> create(const std::string& name, std::vector<at::Tensor> params,
                                               const OptionsDict& options) const;
   // The functional twin of a LibTorch optimizer type.

@@ -1,6 +1,7 @@
 #include "optim/registry.h"
 
 #include <atomic>
+#include <functional>
 #include <thread>
 
 #include <ATen/ATen.h>
@@ -65,6 +66,50 @@ TEST(RegistryTest, BuiltinsAndTwins) {
   auto sgd = r.create<torch::optim::SGD>(p, options_from_torch(torch::optim::SGDOptions(0.3).momentum(0.9)));
   EXPECT_EQ(sgd->name(), "SGD");
   EXPECT_EQ(sgd->options_dict().at("momentum").toDouble(), 0.9);
+}
+
+// PyTorch's functional Adamax (what DistributedOptimizer and ZeRO's functional path build) defaults
+// lr to 1e-3; torch.optim.Adamax, like AdamaxOptions(), to 2e-3.
+TEST(RegistryTest, AdamaxFromTheRegistryHasTheFunctionalDefaultLr) {
+  std::vector<at::Tensor> p = {at::zeros({2})};
+  auto adamax = FunctionalRegistry::global().create("Adamax", p, new_options_dict());
+  EXPECT_EQ(adamax->lr(), 1e-3);
+  EXPECT_EQ(adamax->options_dict().at("lr").toDouble(), 1e-3);
+  EXPECT_EQ(FunctionalAdamax(p, AdamaxOptions()).lr(), 2e-3);
+  OptionsDict o = new_options_dict();
+  o.insert("lr", 0.5);
+  EXPECT_EQ(FunctionalRegistry::global().create("Adamax", p, o)->lr(), 0.5);
+}
+
+// f() throws c10::Error whose message has `message`.
+void expect_error(const std::function<void()>& f, const std::string& message) {
+  EXPECT_THAT(f, ::testing::ThrowsMessage<c10::Error>(HasSubstr(message)));
+}
+
+// PyTorch's functional optimizers refuse an empty parameter list unless _allow_empty_param_list.
+TEST(RegistryTest, EmptyParameterListNeedsAllowEmptyParamList) {
+  expect_error([] { FunctionalAdam({}, AdamOptions()); }, "optimizer got an empty parameter list");
+  expect_error([] { FunctionalSGD({}, SGDOptions(0.1)); }, "optimizer got an empty parameter list");
+  FunctionalAdam empty({}, AdamOptions(), /*allow_empty_param_list=*/true);
+  empty.step({});
+  EXPECT_EQ(empty.state_dict().toGenericDict().at("state").toGenericDict().size(), 0u);
+  for (const char* name : {"SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "Adamax", "RMSprop", "Rprop"}) {
+    SCOPED_TRACE(name);
+    OptionsDict o = new_options_dict();
+    o.insert("lr", 0.1);
+    expect_error([&] { FunctionalRegistry::global().create(name, {}, o); }, "optimizer got an empty parameter list");
+    o.insert(kAllowEmptyParamList, true);
+    auto opt = FunctionalRegistry::global().create(name, {}, o);
+    opt->step({});
+    // A constructor argument, not an option: not in the param group, refused by set_options.
+    EXPECT_FALSE(opt->options_dict().contains(kAllowEmptyParamList));
+    OptionsDict again = new_options_dict();
+    again.insert(kAllowEmptyParamList, true);
+    expect_error([&] { opt->set_options(again); }, "got an unexpected option '_allow_empty_param_list'");
+    // And it asks for nothing when there are parameters.
+    std::vector<at::Tensor> p = {at::zeros({2})};
+    EXPECT_EQ(FunctionalRegistry::global().create(name, p, o)->params().size(), 1u);
+  }
 }
 
 // Lookups of a twin's name while another thread re-registers it: each lookup copies the name under

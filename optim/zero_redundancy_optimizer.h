@@ -43,10 +43,13 @@
 #include "comm/join.h"
 #include "comm/process_group.h"
 #include "optim/functional_adapter.h"
-#include "partition/flat_partition.h"
 #include "partition/sorted_greedy.h"
 
 namespace dtrain::optim {
+
+namespace internal {
+class ZeroLayout;
+}  // namespace internal
 
 // Builds this rank's local optimizer over its parameter groups; `defaults` are the options of
 // groups that bring none (and the wrapper's defaults).
@@ -165,21 +168,15 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public comm::Joi
   c10::Device join_device() const override;
   c10::intrusive_ptr<comm::C10dGroup> join_process_group() const override;
 
-  // For ddp_hooks' ZeRO overlap hook (overlap_with_ddp), which calls them identically on every
-  // rank. set_overlap_partition: whole parameters per rank (indices into this optimizer's single
-  // group) derived from the DDP buckets; REQUIRES no step has been taken. overlap_step: steps
-  // the parameters among `params` that this rank owns with the given (averaged) gradients.
-  // overlap_broadcast: starts the broadcasts of `params` from their owners (a collective on
-  // every rank, in call order); the caller waits on the returned works.
-  void set_overlap_partition(std::vector<std::vector<int64_t>> params_per_rank);
-  void overlap_step(const std::vector<int64_t>& params, const std::vector<at::Tensor>& grads);
-  std::vector<c10::intrusive_ptr<c10d::Work>> overlap_broadcast(const std::vector<int64_t>& params);
-  const std::vector<at::Tensor>& parameters() const { return all_params_; }
+  // Every parameter, in global order (groups concatenated).
+  const std::vector<at::Tensor>& parameters() const;
+  // PyTorch's overlap_with_ddp: the steps run in ddp_hooks' ZeRO overlap hook, through
+  // optim/zero_overlap.h (visible to ddp_hooks only).
   bool overlap_with_ddp() const { return options_.overlap_with_ddp; }
 
   // Introspection. With kFlat, partition().numel_per_rank holds each rank's range size and
   // owner[i] is the rank holding parameter i's first element.
-  const partition::ParamPartition& partition() const { return partition_; }
+  const partition::ParamPartition& partition() const;
   torch::optim::Optimizer& local_optimizer() { return *local_; }
   int rank() const { return options_.group.rank(); }
   int world_size() const { return options_.group.size(); }
@@ -187,61 +184,26 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public comm::Joi
   int64_t local_state_bytes();
 
  private:
+  friend class ZeroOverlap;
+  friend class ZeroJoinHook;
   // step() without its error translation.
   at::Tensor step_unchecked(LossClosure closure);
   void init(std::vector<torch::optim::OptimizerParamGroup> param_groups);
   void validate_params() const;
-  void partition_parameters();
+  // The layout of options_.strategy (and options_.params_per_rank) over param_groups_.
+  void build_layout();
   void build_local_optimizer();
-  void build_buckets();
-  std::vector<bool> trainable_mask() const;
   void sync_options(bool to_local);
   void check_add_param_group_agreement(bool calling);
-  c10::IValue local_state_global_indices();
-  // Entries of the local optimizer (parameters, or kFlat pieces), and entry k's global parameter
-  // index and element range.
-  size_t local_entry_count() const;
-  std::pair<int64_t, checkpoint::ElementRange> local_entry(size_t k) const;
-  c10::impl::GenericList global_param_groups(const c10::IValue& local_groups) const;
+  // The local optimizer's state dict, with the wrapper's group options.
+  c10::IValue synced_local_state_dict();
   void load_local_state(const c10::impl::GenericList& groups, c10::impl::GenericDict local_state);
-  void sync_params();
-  // With a functional local optimizer: steps this rank's shard in chunks and broadcasts each
-  // chunk (of every rank) as soon as it is ready, so communication overlaps computation.
-  void step_and_sync_overlapped(FunctionalOptimizerAdapter& adapter);
-  // Per owner rank, its parameters (global indices, local order) split at parameter boundaries
-  // into the same number of chunks on every rank.
-  std::vector<std::vector<std::vector<int64_t>>> sync_chunks() const;
-
-  bool flat() const { return options_.strategy == PartitionStrategy::kFlat; }
-  void build_flat_layout();
-  c10::IValue flat_local_state_pieces();
-  c10::IValue assemble_flat_state(const c10::IValue& pieces) const;
-
-  // kFlat: one buffer holding every parameter; this rank's pieces of parameters, in local order.
-  struct Piece {
-    int64_t param = 0;        // global parameter index
-    int64_t begin = 0;        // element range within the flattened parameter
-    int64_t end = 0;
-    int64_t flat_offset = 0;  // where the piece starts in the flat buffer
-    size_t group = 0;
-  };
-  at::Tensor flat_buffer_;
-  std::vector<int64_t> flat_offsets_;   // per parameter
-  std::vector<partition::Range> flat_ranges_;  // per rank
-  std::vector<Piece> pieces_;
-  std::vector<at::Tensor> piece_tensors_;
 
   LocalOptimizer local_factory_;
   ZeroOptions options_;
+  // Which entries this rank holds, its local groups, the broadcast plan (optim/internal/zero_layout.h).
+  std::unique_ptr<internal::ZeroLayout> layout_;
   std::unique_ptr<torch::optim::Optimizer> local_;
-  std::vector<at::Tensor> all_params_;           // global order: groups concatenated
-  std::vector<std::vector<int64_t>> group_sizes_;  // numel per param, per group
-  partition::ParamPartition partition_;
-  std::vector<int64_t> local_to_global_;         // this rank's local order -> global index
-  std::vector<int64_t> global_to_local_;         // overlap_with_ddp: the inverse (-1: not mine)
-  std::vector<at::Tensor> buckets_;              // per rank, with parameters_as_bucket_view
-  std::vector<int64_t> bucket_offset_;           // per parameter: offset in its owner's bucket, -1 outside
-  std::vector<bool> trainable_;
   c10::IValue consolidated_;
   std::string store_prefix_;
   int64_t add_param_group_calls_ = 0;
@@ -249,7 +211,6 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public comm::Joi
   // inputs (PyTorch's hook does, which breaks ZeRO as the first or only joinable).
   bool in_join_hook_ = false;
   bool stepped_ = false;
-  friend class ZeroJoinHook;
 };
 
 }  // namespace dtrain::optim

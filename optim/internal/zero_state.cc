@@ -1,0 +1,252 @@
+#include "optim/internal/zero_state.h"
+
+#include <algorithm>
+#include <utility>
+
+#include <ATen/ATen.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "optim/functional_adapter.h"
+#include "optim/torch_state.h"
+
+namespace dtrain::optim::internal {
+namespace {
+
+c10::impl::GenericDict new_state() { return c10::impl::GenericDict(c10::IntType::get(), c10::AnyType::get()); }
+c10::impl::GenericDict new_entry() { return c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()); }
+
+bool is_state_tensor(const c10::IValue& v) { return v.isTensor() && v.toTensor().dim() > 0; }
+
+}  // namespace
+
+c10::IValue local_state_dict(torch::optim::Optimizer& local) {
+  if (auto* adapter = dynamic_cast<FunctionalOptimizerAdapter*>(&local)) return adapter->state_dict();
+  return torch_optim_state_dict(local);
+}
+
+void load_local_state_dict(torch::optim::Optimizer& local, const c10::IValue& state_dict) {
+  if (auto* adapter = dynamic_cast<FunctionalOptimizerAdapter*>(&local)) {
+    adapter->load_state_dict(state_dict);
+  } else {
+    load_torch_optim_state_dict(local, state_dict);
+  }
+}
+
+c10::IValue state_dict_of(c10::impl::GenericDict state, c10::impl::GenericList groups) {
+  c10::impl::GenericDict out(c10::StringType::get(), c10::AnyType::get());
+  out.insert("state", std::move(state));
+  out.insert("param_groups", std::move(groups));
+  return out;
+}
+
+std::vector<std::vector<int64_t>> all_group_params(const std::vector<size_t>& group_counts) {
+  std::vector<std::vector<int64_t>> out;
+  int64_t first = 0;
+  for (size_t count : group_counts) {
+    out.emplace_back(count);
+    for (size_t i = 0; i < count; ++i) out.back()[i] = first + static_cast<int64_t>(i);
+    first += static_cast<int64_t>(count);
+  }
+  return out;
+}
+
+c10::impl::GenericList groups_with_params(const c10::IValue& groups,
+                                          const std::vector<std::vector<int64_t>>& group_params) {
+  c10::impl::GenericList out(c10::AnyType::get());
+  const auto in = groups.toList();
+  for (size_t g = 0; g < in.size(); ++g) {
+    auto group = in.get(g).toGenericDict().copy();
+    group.insert_or_assign("params", c10::List<int64_t>(group_params.at(g)));
+    out.push_back(group);
+  }
+  return out;
+}
+
+c10::IValue rekeyed_state_dict(const c10::IValue& local_state_dict, const std::vector<int64_t>& keys,
+                               const std::vector<std::vector<int64_t>>& group_params) {
+  auto sd = local_state_dict.toGenericDict();
+  c10::impl::GenericDict state = new_state();
+  for (const auto& kv : sd.at("state").toGenericDict()) {
+    state.insert(keys.at(static_cast<size_t>(kv.key().toInt())), kv.value());
+  }
+  return state_dict_of(state, groups_with_params(sd.at("param_groups"), group_params));
+}
+
+c10::IValue assemble_pieces(const c10::IValue& merged, const std::vector<int64_t>& flat_offsets,
+                            const std::vector<at::Tensor>& params) {
+  auto in = merged.toGenericDict();
+  // Flat offset -> parameter, then each parameter's pieces concatenated in offset order.
+  std::map<int64_t, std::vector<std::pair<int64_t, c10::impl::GenericDict>>> by_param;
+  for (const auto& kv : in.at("state").toGenericDict()) {
+    const int64_t offset = kv.key().toInt();
+    const int64_t param =
+        static_cast<int64_t>(std::upper_bound(flat_offsets.begin(), flat_offsets.end(), offset) - flat_offsets.begin()) - 1;
+    by_param[param].emplace_back(offset, kv.value().toGenericDict());
+  }
+  c10::impl::GenericDict state = new_state();
+  for (auto& [param, list] : by_param) {
+    std::sort(list.begin(), list.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    c10::impl::GenericDict entry = new_entry();
+    for (const auto& kv : list.front().second) {
+      if (!is_state_tensor(kv.value())) {
+        entry.insert(kv.key(), kv.value());
+        continue;
+      }
+      std::vector<at::Tensor> parts;
+      for (const auto& piece : list) parts.push_back(piece.second.at(kv.key()).toTensor().reshape(-1));
+      entry.insert(kv.key(), at::cat(parts).view(params[static_cast<size_t>(param)].sizes()));
+    }
+    state.insert(param, entry);
+  }
+  return state_dict_of(state, in.at("param_groups").toList());
+}
+
+c10::impl::GenericDict local_state_from_global(const c10::impl::GenericDict& state,
+                                               const std::vector<LocalEntry>& entries,
+                                               const std::vector<at::Tensor>& params) {
+  // The global format does not depend on the partition: pick this rank's parameters by index
+  // (slices: the elements of them this rank holds).
+  c10::impl::GenericDict local_state = new_state();
+  for (size_t k = 0; k < entries.size(); ++k) {
+    const LocalEntry& e = entries[k];
+    const c10::IValue key(e.param);
+    if (!state.contains(key)) continue;
+    if (!e.slice) {
+      local_state.insert(static_cast<int64_t>(k), state.at(key));
+      continue;
+    }
+    c10::impl::GenericDict entry = new_entry();
+    for (const auto& kv : state.at(key).toGenericDict()) {
+      const c10::IValue& v = kv.value();
+      if (!is_state_tensor(v)) {
+        entry.insert(kv.key(), v);
+        continue;
+      }
+      // The same check (and words) as the functional optimizers' load: a state tensor of another
+      // shape would be cut into this rank's slice and scramble the state.
+      const at::Tensor& p = params[static_cast<size_t>(e.param)];
+      TORCH_CHECK(v.toTensor().sizes() == p.sizes(), "load_state_dict: state '", kv.key().toStringRef(),
+                  "' of parameter ", e.param, " has shape ", v.toTensor().sizes(), ", the parameter has shape ",
+                  p.sizes());
+      entry.insert(kv.key(), v.toTensor().reshape(-1).narrow(0, e.range.begin, e.range.size()).clone());
+    }
+    local_state.insert(static_cast<int64_t>(k), entry);
+  }
+  return local_state;
+}
+
+c10::impl::GenericList local_param_groups(const c10::impl::GenericList& groups, const std::vector<LocalEntry>& entries,
+                                          const std::vector<size_t>& group_counts) {
+  TORCH_CHECK(groups.size() == group_counts.size(), "load_state_dict: the state dict has ", groups.size(),
+              " parameter groups, this optimizer has ", group_counts.size());
+  std::vector<size_t> local_counts(group_counts.size(), 0);
+  for (const LocalEntry& e : entries) ++local_counts.at(e.group);
+  c10::impl::GenericList local_groups(c10::AnyType::get());
+  int64_t next = 0;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    auto group = groups.get(g).toGenericDict().copy();
+    TORCH_CHECK(group.at("params").toList().size() == group_counts[g], "load_state_dict: group ", g, " has ",
+                group.at("params").toList().size(), " parameters in the state dict and ", group_counts[g], " here");
+    std::vector<int64_t> local_indices;
+    for (size_t k = 0; k < local_counts[g]; ++k) local_indices.push_back(next++);
+    group.insert_or_assign("params", c10::List<int64_t>(local_indices));
+    local_groups.push_back(group);
+  }
+  return local_groups;
+}
+
+std::map<int64_t, checkpoint::ElementRange> owned_ranges(const std::vector<LocalEntry>& entries) {
+  std::map<int64_t, checkpoint::ElementRange> out;
+  for (const LocalEntry& e : entries) {
+    if (e.range.size() > 0) out[e.param] = e.range;
+  }
+  return out;
+}
+
+checkpoint::ShardedState sharded_from_local(const c10::IValue& local_state_dict, const std::vector<LocalEntry>& entries,
+                                            const std::vector<at::Tensor>& params,
+                                            const std::vector<size_t>& group_counts) {
+  auto sd = local_state_dict.toGenericDict();
+  checkpoint::ShardedState out;
+  for (const auto& kv : sd.at("state").toGenericDict()) {
+    const LocalEntry& e = entries.at(static_cast<size_t>(kv.key().toInt()));
+    const at::Tensor& p = params[static_cast<size_t>(e.param)];
+    checkpoint::ShardedState::Param entry;
+    entry.shape = p.sizes().vec();
+    entry.range = e.range;
+    const bool whole = e.range.begin == 0 && e.range.end == p.numel();
+    for (const auto& s : kv.value().toGenericDict()) {
+      const c10::IValue& v = s.value();
+      // The sharded format: a whole parameter's state is full-shaped, a slice's is 1-D.
+      if (is_state_tensor(v)) {
+        entry.entries.insert(s.key(), whole ? v.toTensor().reshape(p.sizes()) : v.toTensor().reshape(-1));
+      } else {
+        entry.entries.insert(s.key(), v);
+      }
+    }
+    out.params[e.param] = std::move(entry);
+  }
+  out.param_groups = groups_with_params(sd.at("param_groups"), all_group_params(group_counts));
+  return out;
+}
+
+c10::impl::GenericDict local_state_from_sharded(const checkpoint::ShardedState& state,
+                                                const std::vector<LocalEntry>& entries,
+                                                const std::vector<at::Tensor>& params, int rank) {
+  c10::impl::GenericDict local_state = new_state();
+  for (size_t k = 0; k < entries.size(); ++k) {
+    const LocalEntry& e = entries[k];
+    const checkpoint::ElementRange& range = e.range;
+    auto it = state.params.find(e.param);
+    if (it == state.params.end()) continue;  // no state for it yet (never stepped)
+    const checkpoint::ShardedState::Param& saved = it->second;
+    const at::Tensor& p = params[static_cast<size_t>(e.param)];
+    TORCH_CHECK(saved.range.begin == range.begin && saved.range.end == range.end, "load_sharded_state: parameter ",
+                e.param, " holds elements [", saved.range.begin, ", ", saved.range.end,
+                ") in the given state, but rank ", rank, " owns [", range.begin, ", ", range.end,
+                "); ask checkpoint::load_sharded for owned_ranges()");
+    TORCH_CHECK(c10::IntArrayRef(saved.shape).equals(p.sizes()), "load_sharded_state: parameter ", e.param,
+                " has shape ", c10::IntArrayRef(saved.shape), " in the given state but ", p.sizes(), " here");
+    c10::impl::GenericDict entry = new_entry();
+    for (const auto& s : saved.entries) {
+      const c10::IValue& v = s.value();
+      if (!is_state_tensor(v)) {
+        entry.insert(s.key(), v);
+        continue;
+      }
+      const at::Tensor t = v.toTensor();
+      TORCH_CHECK(t.numel() == range.size(), "load_sharded_state: entry '", s.key().toStringRef(), "' of parameter ",
+                  e.param, " has ", t.numel(), " elements for a range of ", range.size());
+      entry.insert(s.key(), e.slice ? t.reshape(-1) : t.reshape(p.sizes()));
+    }
+    local_state.insert(static_cast<int64_t>(k), entry);
+  }
+  return local_state;
+}
+
+absl::Status check_sharded_info(const checkpoint::ShardedInfo& info, const std::string& dir,
+                                const std::vector<at::Tensor>& params, size_t num_groups) {
+  // The saved parameters are the ones that had state; each must be one of ours, shaped the same.
+  for (const auto& [param, shape] : info.shapes) {
+    if (param < 0 || param >= static_cast<int64_t>(params.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("ZeRO checkpoint ", dir, " has state for parameter ", param,
+                                                     " but this optimizer has ", params.size(),
+                                                     " parameters; load it into the same model"));
+    }
+    const at::Tensor& p = params[static_cast<size_t>(param)];
+    if (!c10::IntArrayRef(shape).equals(p.sizes())) {
+      return absl::InvalidArgumentError(absl::StrCat("ZeRO checkpoint ", dir, ": parameter ", param, " has shape [",
+                                                     absl::StrJoin(shape, ", "), "] there but [",
+                                                     absl::StrJoin(p.sizes(), ", "), "] here"));
+    }
+  }
+  if (!info.param_groups.isList() || info.param_groups.toList().size() != num_groups) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ZeRO checkpoint ", dir, " has ", info.param_groups.isList() ? info.param_groups.toList().size() : 0,
+        " parameter groups, this optimizer has ", num_groups));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dtrain::optim::internal

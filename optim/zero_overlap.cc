@@ -1,0 +1,58 @@
+#include "optim/zero_overlap.h"
+
+#include <c10/core/GradMode.h>
+
+#include "optim/internal/zero_layout.h"
+
+namespace dtrain::optim {
+
+internal::WholeParamLayout& ZeroOverlap::layout() {
+  auto* whole = dynamic_cast<internal::WholeParamLayout*>(zero_.layout_.get());
+  TORCH_CHECK(zero_.options_.overlap_with_ddp && whole != nullptr, "the ZeRO overlap API is for overlap_with_ddp: "
+              "set ZeroOptions::overlap_with_ddp = true (whole parameters, kSortedGreedy)");
+  return *whole;
+}
+
+void ZeroOverlap::set_partition(std::vector<std::vector<int64_t>> params_per_rank) {
+  TORCH_CHECK(zero_.options_.overlap_with_ddp, "set_overlap_partition is for overlap_with_ddp: set "
+              "ZeroOptions::overlap_with_ddp = true");
+  TORCH_CHECK(!zero_.stepped_ && zero_.local_state_bytes() == 0, "the ZeRO overlap hook must be registered before "
+              "the first step: the optimizer already holds state for the old partition");
+  zero_.options_.params_per_rank = std::move(params_per_rank);
+  zero_.build_layout();
+  zero_.build_local_optimizer();
+  zero_.consolidated_ = c10::IValue();
+}
+
+void ZeroOverlap::step(const std::vector<int64_t>& params, const std::vector<at::Tensor>& grads) {
+  TORCH_CHECK(params.size() == grads.size(), "overlap_step: ", params.size(), " parameters but ", grads.size(),
+              " gradients");
+  const internal::WholeParamLayout& whole = layout();
+  auto& adapter = dynamic_cast<FunctionalOptimizerAdapter&>(*zero_.local_);
+  std::vector<at::Tensor> local_grads;
+  bool any = false;
+  for (size_t k = 0; k < params.size(); ++k) {
+    const int64_t i = params[k];
+    TORCH_CHECK(i >= 0 && i < static_cast<int64_t>(whole.params().size()), "overlap_step: parameter index ", i,
+                " out of range");
+    const int64_t local = whole.local_index(i);
+    if (local < 0) continue;
+    if (local_grads.empty()) local_grads.resize(whole.entries().size());
+    local_grads[static_cast<size_t>(local)] = grads[k];
+    any = true;
+  }
+  if (!any) return;
+  zero_.sync_options(/*to_local=*/true);
+  c10::NoGradGuard no_grad;
+  adapter.functional(0).step(local_grads);
+  zero_.stepped_ = true;
+  zero_.consolidated_ = c10::IValue();
+}
+
+std::vector<c10::intrusive_ptr<c10d::Work>> ZeroOverlap::broadcast(const std::vector<int64_t>& params) {
+  internal::Works works;
+  layout().broadcast(params, works);
+  return works;
+}
+
+}  // namespace dtrain::optim
