@@ -12,11 +12,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "comm/process_set.h"
 
 namespace dtrain::comm {
@@ -94,6 +96,7 @@ struct Job {
   int world = 0;
   bool set_omp = false;
   int grace_ms = 0;
+  std::string run_id;  // TORCHELASTIC_RUN_ID: one per launch, the same in every attempt
 };
 
 // How one attempt ended.
@@ -122,7 +125,8 @@ absl::StatusOr<Outcome> run_attempt(const Job& job, int port, int attempt, const
                 {"MASTER_ADDR", options.master_addr},
                 {"MASTER_PORT", std::to_string(port)},
                 {"TORCHELASTIC_RESTART_COUNT", std::to_string(attempt)},
-                {"TORCHELASTIC_MAX_RESTARTS", std::to_string(options.max_restarts)}};
+                {"TORCHELASTIC_MAX_RESTARTS", std::to_string(options.max_restarts)},
+                {"TORCHELASTIC_RUN_ID", job.run_id}};
     if (job.set_omp) spec.env.emplace_back("OMP_NUM_THREADS", "1");
     if (options.rank0_owns_terminal && local == 0) spec.output = ProcessSpec::Output::kInherit;
     spec.error_prefix = "launch: ";
@@ -212,6 +216,8 @@ absl::StatusOr<int> launch_local(const std::vector<std::string>& argv, const Lau
   job.options = &options;
   job.argv = args;
   job.world = nproc * nnodes;
+  job.run_id = absl::StrFormat("%016x", (uint64_t{std::random_device()()} << 32) ^ std::random_device()() ^
+                                            static_cast<uint64_t>(::getpid()));
   // One thread per rank is what 2-core machines can afford; torchrun does the same.
   job.set_omp = options.one_thread_per_rank && std::getenv("OMP_NUM_THREADS") == nullptr && nproc > 1;
   job.grace_ms = static_cast<int>(1000 * options.stop_grace_seconds);

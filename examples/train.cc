@@ -72,7 +72,7 @@ ABSL_FLAG(int, timeout_s, 60,
 ABSL_FLAG(int, rendezvous_timeout_s, 300, "Seconds for every rank to join the job at startup.");
 ABSL_FLAG(int, max_restarts, 0,
           "Times to restart all ranks after one fails (torchrun's --max_restarts, 0-100); a restarted attempt "
-          "resumes from the newest committed step in --checkpoint_dir.");
+          "resumes from the newest step this job committed in --checkpoint_dir.");
 ABSL_FLAG(int, fail_at_step, 0,
           "Testing only: rank 1 kills itself (SIGKILL) before this step on the first attempt; 0: never.");
 ABSL_FLAG(uint64_t, seed, 0, "Seed of the teacher, the student's initial weights and the data.");
@@ -288,10 +288,22 @@ int train(const Config& c) {
   int start = 0;
   const std::filesystem::path dir = c.checkpoint_dir;  // step-N directories, `latest`, checkpoint.pt
   checkpoint::StepCheckpoints ckpts(dir.string(), c.keep_checkpoints);
-  // A restarted attempt (--max_restarts, or torchrun's) continues from the newest committed step.
+  // A restarted attempt (--max_restarts, or torchrun's) continues from the newest step this job
+  // (TORCHELASTIC_RUN_ID, written into every checkpoint) committed; a step left in the directory
+  // by an earlier job is not this job's state, so without one the attempt starts afresh.
   const char* restarts = std::getenv("TORCHELASTIC_RESTART_COUNT");
   const int restart_count = restarts != nullptr ? std::atoi(restarts) : 0;
-  const bool restarted = restart_count > 0 && !c.checkpoint_dir.empty() && !absl::IsNotFound(ckpts.latest().status());
+  const char* run_id_env = std::getenv("TORCHELASTIC_RUN_ID");
+  const std::string run_id = run_id_env != nullptr ? run_id_env : "";
+  bool restarted = false;
+  if (restart_count > 0 && !c.resume && !c.checkpoint_dir.empty() && !absl::IsNotFound(ckpts.latest().status())) {
+    absl::StatusOr<examples::TrainCheckpoint> last = examples::read_train_checkpoint(ckpts);
+    restarted = !last.ok() || run_id.empty() || last->run_id == run_id;  // no run id: cannot tell, resume
+    if (!restarted) {
+      progress.note(absl::StrCat("restart ", restart_count, ": no step of this job was committed in ",
+                                 c.checkpoint_dir, " (its newest is another job's); starting from step 0"));
+    }
+  }
   if (c.resume || restarted) {
     // The newest committed step: every file of it (model, optimizer or its shards, hook states)
     // is in its step directory, so nothing can come from different steps.
@@ -377,6 +389,7 @@ int train(const Config& c) {
     }
     ckpt.insert("hook", c.hook);
     ckpt.insert("zero", c.zero);
+    if (!run_id.empty()) ckpt.insert("run_id", run_id);
     absl::Status s = checkpoint::save_state((std::filesystem::path(*step_dir) / kCheckpointFile).string(), ckpt);
     if (s.ok()) s = ckpts.commit(step);
     if (!s.ok()) die(1, absl::StrCat("checkpoint: ", s.message()));

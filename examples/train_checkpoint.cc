@@ -65,6 +65,11 @@ absl::StatusOr<TrainCheckpoint> read_train_checkpoint(const checkpoint::StepChec
   absl::StatusOr<c10::IValue> hook = field("hook", &c10::IValue::isString, "a str");
   if (!hook.ok()) return hook.status();
   c.hook = hook->toStringRef();
+  if (d.contains(c10::IValue("run_id"))) {
+    absl::StatusOr<c10::IValue> run = field("run_id", &c10::IValue::isString, "a str");
+    if (!run.ok()) return run.status();
+    c.run_id = run->toStringRef();
+  }
   c.sharded = d.contains(c10::IValue("optimizer_shards"));
   if (!c.sharded) {
     absl::StatusOr<c10::IValue> o = field("optimizer", &c10::IValue::isGenericDict, "a dict");

@@ -34,6 +34,7 @@ struct TrainCheckpoint {
   c10::IValue optimizer;  // PyTorch's optimizer state dict; None when sharded
   bool sharded = false;   // optimizer state in dir/optimizer (checkpoint/sharded.h)
   std::string hook;       // the --hook it was written with
+  std::string run_id;     // TORCHELASTIC_RUN_ID of the job that wrote it ("" when none was set)
 };
 
 // The hook state file of `rank` in a step directory.

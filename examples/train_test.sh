@@ -35,6 +35,13 @@ grep -q "resumed from step 20 .* on restart 1" "$TMP/r.log" || fail "the restart
 restarted=$(final_loss "$TMP/r.log")
 echo "restarted run: final loss $restarted"
 [[ "$restarted" == "$last" ]] || fail "restarted run ends at loss $restarted, the straight run at $last"
+# A restart never resumes from another job's step: the directory holds run a's step 40, this job's
+# rank 1 dies at step 5 before it commits anything, and the restarted attempt starts afresh.
+cp -r "$TMP/a" "$TMP/r2"
+"$TRAIN" --steps=40 --checkpoint_every=10 --max_restarts=1 --fail_at_step=5 --checkpoint_dir="$TMP/r2" >"$TMP/r2.log" 2>&1 || fail "restart over a stale step exited with $?: $(cat "$TMP/r2.log")"
+grep -q "no step of this job was committed" "$TMP/r2.log" || fail "a restart resumed another job's step: $(cat "$TMP/r2.log")"
+grep -q "resumed from" "$TMP/r2.log" && fail "a restart resumed another job's step: $(cat "$TMP/r2.log")"
+[[ "$(final_loss "$TMP/r2.log")" == "$last" ]] || fail "restart over a stale step ends at loss $(final_loss "$TMP/r2.log"), the straight run at $last"
 # Without --max_restarts the same crash ends the job with rank 1's code (128 + SIGKILL).
 "$TRAIN" --steps=40 --checkpoint_every=10 --fail_at_step=25 --checkpoint_dir="$TMP/r0" >"$TMP/r0.log" 2>&1; code=$?
 [[ $code -eq 137 ]] || fail "a crash without restarts: exit $code, expected 137: $(cat "$TMP/r0.log")"
