@@ -47,6 +47,16 @@ grep -q "resumed from" "$TMP/r2.log" && fail "a restart resumed another job's st
 [[ $code -eq 137 ]] || fail "a crash without restarts: exit $code, expected 137: $(cat "$TMP/r0.log")"
 grep -q "restarting" "$TMP/r0.log" && fail "restarted without --max_restarts"
 
+# 2c. The seed's other configurations train to completion and the loss falls: post-local SGD
+# (hook + PostLocalSGDOptimizer, no ZeRO) and ZeRO stepped inside the DDP hook.
+for args in "--hook=post_local_sgd --zero=off" "--zero_overlap"; do
+  name=${args//[^a-z]/_}
+  "$TRAIN" --steps=40 --checkpoint_dir="$TMP/$name" $args >"$TMP/$name.log" 2>&1 || fail "$args exited with $?: $(cat "$TMP/$name.log")"
+  f=$(first_loss "$TMP/$name.log"); l=$(final_loss "$TMP/$name.log")
+  echo "$args: loss $f -> $l"
+  awk -v f="$f" -v l="$l" 'BEGIN { exit !(f != "" && l != "" && l < f / 2) }' || fail "$args: loss did not halve: $f -> $l"
+done
+
 # 3. The checkpoint is a PyTorch file: torch.load reads it.
 /usr/bin/python3 - "$TMP/a/checkpoint.pt" <<'PY' || fail "torch.load could not read the checkpoint"
 import sys, torch
