@@ -1,6 +1,6 @@
 // torchrun-style local launcher:
 //   launch --nproc_per_node=N [--master_addr=A] [--master_port=P] [--nnodes=K --node_rank=I]
-//          [--max_restarts=R] -- PROGRAM ARGS...
+//          [--max_restarts=R] [--rdzv_id=ID] -- PROGRAM ARGS...
 // starts N copies of PROGRAM with RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
 // MASTER_ADDR and MASTER_PORT set, prefixes every output line with "[rank R] ", forwards
 // SIGINT/SIGTERM/SIGHUP to the ranks, and when a rank exits non-zero stops the others and exits
@@ -26,6 +26,8 @@ ABSL_FLAG(double, stop_grace_seconds, 5.0,
 ABSL_FLAG(int, max_restarts, 0,
           "Times to restart all ranks after one fails (as torchrun's; 0-100, single node); a signal to the "
           "launcher is never restarted.");
+ABSL_FLAG(std::string, rdzv_id, "",
+          "The job's id, given to every rank as TORCHELASTIC_RUN_ID (as torchrun's); empty: a random id per launch.");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -44,6 +46,7 @@ int main(int argc, char** argv) {
   o.master_port = absl::GetFlag(FLAGS_master_port);
   o.stop_grace_seconds = absl::GetFlag(FLAGS_stop_grace_seconds);
   o.max_restarts = absl::GetFlag(FLAGS_max_restarts);
+  o.rdzv_id = absl::GetFlag(FLAGS_rdzv_id);
   if (o.nproc_per_node < 1 || o.nnodes < 1 || o.node_rank < 0 || o.node_rank >= o.nnodes) {
     std::fprintf(stderr,
                  "launch: need --nproc_per_node >= 1, --nnodes >= 1 and 0 <= --node_rank < --nnodes "

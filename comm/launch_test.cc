@@ -220,6 +220,32 @@ TEST(LaunchTest, BadUsageIsAOneLineError) {
   Result nodes = run_launch({"--nproc_per_node=1", "--nnodes=2", "--max_restarts=1", "--", "/bin/true"});
   EXPECT_EQ(nodes.code, 2);
   EXPECT_THAT(nodes.output, HasSubstr("max_restarts needs a single node"));
+  for (const std::string& bad : std::vector<std::string>{"a b", "x/y", std::string(129, 'a')}) {
+    Result id = run_launch({"--nproc_per_node=1", "--rdzv_id=" + bad, "--", "/bin/true"});
+    EXPECT_EQ(id.code, 2) << bad;
+    EXPECT_THAT(id.output, HasSubstr("must be 1 to 128 characters from [A-Za-z0-9._-]")) << bad;
+    EXPECT_EQ(count(id.output, "\n"), 1) << bad << ": " << id.output;
+  }
+}
+
+// --rdzv_id reaches every rank, in every attempt, as TORCHELASTIC_RUN_ID; without it each launch
+// draws its own id, the same for all its ranks.
+TEST(LaunchTest, RdzvIdIsTheRunId) {
+  const char* script = "echo id=$TORCHELASTIC_RUN_ID; if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ] && [ \"$RANK\" = 1 ]; then exit 3; fi";
+  Result given = run_launch({"--nproc_per_node=2", "--max_restarts=1", "--rdzv_id=job-7.a_b", "--", "/bin/sh", "-c", script});
+  EXPECT_EQ(given.code, 0) << given.output;
+  EXPECT_EQ(count(given.output, "] id=job-7.a_b\n"), 4) << given.output;  // 2 ranks x 2 attempts
+  std::vector<std::string> drawn;
+  for (int launch = 0; launch < 2; ++launch) {
+    Result r = run_launch({"--nproc_per_node=2", "--", "/bin/sh", "-c", "echo id=$TORCHELASTIC_RUN_ID"});
+    ASSERT_EQ(r.code, 0) << r.output;
+    const size_t at = r.output.find("[rank 0] id=");
+    ASSERT_NE(at, std::string::npos) << r.output;
+    drawn.push_back(r.output.substr(at + 12, r.output.find('\n', at) - at - 12));
+    EXPECT_FALSE(drawn.back().empty());
+    EXPECT_THAT(r.output, HasSubstr("[rank 1] id=" + drawn.back() + "\n"));
+  }
+  EXPECT_NE(drawn[0], drawn[1]);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <chrono>
@@ -17,6 +18,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "comm/process_set.h"
@@ -205,6 +208,14 @@ absl::StatusOr<int> launch_local(const std::vector<std::string>& argv, const Lau
         "launch: max_restarts needs a single node (got nnodes ", nnodes,
         "): restarting this node's ranks alone would leave the other nodes in another attempt"));
   }
+  const std::string& id = options.rdzv_id;
+  const bool id_ok = id.size() <= 128 && std::all_of(id.begin(), id.end(), [](char c) {
+                       return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+                     });
+  if (!id_ok) {
+    return absl::InvalidArgumentError(absl::StrCat("launch: rdzv_id \"", absl::CHexEscape(id.substr(0, 160)),
+                                                   "\" must be 1 to 128 characters from [A-Za-z0-9._-]"));
+  }
   if (options.master_port < 0 || options.master_port > 65535) {
     return absl::InvalidArgumentError(
         absl::StrCat("launch: master_port ", options.master_port, " is not a port number (0-65535)"));
@@ -216,7 +227,7 @@ absl::StatusOr<int> launch_local(const std::vector<std::string>& argv, const Lau
   job.options = &options;
   job.argv = args;
   job.world = nproc * nnodes;
-  job.run_id = absl::StrFormat("%016x", (uint64_t{std::random_device()()} << 32) ^ std::random_device()() ^
+  job.run_id = !id.empty() ? id : absl::StrFormat("%016x", (uint64_t{std::random_device()()} << 32) ^ std::random_device()() ^
                                             static_cast<uint64_t>(::getpid()));
   // One thread per rank is what 2-core machines can afford; torchrun does the same.
   job.set_omp = options.one_thread_per_rank && std::getenv("OMP_NUM_THREADS") == nullptr && nproc > 1;

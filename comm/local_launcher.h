@@ -48,6 +48,11 @@ struct LaunchOptions {
   // restart. Single node only (nnodes == 1): restarting one node's ranks alone would leave the
   // other nodes in a different attempt.
   int max_restarts = 0;
+  // torchrun's --rdzv_id: the job's id, handed to every rank as TORCHELASTIC_RUN_ID and the same in
+  // every attempt. Empty (the default): a random id per launch. Otherwise 1 to 128 characters from
+  // [A-Za-z0-9._-]. Give the same id to launches that should count as one job (a program that
+  // records the id in its checkpoints, as examples:train does, then treats them as its own).
+  std::string rdzv_id;
 };
 
 // Starts the ranks (argv[0] is looked up on PATH if it has no '/'; a relative path missing from
@@ -55,8 +60,8 @@ struct LaunchOptions {
 // Returns 0 when every rank of an attempt succeeded, else the first failing rank's exit code in
 // the last attempt (128 + signal for a rank killed by a signal, or 128 + the signal this launcher
 // received and forwarded). InvalidArgument for bad options (max_restarts outside [0, kMaxRestarts],
-// or above 0 with nnodes > 1) or an empty argv; Internal when pipes or fork fail (the ranks
-// already started are killed first). Every rank is killed when this process dies, however it dies
+// or above 0 with nnodes > 1; an rdzv_id with other characters or over 128 long) or an empty argv;
+// Internal when pipes or fork fail (the ranks already started are killed first). Every rank is killed when this process dies, however it dies
 // (PR_SET_PDEATHSIG), so no rank trains on without its launcher.
 absl::StatusOr<int> launch_local(const std::vector<std::string>& argv, const LaunchOptions& options);
 

@@ -73,6 +73,9 @@ ABSL_FLAG(int, rendezvous_timeout_s, 300, "Seconds for every rank to join the jo
 ABSL_FLAG(int, max_restarts, 0,
           "Times to restart all ranks after one fails (torchrun's --max_restarts, 0-100); a restarted attempt "
           "resumes from the newest step this job committed in --checkpoint_dir.");
+ABSL_FLAG(std::string, rdzv_id, "",
+          "The job's id (torchrun's --rdzv_id; TORCHELASTIC_RUN_ID), recorded in each checkpoint; empty: a random id "
+          "per launch. Launches given the same id count as one job.");
 ABSL_FLAG(int, fail_at_step, 0,
           "Testing only: rank 1 kills itself (SIGKILL) before this step on the first attempt; 0: never.");
 ABSL_FLAG(uint64_t, seed, 0, "Seed of the teacher, the student's initial weights and the data.");
@@ -482,10 +485,11 @@ int main(int argc, char** argv) {
     o.nproc_per_node = nproc;
     o.rank0_owns_terminal = true;
     o.max_restarts = config.max_restarts;
+    o.rdzv_id = absl::GetFlag(FLAGS_rdzv_id);
     std::vector<std::string> args = {"/proc/self/exe"};
     for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
     absl::StatusOr<int> code = comm::launch_local(args, o);
-    if (!code.ok()) die(1, std::string(code.status().message()));
+    if (!code.ok()) die(absl::IsInvalidArgument(code.status()) ? 2 : 1, std::string(code.status().message()));
     return *code;
   }
   try {

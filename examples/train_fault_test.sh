@@ -10,7 +10,9 @@ TRAIN=examples/train
 TMP="${TEST_TMPDIR:-$(mktemp -d)}"
 KILLS="${KILLS:-10}"
 RANDOM="${SEED:-1}"
-COMMON=(--steps=60 --checkpoint_every=2 --hidden=32 --batch_size=16 --log_every=40)
+# One job id for every launch: each checkpoint records it, and the final files are compared byte
+# for byte with the uninterrupted run's.
+COMMON=(--steps=60 --checkpoint_every=2 --hidden=32 --batch_size=16 --log_every=40 --rdzv_id=train-fault-test)
 final_loss() { sed -n 's/.*final loss \([0-9.]*\) at step.*/\1/p' "$1"; }
 exact=0; clear_error=0; other=0
 
