@@ -8,17 +8,16 @@
 #include <torch/csrc/jit/serialization/pickle.h>
 
 #include "absl/strings/str_cat.h"
+#include "comm/exception_status.h"
 
 namespace dtrain::comm {
 namespace {
 
-absl::Status transport_error(const char* op, const std::exception& e) {
-  std::string what = e.what();
-  what = what.substr(0, what.find('\n'));
-  if (what.find("imed out") != std::string::npos || what.find("Timeout") != std::string::npos) {
-    return absl::DeadlineExceededError(absl::StrCat(op, ": ", what, " (did every rank call ", op, "?)"));
-  }
-  return absl::UnavailableError(absl::StrCat(op, ": ", what));
+// The collective's failure: a timeout asks whether every rank made the call.
+absl::Status transport_error(const char* op) {
+  absl::Status s = current_exception_status(absl::StatusCode::kUnavailable, op);
+  if (!absl::IsDeadlineExceeded(s)) return s;
+  return absl::DeadlineExceededError(absl::StrCat(s.message(), " (did every rank call ", op, "?)"));
 }
 
 absl::StatusOr<at::Tensor> serialize(const c10::IValue& obj, const char* op) {
@@ -74,8 +73,8 @@ absl::Status broadcast_object(const Group& group, c10::IValue& obj, int src) {
     if (!me) bytes = at::empty({size.item<int64_t>()}, at::kByte);
     std::vector<at::Tensor> bv = {bytes};
     group->broadcast(bv, bo)->wait();
-  } catch (const std::exception& e) {
-    return transport_error(op, e);
+  } catch (...) {
+    return transport_error(op);
   }
   if (!me) {
     auto v = deserialize(bytes, bytes.numel(), op);
@@ -110,8 +109,8 @@ absl::StatusOr<std::vector<c10::IValue>> all_gather_object(const Group& group,
     }
     std::vector<at::Tensor> sendv = {send};
     group->allgather(recv, sendv)->wait();
-  } catch (const std::exception& e) {
-    return transport_error(op, e);
+  } catch (...) {
+    return transport_error(op);
   }
   std::vector<c10::IValue> objects;
   objects.reserve(n);
@@ -159,8 +158,8 @@ absl::StatusOr<std::vector<c10::IValue>> gather_object(const Group& group, const
       std::vector<at::Tensor> sv = {*mine};
       group->send(sv, dst, kTag)->wait();
     }
-  } catch (const std::exception& e) {
-    return transport_error(op, e);
+  } catch (...) {
+    return transport_error(op);
   }
   if (!me) return std::vector<c10::IValue>{};
   std::vector<c10::IValue> objects(n);

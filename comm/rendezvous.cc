@@ -23,6 +23,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "comm/exception_status.h"
 #include "comm/rendezvous_checks.h"
 
 namespace dtrain::comm {
@@ -132,7 +133,7 @@ absl::Status store_error(const std::exception& e, const std::string& master,
                      " ms: check that every rank started with the same MASTER_ADDR, MASTER_PORT and "
                      "WORLD_SIZE (", first_line, ")"));
   }
-  if (absl::StrContains(lower, "timed out") || absl::StrContains(lower, "timeout")) {
+  if (is_timeout_message(what)) {
     return absl::DeadlineExceededError(
         absl::StrCat("rendezvous with master ", master, " did not complete within ",
                      timeout.count(), " ms: check that the master is reachable and every rank "
