@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "comm/process_group.h"
+#include "comm/exception_status.h"
 
 namespace dtrain::rpc {
 namespace tdr = torch::distributed::rpc;
@@ -41,6 +42,9 @@ std::vector<std::string> Handlers::names() const {
 
 namespace {
 
+// The name a reply's envelope carries where a request's carries its handler's.
+constexpr char kReplyName[] = "reply";
+
 c10::intrusive_ptr<tdr::JitFuture> completed(c10::intrusive_ptr<tdr::Message> message) {
   auto future = c10::make_intrusive<tdr::JitFuture>(at::getCustomClassType<c10::intrusive_ptr<tdr::Message>>());
   auto [m, storages] = tdr::withStorages(std::move(message));
@@ -66,17 +70,13 @@ class Callback : public tdr::RequestCallback {
       if (handler == nullptr) {
         throw std::runtime_error(absl::StrCat("no handler named '", e.handler, "' is registered"));
       }
-      Request r{"", e.handler, std::move(e.body), std::move(request.tensors())};
+      Request r{std::move(e.caller), e.handler, std::move(e.body), std::move(request.tensors())};
       Reply reply = (*handler)(r);
-      std::vector<char> payload = encode_envelope("reply", reply.body, reply.tensors.size());
+      std::vector<char> payload = encode_envelope(kReplyName, reply.body, reply.tensors.size(), self_);
       return completed(c10::make_intrusive<tdr::Message>(std::move(payload), std::move(reply.tensors),
                                                          tdr::MessageType::SCRIPT_RET, id));
-    } catch (const c10::Error& e) {
-      return error(handler_name, e.what_without_backtrace(), id);
-    } catch (const std::exception& e) {
-      return error(handler_name, e.what(), id);
     } catch (...) {
-      return error(handler_name, "unknown exception", id);
+      return error(handler_name, comm::current_exception_message(), id);
     }
   }
 
@@ -111,8 +111,9 @@ absl::StatusOr<Response> CallFuture::get() {
     auto message = future_->value().toCustomClass<tdr::Message>();
     Envelope e = decode_envelope(message->payload(), message->tensors().size());
     return Response{std::move(e.body), std::move(message->tensors())};
-  } catch (const std::exception& e) {
-    return absl::DataLossError(absl::StrCat("malformed reply from worker '", to_, "': ", e.what()));
+  } catch (...) {
+    return comm::current_exception_status(absl::StatusCode::kDataLoss,
+                                              absl::StrCat("malformed reply from worker '", to_, "'"));
   }
 }
 
@@ -149,11 +150,9 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::create(AgentOptions options) {
         store, options.name, rv->rank, rv->world_size, opts, std::unordered_map<std::string, tdr::DeviceMap>{},
         std::vector<c10::Device>{}, std::make_unique<Callback>(options.handlers, options.name));
     agent->agent_->start();
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("RPC agent '", options.name, "' could not start: ",
-                                            e.what_without_backtrace()));
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("RPC agent '", options.name, "' could not start: ", e.what()));
+  } catch (...) {
+    return comm::current_exception_status(absl::StatusCode::kInternal,
+                                              absl::StrCat("RPC agent '", options.name, "' could not start"));
   }
   agent->options_ = std::move(options);
   return agent;
@@ -171,7 +170,7 @@ Agent::~Agent() {
 CallFuture Agent::rpc_async(const std::string& to, const std::string& handler, const Writer& body,
                             std::vector<at::Tensor> tensors, std::chrono::milliseconds timeout) {
   const size_t n = tensors.size();
-  return send_raw(to, encode_envelope(handler, body, n), std::move(tensors), timeout);
+  return send_raw(to, encode_envelope(handler, body, n, options_.name), std::move(tensors), timeout);
 }
 
 absl::StatusOr<Response> Agent::rpc_sync(const std::string& to, const std::string& handler, const Writer& body,
@@ -207,10 +206,8 @@ CallFuture Agent::send_raw(const std::string& to, std::vector<char> payload, std
       }
     });
     return CallFuture(to, future);
-  } catch (const c10::Error& e) {
-    return failed(e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return failed(e.what());
+  } catch (...) {
+    return failed(comm::current_exception_message());
   }
 }
 
@@ -230,10 +227,9 @@ absl::Status Agent::shutdown() {
     for (int r = 0; r < world_size_; ++r) everyone.push_back(absl::StrCat("arrived/", r));
     store_->wait(everyone, options_.timeout + std::chrono::seconds(60));
     agent_->shutdown();
-  } catch (const c10::Error& e) {
-    return absl::UnavailableError(absl::StrCat("RPC shutdown of '", name(), "': ", e.what_without_backtrace()));
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("RPC shutdown of '", name(), "': ", e.what()));
+  } catch (...) {
+    return comm::current_exception_status(absl::StatusCode::kUnavailable,
+                                              absl::StrCat("RPC shutdown of '", name(), "'"));
   }
   shut_down_ = true;
   return absl::OkStatus();

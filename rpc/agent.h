@@ -17,6 +17,7 @@
 // Handlers run on the agent's worker threads (AgentOptions::num_worker_threads), concurrently:
 // they must be thread-safe. An exception in a handler, a malformed message or an unknown handler
 // becomes an error reply; the caller's Status names the remote worker and its message.
+// dtrain's own messages (parameters, gradients, optimizers) are in rpc/internal/protocol.h.
 // Creating an agent ignores SIGPIPE (comm::ignore_sigpipe), so a dead peer is an error, not a dead caller.
 #ifndef DTRAIN_RPC_AGENT_H_
 #define DTRAIN_RPC_AGENT_H_
@@ -43,7 +44,7 @@ class TensorPipeAgent;
 namespace dtrain::rpc {
 
 struct Request {
-  std::string caller;  // worker name of the caller
+  std::string caller;  // the calling worker's name, as its agent states it (empty for send_raw's)
   std::string handler;
   Reader body;
   std::vector<at::Tensor> tensors;

@@ -6,7 +6,7 @@ namespace dtrain::rpc {
 namespace {
 
 constexpr char kMagic[4] = {'D', 'T', 'R', 'P'};
-constexpr size_t kMaxHandlerName = 256;
+constexpr size_t kMaxName = 256;
 
 std::string at(size_t pos) { return " at byte " + std::to_string(pos); }
 
@@ -145,13 +145,17 @@ void Reader::expect_done() const {
   if (!done()) throw CodecError(std::to_string(bytes_.size() - pos_) + " unexpected trailing bytes" + at(pos_));
 }
 
-std::vector<char> encode_envelope(const std::string& handler, const Writer& body, size_t num_tensors) {
+std::vector<char> encode_envelope(const std::string& handler, const Writer& body, size_t num_tensors,
+                                  const std::string& caller) {
   std::vector<char> out(kMagic, kMagic + 4);
   out.push_back(static_cast<char>(kWireVersion));
-  const uint16_t name_len = static_cast<uint16_t>(handler.size());
-  const char* p = reinterpret_cast<const char*>(&name_len);
-  out.insert(out.end(), p, p + sizeof(name_len));
-  out.insert(out.end(), handler.begin(), handler.end());
+  const char* p = nullptr;
+  for (const std::string* name : {&handler, &caller}) {
+    const uint16_t name_len = static_cast<uint16_t>(name->size());
+    p = reinterpret_cast<const char*>(&name_len);
+    out.insert(out.end(), p, p + sizeof(name_len));
+    out.insert(out.end(), name->begin(), name->end());
+  }
   const uint32_t tensors = static_cast<uint32_t>(num_tensors);
   p = reinterpret_cast<const char*>(&tensors);
   out.insert(out.end(), p, p + sizeof(tensors));
@@ -182,14 +186,25 @@ Envelope decode_envelope(const std::vector<char>& bytes, size_t num_tensors) {
   need(sizeof(name_len), "the handler name length");
   std::memcpy(&name_len, bytes.data() + pos, sizeof(name_len));
   pos += sizeof(name_len);
-  if (name_len == 0 || name_len > kMaxHandlerName) {
-    throw CodecError("handler name of " + std::to_string(name_len) + " bytes (1.." + std::to_string(kMaxHandlerName) +
+  if (name_len == 0 || name_len > kMaxName) {
+    throw CodecError("handler name of " + std::to_string(name_len) + " bytes (1.." + std::to_string(kMaxName) +
                      " allowed)");
   }
   need(name_len, "the handler name");
   Envelope e;
   e.handler.assign(bytes.data() + pos, name_len);
   pos += name_len;
+  uint16_t caller_len = 0;
+  need(sizeof(caller_len), "the caller name length");
+  std::memcpy(&caller_len, bytes.data() + pos, sizeof(caller_len));
+  pos += sizeof(caller_len);
+  if (caller_len > kMaxName) {
+    throw CodecError("caller name of " + std::to_string(caller_len) + " bytes (0.." + std::to_string(kMaxName) +
+                     " allowed)");
+  }
+  need(caller_len, "the caller name");
+  e.caller.assign(bytes.data() + pos, caller_len);
+  pos += caller_len;
   uint32_t tensors = 0, body_len = 0;
   need(sizeof(tensors), "the tensor count");
   std::memcpy(&tensors, bytes.data() + pos, sizeof(tensors));

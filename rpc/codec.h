@@ -1,10 +1,11 @@
 // The RPC wire format: a typed, versioned envelope and body that are checked before use. No code
-// and no pickled objects travel: a message is a handler name, a sequence of tagged values
-// (integers, doubles, booleans, strings, lists of them) and tensors (carried by TensorPipe).
+// and no pickled objects travel: a message is a handler name, the sending worker's name, a
+// sequence of tagged values (integers, doubles, booleans, strings, lists of them) and tensors
+// (carried by TensorPipe). dtrain's own messages are in rpc/internal/protocol.h.
 //
 //   dtrain::rpc::Writer w;
 //   w.i64(context_id).str("Adam").f64_list({0.9, 0.999});
-//   std::vector<char> bytes = encode_envelope("dtrain.optim.step", w, /*num_tensors=*/2);
+//   std::vector<char> bytes = encode_envelope("my.handler", w, /*num_tensors=*/2, "trainer0");
 //   ...
 //   Envelope e = decode_envelope(bytes, tensors.size());   // throws CodecError on any defect
 //   int64_t id = e.body.i64();                             // throws CodecError on a type mismatch
@@ -22,7 +23,7 @@
 
 namespace dtrain::rpc {
 
-constexpr uint8_t kWireVersion = 1;
+constexpr uint8_t kWireVersion = 2;  // 2: the caller's name after the handler's
 
 // A malformed message; the text says what was wrong and where.
 class CodecError : public std::runtime_error {
@@ -73,12 +74,15 @@ class Reader {
 
 struct Envelope {
   std::string handler;
+  std::string caller;  // the sending worker's name as it states it (empty: not stated)
   Reader body;
 };
 
-// "DTRP", version, handler name, body, and the number of tensors that travel beside it.
-std::vector<char> encode_envelope(const std::string& handler, const Writer& body, size_t num_tensors);
-// Checks magic, version, every length and the tensor count. Handler names are at most 256 bytes.
+// "DTRP", version, handler name, caller name, body, and the number of tensors that travel beside it.
+std::vector<char> encode_envelope(const std::string& handler, const Writer& body, size_t num_tensors,
+                                  const std::string& caller = "");
+// Checks magic, version, every length and the tensor count. Handler names are 1..256 bytes,
+// caller names 0..256.
 Envelope decode_envelope(const std::vector<char>& bytes, size_t num_tensors);
 
 }  // namespace dtrain::rpc

@@ -33,6 +33,18 @@ TEST(CodecTest, RoundTripsEveryType) {
   EXPECT_TRUE(e.body.done());
 }
 
+TEST(CodecTest, CarriesTheCallersName) {
+  Writer w;
+  w.i64(5);
+  Envelope e = decode_envelope(encode_envelope("h", w, 0, "trainer3"), 0);
+  EXPECT_EQ(e.handler, "h");
+  EXPECT_EQ(e.caller, "trainer3");
+  EXPECT_EQ(e.body.i64(), 5);
+  EXPECT_EQ(decode_envelope(encode_envelope("h", w, 0), 0).caller, "");
+  EXPECT_THAT(error_of([&] { decode_envelope(encode_envelope("h", w, 0, std::string(257, 'c')), 0); }),
+              HasSubstr("caller name of 257 bytes"));
+}
+
 // Empty strings and lists: nothing is copied from or to a null data() (undefined behaviour that
 // --config=asan's UBSan reports).
 TEST(CodecTest, RoundTripsEmptyValues) {

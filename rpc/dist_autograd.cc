@@ -11,6 +11,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "absl/strings/str_cat.h"
+#include "rpc/internal/protocol.h"
 
 namespace dtrain::rpc::dist_autograd {
 namespace {
@@ -126,7 +127,7 @@ absl::Status backward(Context& ctx, const std::vector<at::Tensor>& roots, bool r
     error = std::current_exception();
   }
   for (auto& [leaf, handle] : hooks) leaf.remove_hook(handle);
-  std::vector<CallFuture> calls;
+  protocol::FanOut<protocol::GradPush> pushes(ctx.agent());
   {
     std::lock_guard<std::mutex> lock(pass->mu);
     if (!error) {
@@ -135,16 +136,13 @@ absl::Status backward(Context& ctx, const std::vector<at::Tensor>& roots, bool r
         if (!b.sent) pass->send(owner, b);
       }
     }
-    calls.swap(pass->calls);
+    for (CallFuture& c : pass->calls) pushes.add(std::move(c));
+    pass->calls.clear();
   }
-  absl::Status first;
-  for (auto& c : calls) {
-    absl::StatusOr<Response> r = c.get();
-    if (!r.ok() && first.ok()) {
-      first = absl::Status(r.status().code(), absl::StrCat("dist_autograd::backward: sending gradients of context ",
-                                                           ctx.id(), " to '", c.to(), "' failed: ", r.status().message()));
-    }
-  }
+  const absl::Status first = pushes.wait([&](const std::string& owner) {
+    return absl::StrCat("dist_autograd::backward: sending gradients of context ", ctx.id(), " to '", owner,
+                        "' failed: ");
+  });
   if (error) std::rethrow_exception(error);
   return first;
 }

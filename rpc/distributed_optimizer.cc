@@ -4,6 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "comm/exception_status.h"
+#include "rpc/internal/protocol.h"
 
 namespace dtrain::rpc {
 namespace {
@@ -24,40 +26,38 @@ absl::StatusOr<std::unique_ptr<DistributedOptimizer>> DistributedOptimizer::crea
       new DistributedOptimizer(agent, absl::StrCat(agent.name(), "/optimizer", g_next_optimizer.fetch_add(1))));
   try {
     Writer check;
-    write_options(check, options);  // an option that cannot travel fails here, once
-  } catch (const c10::Error& e) {
-    return absl::InvalidArgumentError(e.what_without_backtrace());
+    protocol::write_options(check, options);  // an option that cannot travel fails here, once
+  } catch (...) {
+    return comm::current_exception_status(absl::StatusCode::kInvalidArgument);
   }
-  std::vector<CallFuture> calls;
-  for (const auto& [owner, ids] : by_owner) {
-    Writer w;
-    w.str(opt->key_).str(optimizer);
-    write_options(w, options);
-    w.i64_list(ids);
-    calls.push_back(agent.rpc_async(owner, "dtrain.optim.create", w));
-  }
-  absl::Status first;
-  std::vector<std::string> created;
-  size_t k = 0;
-  for (const auto& [owner, ids] : by_owner) {
-    absl::StatusOr<Response> r = calls[k++].get();
-    if (r.ok()) {
-      created.push_back(owner);
-    } else if (first.ok()) {
-      first = absl::Status(r.status().code(),
-                           absl::StrCat("DistributedOptimizer: creating ", optimizer, " on '", owner, "' failed: ",
-                                        r.status().message()));
-    }
-  }
-  opt->owners_ = created;
-  if (!first.ok()) return first;  // the destructor removes those that were created
+  protocol::FanOut<protocol::OptimCreate> creates(agent);
+  for (const auto& [owner, ids] : by_owner) creates.send(owner, protocol::OptimCreate{opt->key_, optimizer, options, ids});
+  // The destructor removes those that were created when another failed.
+  absl::Status s = creates.wait(
+      [&](const std::string& owner) {
+        return absl::StrCat("DistributedOptimizer: creating ", optimizer, " on '", owner, "' failed: ");
+      },
+      [&](const std::string& owner, protocol::Done&) { opt->owners_.push_back(owner); });
+  if (!s.ok()) return s;
   return opt;
 }
 
+absl::StatusOr<std::unique_ptr<DistributedOptimizer>> DistributedOptimizer::create_local(
+    Agent& agent, const LocalOptimizerRegistry::TypeEntry& local, const torch::optim::OptimizerOptions& options,
+    std::vector<RemoteRef> params) {
+  optim::OptionsDict dict = optim::new_options_dict();
+  try {
+    dict = local.to_dict(options);
+  } catch (...) {
+    return comm::current_exception_status(absl::StatusCode::kInvalidArgument);
+  }
+  return create(agent, local.name, dict, std::move(params));
+}
+
 DistributedOptimizer::~DistributedOptimizer() {
-  std::vector<CallFuture> calls;
-  for (const auto& owner : owners_) calls.push_back(agent_.rpc_async(owner, "dtrain.optim.destroy", Writer().str(key_)));
-  for (auto& c : calls) (void)c.get();
+  protocol::FanOut<protocol::OptimDestroy> destroys(agent_);
+  for (const auto& owner : owners_) destroys.send(owner, protocol::OptimDestroy{key_});
+  (void)destroys.wait();
 }
 
 absl::Status DistributedOptimizer::step(int64_t context_id) {
@@ -66,26 +66,12 @@ absl::Status DistributedOptimizer::step(int64_t context_id) {
     return absl::NotFoundError(absl::StrCat("DistributedOptimizer::step: autograd context ", context_id,
                                             " was released; call step(context.id()) while the context is alive"));
   }
-  std::vector<CallFuture> calls;
-  for (const auto& owner : owners_) {
-    calls.push_back(agent_.rpc_async(owner, "dtrain.optim.step", Writer().str(key_).i64(context_id)));
-  }
-  absl::Status first;
+  protocol::FanOut<protocol::OptimStep> steps(agent_);
+  for (const auto& owner : owners_) steps.send(owner, protocol::OptimStep{key_, context_id});
   bool known = false;
-  for (auto& c : calls) {
-    absl::StatusOr<Response> r = c.get();
-    if (r.ok()) {
-      try {
-        known = r->body.boolean() || known;
-      } catch (const CodecError& e) {
-        r = absl::DataLossError(absl::StrCat("malformed dtrain.optim.step reply: ", e.what()));
-      }
-    }
-    if (!r.ok() && first.ok()) {
-      first = absl::Status(r.status().code(), absl::StrCat("DistributedOptimizer::step on '", c.to(), "' failed: ",
-                                                           r.status().message()));
-    }
-  }
+  const absl::Status first = steps.wait(
+      [](const std::string& owner) { return absl::StrCat("DistributedOptimizer::step on '", owner, "' failed: "); },
+      [&](const std::string&, protocol::OptimStep::Result& r) { known = r.stepped || known; });
   if (first.ok() && !known && here == ContextState::kUnknown) {
     // Nobody stepped: PyTorch's "Could not find autograd context with id".
     return absl::NotFoundError(absl::StrCat(

@@ -54,13 +54,7 @@ class DistributedOptimizer {
           " has no functional twin and is not registered with rpc::LocalOptimizerRegistry; register a functional " +
           "twin (optim/registry.h) or the type itself (rpc/local_optimizers.h) on every worker");
     }
-    optim::OptionsDict dict = optim::new_options_dict();
-    try {
-      dict = local->to_dict(options);
-    } catch (const c10::Error& e) {
-      return absl::InvalidArgumentError(e.what_without_backtrace());
-    }
-    return create(agent, local->name, dict, std::move(params));
+    return create_local(agent, *local, options, std::move(params));
   }
   ~DistributedOptimizer();  // destroys the remote optimizers (errors ignored)
 
@@ -75,6 +69,11 @@ class DistributedOptimizer {
 
  private:
   DistributedOptimizer(Agent& agent, std::string key) : agent_(agent), key_(std::move(key)) {}
+  // create() for a type registered with LocalOptimizerRegistry: InvalidArgument when its
+  // to_dict refuses `options`.
+  static absl::StatusOr<std::unique_ptr<DistributedOptimizer>> create_local(
+      Agent& agent, const LocalOptimizerRegistry::TypeEntry& local, const torch::optim::OptimizerOptions& options,
+      std::vector<RemoteRef> params);
   Agent& agent_;
   std::string key_;
   std::vector<std::string> owners_;

@@ -8,9 +8,12 @@
 #include "absl/strings/str_cat.h"
 #include "optim/registry.h"
 #include "rpc/functions.h"
+#include "comm/exception_status.h"
+#include "rpc/internal/protocol.h"
 #include "rpc/local_optimizers.h"
 
 namespace dtrain::rpc {
+namespace pr = protocol;
 
 struct ParameterOwner::State {
   struct LocalOptimizer {
@@ -49,8 +52,6 @@ struct ParameterOwner::State {
 namespace {
 
 constexpr size_t kMaxReleased = 4096;
-
-Reply empty_reply() { return Reply{}; }
 
 void check_not_released(const ParameterOwner::State& s, int64_t context, const char* what) {
   TORCH_CHECK(s.released.count(context) == 0, what, ": autograd context ", context,
@@ -104,204 +105,145 @@ ContextState local_context_state(int64_t context_id) {
   return ContextState::kUnknown;
 }
 
-void write_options(Writer& w, const optim::OptionsDict& options) {
-  std::vector<std::pair<std::string, c10::IValue>> items;
-  for (const auto& kv : options) {
-    if (!kv.value().isNone()) items.emplace_back(kv.key().toStringRef(), kv.value());
-  }
-  w.i64(static_cast<int64_t>(items.size()));
-  for (const auto& [key, v] : items) {
-    w.str(key);
-    if (v.isDouble()) {
-      w.f64(v.toDouble());
-    } else if (v.isBool()) {
-      w.boolean(v.toBool());
-    } else if (v.isInt()) {
-      w.i64(v.toInt());
-    } else if (v.isString()) {
-      w.str(v.toStringRef());
-    } else if (v.isTuple() || v.isList() || v.isDoubleList()) {
-      std::vector<double> xs;
-      const auto elements = v.isTuple() ? v.toTupleRef().elements().vec() : v.toListRef().vec();
-      for (const auto& e : elements) xs.push_back(e.toScalar().toDouble());
-      w.f64_list(xs);
-    } else {
-      TORCH_CHECK(false, "optimizer option '", key, "' has a type (", v.tagKind(),
-                  ") that cannot travel: use numbers, booleans, strings or pairs of numbers");
-    }
-  }
+namespace {
+
+using State = ParameterOwner::State;
+
+// The handlers, one per message of rpc/internal/protocol.h. They run concurrently on the
+// agent's threads; errors are exceptions (TORCH_CHECK), which the agent replies with.
+
+pr::ParamCreate::Result param_create(State& s, pr::ParamCreate& m) { return {s.add(m.value.detach().clone())}; }
+
+pr::ParamFetch::Result param_fetch(State& s, pr::ParamFetch& m) {
+  // A snapshot: the caller must not see a step half-applied.
+  std::lock_guard<std::mutex> step(s.step_mu);
+  return {s.param(m.id).detach().clone()};
 }
 
-optim::OptionsDict read_options(Reader& r) {
-  optim::OptionsDict d = optim::new_options_dict();
-  const int64_t n = r.i64();
-  if (n < 0 || n > 1024) throw CodecError(absl::StrCat("option count ", n, " out of range"));
-  for (int64_t i = 0; i < n; ++i) {
-    const std::string key = r.str();
-    switch (r.peek_tag()) {
-      case Reader::kF64: d.insert(key, r.f64()); break;
-      case Reader::kBool: d.insert(key, r.boolean()); break;
-      case Reader::kI64: d.insert(key, r.i64()); break;
-      case Reader::kStr: d.insert(key, r.str()); break;
-      case Reader::kF64List: {
-        std::vector<c10::IValue> xs;
-        for (double x : r.f64_list()) xs.emplace_back(x);
-        d.insert(key, c10::ivalue::Tuple::create(std::move(xs)));
-        break;
-      }
-      default: throw CodecError(absl::StrCat("option '", key, "' has an unsupported value tag"));
+pr::Done grad_push(State& s, pr::GradPush& m) {
+  std::vector<at::Tensor> params;
+  for (size_t i = 0; i < m.ids.size(); ++i) {
+    params.push_back(s.param(m.ids[i]));
+    const at::Tensor& g = m.grads[i];
+    TORCH_CHECK(g.sizes().equals(params[i].sizes()) && g.dtype() == params[i].dtype(), "gradient for parameter ",
+                m.ids[i], " has shape ", g.sizes(), " (", g.dtype(), ") but the parameter is ", params[i].sizes(),
+                " (", params[i].dtype(), ")");
+  }
+  std::lock_guard<std::mutex> lock(s.mu);
+  check_not_released(s, m.context, pr::GradPush::kName);
+  ++s.gradient_messages;
+  auto& grads = s.contexts[m.context];
+  for (size_t i = 0; i < m.ids.size(); ++i) {
+    auto it = grads.find(m.ids[i]);
+    if (it == grads.end()) {
+      grads[m.ids[i]] = m.grads[i].detach().clone();
+    } else {
+      it->second.add_(m.grads[i]);
     }
   }
-  return d;
+  return {};
 }
+
+pr::Done grad_release(State& s, pr::GradRelease& m) {
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.contexts.erase(m.context);
+  if (s.released.insert(m.context).second) {
+    s.released_order.push_back(m.context);
+    if (s.released_order.size() > kMaxReleased) {
+      s.released.erase(s.released_order.front());
+      s.released_order.pop_front();
+    }
+  }
+  return {};
+}
+
+pr::FnRemote::Result fn_remote(State& s, pr::FnRemote& m) {
+  at::Tensor value;
+  {
+    c10::NoGradGuard no_grad;  // the value is kept, not a node of some graph
+    value = FunctionRegistry::global().call(m.fn, m.args).detach();
+  }
+  return {s.add(std::move(value))};
+}
+
+pr::Done optim_create(State& s, pr::OptimCreate& m) {
+  auto local = std::make_shared<State::LocalOptimizer>();
+  std::vector<at::Tensor> params;
+  for (int64_t id : m.ids) params.push_back(s.param(id));
+  if (!optim::FunctionalRegistry::global().contains(m.optimizer) &&
+      LocalOptimizerRegistry::global().contains(m.optimizer)) {
+    local->torch_optimizer = LocalOptimizerRegistry::global().create(m.optimizer, params, m.options);
+  } else {
+    local->optimizer = optim::FunctionalRegistry::global().create(m.optimizer, params, m.options);
+  }
+  local->params = std::move(params);
+  local->ids = m.ids;
+  std::lock_guard<std::mutex> lock(s.mu);
+  TORCH_CHECK(s.optimizers.count(m.key) == 0, "an optimizer named ", m.key, " already exists here");
+  s.optimizers[m.key] = std::move(local);
+  return {};
+}
+
+pr::OptimStep::Result optim_step(State& s, pr::OptimStep& m) {
+  std::lock_guard<std::mutex> step(s.step_mu);
+  std::shared_ptr<State::LocalOptimizer> local;
+  std::vector<at::Tensor> grads;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    auto it = s.optimizers.find(m.key);
+    TORCH_CHECK(it != s.optimizers.end(), "no optimizer named ", m.key, " here (created? destroyed?)");
+    local = it->second;
+    check_not_released(s, m.context, "DistributedOptimizer::step");
+    auto ctx = s.contexts.find(m.context);
+    // Unknown here: no gradient came under this context, nothing to do; the caller decides
+    // whether that is an error (reply false).
+    if (ctx == s.contexts.end()) return {false};
+    for (int64_t id : local->ids) {
+      at::Tensor g;
+      auto git = ctx->second.find(id);
+      if (git != ctx->second.end()) g = git->second;
+      grads.push_back(g);  // undefined: this parameter is left untouched
+    }
+  }
+  c10::NoGradGuard no_grad;
+  if (local->optimizer) {
+    local->optimizer->step(grads);
+  } else {
+    step_through_grad(*local->torch_optimizer, local->params, grads);
+  }
+  return {true};
+}
+
+pr::Done optim_destroy(State& s, pr::OptimDestroy& m) {
+  std::lock_guard<std::mutex> step(s.step_mu);
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.optimizers.erase(m.key);
+  return {};
+}
+
+// Serves M with `fn` for as long as the ParameterOwner lives.
+template <typename M>
+void serve(Handlers& handlers, const std::weak_ptr<State>& weak, typename M::Result (*fn)(State&, M&)) {
+  pr::serve<M>(handlers, [weak, fn](M& m) {
+    std::shared_ptr<State> s = weak.lock();
+    TORCH_CHECK(s != nullptr, M::kName, ": this worker's ParameterOwner is gone");
+    return fn(*s, m);
+  });
+}
+
+}  // namespace
 
 ParameterOwner::ParameterOwner(std::shared_ptr<Handlers> handlers) : state_(std::make_shared<State>()) {
   TORCH_CHECK(handlers != nullptr, "ParameterOwner needs the Handlers the agent will serve");
-  std::weak_ptr<State> weak = state_;
-  auto locked = [weak](const char* name) {
-    auto s = weak.lock();
-    TORCH_CHECK(s != nullptr, name, ": this worker's ParameterOwner is gone");
-    return s;
-  };
-  handlers->add("dtrain.param.create", [locked](Request& r) {
-    auto s = locked("dtrain.param.create");
-    r.body.expect_done();
-    TORCH_CHECK(r.tensors.size() == 1, "dtrain.param.create takes one tensor, got ", r.tensors.size());
-    Reply reply;
-    reply.body.i64(s->add(r.tensors[0].detach().clone()));
-    return reply;
-  });
-  handlers->add("dtrain.param.fetch", [locked](Request& r) {
-    auto s = locked("dtrain.param.fetch");
-    const int64_t id = r.body.i64();
-    r.body.expect_done();
-    Reply reply;
-    // A snapshot: the caller must not see a step half-applied.
-    std::lock_guard<std::mutex> step(s->step_mu);
-    reply.tensors.push_back(s->param(id).detach().clone());
-    return reply;
-  });
-  handlers->add("dtrain.grad.push", [locked](Request& r) {
-    auto s = locked("dtrain.grad.push");
-    const int64_t context = r.body.i64();
-    const std::vector<int64_t> ids = r.body.i64_list();
-    r.body.expect_done();
-    TORCH_CHECK(ids.size() == r.tensors.size(), "dtrain.grad.push: ", ids.size(), " parameter ids but ",
-                r.tensors.size(), " gradients");
-    std::vector<at::Tensor> params;
-    for (size_t i = 0; i < ids.size(); ++i) {
-      params.push_back(s->param(ids[i]));
-      TORCH_CHECK(r.tensors[i].sizes().equals(params[i].sizes()) && r.tensors[i].dtype() == params[i].dtype(),
-                  "gradient for parameter ", ids[i], " has shape ", r.tensors[i].sizes(), " (",
-                  r.tensors[i].dtype(), ") but the parameter is ", params[i].sizes(), " (", params[i].dtype(), ")");
-    }
-    std::lock_guard<std::mutex> lock(s->mu);
-    check_not_released(*s, context, "dtrain.grad.push");
-    ++s->gradient_messages;
-    auto& grads = s->contexts[context];
-    for (size_t i = 0; i < ids.size(); ++i) {
-      auto it = grads.find(ids[i]);
-      if (it == grads.end()) {
-        grads[ids[i]] = r.tensors[i].detach().clone();
-      } else {
-        it->second.add_(r.tensors[i]);
-      }
-    }
-    return empty_reply();
-  });
-  handlers->add("dtrain.grad.release", [locked](Request& r) {
-    auto s = locked("dtrain.grad.release");
-    const int64_t context = r.body.i64();
-    r.body.expect_done();
-    std::lock_guard<std::mutex> lock(s->mu);
-    s->contexts.erase(context);
-    if (s->released.insert(context).second) {
-      s->released_order.push_back(context);
-      if (s->released_order.size() > kMaxReleased) {
-        s->released.erase(s->released_order.front());
-        s->released_order.pop_front();
-      }
-    }
-    return empty_reply();
-  });
-  handlers->add("dtrain.fn.remote", [locked](Request& r) {
-    auto s = locked("dtrain.fn.remote");
-    const std::string fn = r.body.str();
-    std::vector<c10::IValue> args = read_args(r.body, r.tensors);
-    r.body.expect_done();
-    at::Tensor value;
-    {
-      c10::NoGradGuard no_grad;  // the value is kept, not a node of some graph
-      value = FunctionRegistry::global().call(fn, args).detach();
-    }
-    Reply reply;
-    reply.body.i64(s->add(std::move(value)));
-    return reply;
-  });
-  handlers->add("dtrain.optim.create", [locked](Request& r) {
-    auto s = locked("dtrain.optim.create");
-    const std::string key = r.body.str();
-    const std::string name = r.body.str();
-    optim::OptionsDict options = read_options(r.body);
-    const std::vector<int64_t> ids = r.body.i64_list();
-    r.body.expect_done();
-    auto local = std::make_shared<State::LocalOptimizer>();
-    std::vector<at::Tensor> params;
-    for (int64_t id : ids) params.push_back(s->param(id));
-    if (!optim::FunctionalRegistry::global().contains(name) && LocalOptimizerRegistry::global().contains(name)) {
-      local->torch_optimizer = LocalOptimizerRegistry::global().create(name, params, options);
-    } else {
-      local->optimizer = optim::FunctionalRegistry::global().create(name, params, options);
-    }
-    local->params = std::move(params);
-    local->ids = ids;
-    std::lock_guard<std::mutex> lock(s->mu);
-    TORCH_CHECK(s->optimizers.count(key) == 0, "an optimizer named ", key, " already exists here");
-    s->optimizers[key] = std::move(local);
-    return empty_reply();
-  });
-  handlers->add("dtrain.optim.step", [locked](Request& r) {
-    auto s = locked("dtrain.optim.step");
-    const std::string key = r.body.str();
-    const int64_t context = r.body.i64();
-    r.body.expect_done();
-    std::lock_guard<std::mutex> step(s->step_mu);
-    std::shared_ptr<State::LocalOptimizer> local;
-    std::vector<at::Tensor> grads;
-    {
-      std::lock_guard<std::mutex> lock(s->mu);
-      auto it = s->optimizers.find(key);
-      TORCH_CHECK(it != s->optimizers.end(), "no optimizer named ", key, " here (created? destroyed?)");
-      local = it->second;
-      check_not_released(*s, context, "DistributedOptimizer::step");
-      auto ctx = s->contexts.find(context);
-      // Unknown here: no gradient came under this context, nothing to do; the caller decides
-      // whether that is an error (reply false).
-      if (ctx == s->contexts.end()) return Reply{Writer().boolean(false), {}};
-      for (int64_t id : local->ids) {
-        at::Tensor g;
-        auto git = ctx->second.find(id);
-        if (git != ctx->second.end()) g = git->second;
-        grads.push_back(g);  // undefined: this parameter is left untouched
-      }
-    }
-    c10::NoGradGuard no_grad;
-    if (local->optimizer) {
-      local->optimizer->step(grads);
-    } else {
-      step_through_grad(*local->torch_optimizer, local->params, grads);
-    }
-    return Reply{Writer().boolean(true), {}};
-  });
-  handlers->add("dtrain.optim.destroy", [locked](Request& r) {
-    auto s = locked("dtrain.optim.destroy");
-    const std::string key = r.body.str();
-    r.body.expect_done();
-    std::lock_guard<std::mutex> step(s->step_mu);
-    std::lock_guard<std::mutex> lock(s->mu);
-    s->optimizers.erase(key);
-    return empty_reply();
-  });
+  Handlers& h = *handlers;
+  serve<pr::ParamCreate>(h, state_, &param_create);
+  serve<pr::ParamFetch>(h, state_, &param_fetch);
+  serve<pr::GradPush>(h, state_, &grad_push);
+  serve<pr::GradRelease>(h, state_, &grad_release);
+  serve<pr::FnRemote>(h, state_, &fn_remote);
+  serve<pr::OptimCreate>(h, state_, &optim_create);
+  serve<pr::OptimStep>(h, state_, &optim_step);
+  serve<pr::OptimDestroy>(h, state_, &optim_destroy);
 }
 
 ParameterOwner::~ParameterOwner() {
@@ -341,45 +283,29 @@ size_t ParameterOwner::num_optimizers() const {
 }
 
 absl::StatusOr<RemoteRef> remote_parameter(Agent& agent, const std::string& owner, const at::Tensor& value) {
-  absl::StatusOr<Response> r = agent.rpc_sync(owner, "dtrain.param.create", Writer(), {value.detach()});
+  absl::StatusOr<pr::ParamCreate::Result> r = pr::call_sync(agent, owner, pr::ParamCreate{value.detach()});
   if (!r.ok()) return r.status();
-  try {
-    const int64_t id = r->body.i64();
-    return RemoteRef{owner, id};
-  } catch (const CodecError& e) {
-    return absl::DataLossError(absl::StrCat("dtrain.param.create reply from '", owner, "': ", e.what()));
-  }
+  return RemoteRef{owner, r->id};
 }
 
 absl::StatusOr<at::Tensor> to_here(Agent& agent, const RemoteRef& ref) {
-  absl::StatusOr<Response> r = agent.rpc_sync(ref.owner, "dtrain.param.fetch", Writer().i64(ref.id));
+  absl::StatusOr<pr::ParamFetch::Result> r = pr::call_sync(agent, ref.owner, pr::ParamFetch{ref.id});
   if (!r.ok()) return r.status();
-  if (r->tensors.size() != 1) {
-    return absl::DataLossError(absl::StrCat("dtrain.param.fetch from '", ref.owner, "' returned ", r->tensors.size(),
-                                            " tensors"));
-  }
-  return r->tensors[0];
+  return std::move(r->value);
 }
 
 absl::StatusOr<RemoteRef> remote(Agent& agent, const std::string& worker, const std::string& fn,
                                  const std::vector<c10::IValue>& args) {
-  Writer w;
-  std::vector<at::Tensor> tensors;
+  std::optional<CallFuture> call;
   try {
-    w.str(fn);
-    write_args(w, tensors, args);
-  } catch (const c10::Error& e) {
-    return absl::InvalidArgumentError(absl::StrCat("remote(", worker, ", ", fn, "): ", e.what_without_backtrace()));
+    call = pr::send(agent, worker, pr::FnRemote{fn, args});  // encoding refuses what cannot travel
+  } catch (...) {
+    return comm::current_exception_status(absl::StatusCode::kInvalidArgument,
+                                              absl::StrCat("remote(", worker, ", ", fn, ")"));
   }
-  absl::StatusOr<Response> r = agent.rpc_sync(worker, "dtrain.fn.remote", w, std::move(tensors));
+  absl::StatusOr<pr::FnRemote::Result> r = pr::result_of<pr::FnRemote>(*call);
   if (!r.ok()) return r.status();
-  try {
-    const int64_t id = r->body.i64();
-    r->body.expect_done();
-    return RemoteRef{worker, id};
-  } catch (const CodecError& e) {
-    return absl::DataLossError(absl::StrCat("dtrain.fn.remote reply from '", worker, "': ", e.what()));
-  }
+  return RemoteRef{worker, r->id};
 }
 
 namespace {
@@ -407,7 +333,7 @@ CallFuture GradientContext::send_async(const std::string& owner, const std::vect
     TORCH_CHECK(!released_, "gradient context ", id_, " was released; create a new one");
     owners_.insert(owner);
   }
-  return agent_.rpc_async(owner, "dtrain.grad.push", Writer().i64(id_).i64_list(ids), std::move(grads));
+  return pr::send(agent_, owner, pr::GradPush{id_, ids, std::move(grads)});
 }
 
 absl::Status GradientContext::send(const std::vector<RemoteRef>& refs, const std::vector<at::Tensor>& grads) {
@@ -426,14 +352,9 @@ absl::Status GradientContext::send(const std::vector<RemoteRef>& refs, const std
     ids.push_back(refs[i].id);
     tensors.push_back(grads[i].detach());
   }
-  std::vector<CallFuture> calls;
-  for (auto& [owner, item] : by_owner) calls.push_back(send_async(owner, item.first, std::move(item.second)));
-  absl::Status first;
-  for (auto& c : calls) {
-    absl::StatusOr<Response> r = c.get();
-    if (!r.ok() && first.ok()) first = r.status();
-  }
-  return first;
+  pr::FanOut<pr::GradPush> pushes(agent_);
+  for (auto& [owner, item] : by_owner) pushes.add(send_async(owner, item.first, std::move(item.second)));
+  return pushes.wait();
 }
 
 absl::Status GradientContext::release() {
@@ -455,14 +376,9 @@ absl::Status GradientContext::release() {
       t.released_order.pop_front();
     }
   }
-  std::vector<CallFuture> calls;
-  for (const auto& owner : owners) calls.push_back(agent_.rpc_async(owner, "dtrain.grad.release", Writer().i64(id_)));
-  absl::Status first;
-  for (auto& c : calls) {
-    absl::StatusOr<Response> r = c.get();
-    if (!r.ok() && first.ok()) first = r.status();
-  }
-  return first;
+  pr::FanOut<pr::GradRelease> releases(agent_);
+  for (const auto& owner : owners) releases.send(owner, pr::GradRelease{id_});
+  return releases.wait();
 }
 
 }  // namespace dtrain::rpc

@@ -49,7 +49,8 @@ struct RemoteRef {
 
 class ParameterOwner {
  public:
-  // Registers the dtrain.param.*, dtrain.grad.* and dtrain.optim.* handlers.
+  // Registers the handlers of the dtrain.param.*, dtrain.grad.*, dtrain.fn.* and dtrain.optim.*
+  // messages (rpc/internal/protocol.h).
   explicit ParameterOwner(std::shared_ptr<Handlers> handlers);
   ~ParameterOwner();
 
@@ -115,11 +116,6 @@ class GradientContext {
   std::set<std::string> owners_;
   bool released_ = false;
 };
-
-// Encodes / decodes optimizer options (doubles, integers, booleans, strings, pairs of doubles)
-// for the wire; None values are left out (the factory's defaults apply).
-void write_options(Writer& w, const optim::OptionsDict& options);
-optim::OptionsDict read_options(Reader& r);
 
 }  // namespace dtrain::rpc
 

@@ -47,6 +47,10 @@ TEST(RpcTest, CallsErrorsAndMalformedMessages) {
         ASSERT_EQ(r->tensors.size(), 1u);
         EXPECT_TRUE(r->tensors[0].equal(torch::full({2}, 3.0)));
 
+        absl::StatusOr<Response> who = w.agent.rpc_sync("w1", "whoami", Writer());
+        ASSERT_TRUE(who.ok()) << who.status();
+        EXPECT_EQ(who->body.str(), "w0");  // Request::caller
+
         absl::StatusOr<Response> boom = w.agent.rpc_sync("w1", "boom", Writer());
         EXPECT_EQ(boom.status().code(), absl::StatusCode::kInternal);
         EXPECT_THAT(std::string(boom.status().message()), HasSubstr("worker 'w1', handler 'boom': kaput"));
@@ -91,6 +95,7 @@ TEST(RpcTest, CallsErrorsAndMalformedMessages) {
           return reply;
         });
         h.add("boom", [](Request&) -> Reply { throw std::runtime_error("kaput"); });
+        h.add("whoami", [](Request& r) { return Reply{Writer().str(r.caller), {}}; });
       });
 }
 
