@@ -25,6 +25,7 @@
 
 #include "comm/thread_world.h"
 #include "checkpoint/consolidation.h"
+#include "checkpoint/optimizer_state_dict.h"
 #include "checkpoint/sharded.h"
 #include "checkpoint/state_file.h"
 #include "checkpoint/stored_zip.h"
@@ -49,25 +50,19 @@ double elapsed_ms(std::chrono::steady_clock::time_point start) {
 
 // Parameters i with i % world == rank, as an optimizer's local state dict.
 c10::IValue local_state(int rank, int world) {
-  Dict state(c10::IntType::get(), c10::AnyType::get());
-  std::vector<int64_t> params;
+  OptimizerStateDict sd;
+  ParamGroup group;
   for (int64_t i = rank; i < kTensors; i += world) {
-    Dict e(c10::StringType::get(), c10::AnyType::get());
+    StateEntry e = new_state_entry();
     e.insert("step", at::scalar_tensor(10.0, at::kFloat));
     e.insert("exp_avg", at::randn({kPerTensor}));
     e.insert("exp_avg_sq", at::rand({kPerTensor}));
-    state.insert(i, e);
-    params.push_back(i);
+    sd.state.emplace(i, e);
+    group.params.push_back(i);
   }
-  Dict group(c10::StringType::get(), c10::AnyType::get());
-  group.insert("lr", 1e-3);
-  group.insert("params", c10::List<int64_t>(params));
-  c10::impl::GenericList groups(c10::AnyType::get());
-  groups.push_back(group);
-  Dict sd(c10::StringType::get(), c10::AnyType::get());
-  sd.insert("state", state);
-  sd.insert("param_groups", groups);
-  return sd;
+  group.options.insert("lr", 1e-3);
+  sd.param_groups.push_back(std::move(group));
+  return to_ivalue(sd);
 }
 
 void BM_Consolidate(benchmark::State& state) {

@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 
 #include "absl/strings/str_cat.h"
+#include "checkpoint/optimizer_state_dict.h"
 #include "comm/object_collectives.h"
 
 namespace dtrain::checkpoint {
@@ -18,37 +19,87 @@ absl::Status malformed(const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("consolidate_state_dict: ", what));
 }
 
-// What a rank holds, as small IValues: one entry per (index, key) with either the value itself
-// (non-tensors) or the tensor's dtype and shape (its data follows point to point).
-struct Description {
-  c10::impl::GenericList entries{c10::AnyType::get()};  // (index, key, value | (dtype, shape))
-  std::vector<at::Tensor> tensors;                       // data to send, in entry order
+// One state entry of a rank, as it travels (pickled) to the target: its parameter index, key, and
+// either the value itself (non-tensors) or the tensor's dtype and shape (its data follows point
+// to point). Encoded as the tuple (index, key, False, value, None) or (index, key, True, dtype,
+// shape).
+struct EntryDescription {
+  int64_t index = 0;
+  c10::IValue key;
+  bool tensor = false;
+  c10::IValue value;  // non-tensors
+  at::ScalarType dtype = at::kFloat;
+  std::vector<int64_t> shape;
+
+  c10::IValue encode() const {
+    if (!tensor) return c10::ivalue::Tuple::create({index, key, false, value, c10::IValue()});
+    return c10::ivalue::Tuple::create({index, key, true, static_cast<int64_t>(dtype), c10::List<int64_t>(shape)});
+  }
+  static EntryDescription decode(const c10::IValue& v) {
+    const auto& t = v.toTupleRef().elements();
+    EntryDescription d;
+    d.index = t[0].toInt();
+    d.key = t[1];
+    d.tensor = t[2].toBool();
+    if (d.tensor) {
+      d.dtype = static_cast<at::ScalarType>(t[3].toInt());
+      d.shape = t[4].toIntVector();
+    } else {
+      d.value = t[3];
+    }
+    return d;
+  }
 };
 
-absl::StatusOr<Description> describe(const c10::impl::GenericDict& state) {
-  Description d;
-  // Sorted by index so the target merges in order.
-  std::vector<std::pair<int64_t, c10::IValue>> items;
-  for (const auto& kv : state) {
-    if (!kv.key().isInt()) return malformed("state keys must be integer parameter indices");
-    if (!kv.value().isGenericDict()) return malformed(absl::StrCat("state[", kv.key().toInt(), "] is not a dict"));
-    items.emplace_back(kv.key().toInt(), kv.value());
+// What a rank sends the target: its entries' descriptions (by index) and its param groups.
+// Encoded as the list [[entry...], param_groups].
+struct RankPart {
+  std::vector<EntryDescription> entries;
+  std::vector<ParamGroup> groups;
+
+  c10::IValue encode() const {
+    c10::impl::GenericList list(c10::AnyType::get());
+    for (const EntryDescription& e : entries) list.push_back(e.encode());
+    c10::impl::GenericList out(c10::AnyType::get());
+    out.push_back(list);
+    out.push_back(param_groups_to_ivalue(groups));
+    return out;
   }
-  std::sort(items.begin(), items.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  for (const auto& [index, value] : items) {
-    for (const auto& kv : value.toGenericDict()) {
+  static absl::StatusOr<RankPart> decode(const c10::IValue& v, int rank) {
+    const auto parts = v.toList();
+    RankPart out;
+    for (const c10::IValue& e : parts.get(0).toListRef()) out.entries.push_back(EntryDescription::decode(e));
+    absl::StatusOr<std::vector<ParamGroup>> groups = parse_param_groups(parts.get(1), absl::StrCat("rank ", rank));
+    if (!groups.ok()) return groups.status();
+    out.groups = *std::move(groups);
+    return out;
+  }
+};
+
+// This rank's descriptions (index order, so the target merges in order) and the tensors whose
+// data follows, in entry order.
+RankPart describe(const OptimizerStateDict& sd, std::vector<at::Tensor>& tensors) {
+  RankPart part;
+  part.groups = sd.param_groups;
+  for (const auto& [index, entry] : sd.state) {
+    for (const auto& kv : entry) {
+      EntryDescription d;
+      d.index = index;
+      d.key = kv.key();
       const c10::IValue& v = kv.value();
       if (v.isTensor()) {
         const at::Tensor& t = v.toTensor();
-        d.entries.push_back(c10::ivalue::Tuple::create(
-            {index, kv.key(), true, static_cast<int64_t>(t.scalar_type()), c10::List<int64_t>(t.sizes().vec())}));
-        d.tensors.push_back(t.device().is_cpu() ? t.contiguous() : t.to(at::kCPU).contiguous());
+        d.tensor = true;
+        d.dtype = t.scalar_type();
+        d.shape = t.sizes().vec();
+        tensors.push_back(t.device().is_cpu() ? t.contiguous() : t.to(at::kCPU).contiguous());
       } else {
-        d.entries.push_back(c10::ivalue::Tuple::create({index, kv.key(), false, v, c10::IValue()}));
+        d.value = v;
       }
+      part.entries.push_back(std::move(d));
     }
   }
-  return d;
+  return part;
 }
 
 }  // namespace
@@ -63,19 +114,13 @@ absl::StatusOr<c10::IValue> consolidate_state_dict(const comm::Group& group, con
         absl::StrCat("consolidate_state_dict: to=", to, " is not a rank of this group of ", group.size()));
   }
   if (options.chunk_bytes < 1) return malformed("chunk_bytes must be positive");
-  if (!local_state_dict.isGenericDict()) return malformed("the local state dict is not a dict");
-  auto sd = local_state_dict.toGenericDict();
-  if (!sd.contains("state") || !sd.contains("param_groups")) {
-    return malformed("the local state dict needs 'state' and 'param_groups'");
-  }
-  absl::StatusOr<Description> desc = describe(sd.at("state").toGenericDict());
-  if (!desc.ok()) return desc.status();
+  absl::StatusOr<OptimizerStateDict> sd = parse_optimizer_state_dict(local_state_dict, "the local state dict");
+  if (!sd.ok()) return malformed(std::string(sd.status().message()));
+  std::vector<at::Tensor> my_tensors;
+  const RankPart mine = describe(*sd, my_tensors);
 
   // 1. Descriptions (small, pickled) to the target.
-  c10::impl::GenericList mine(c10::AnyType::get());
-  mine.push_back(desc->entries);
-  mine.push_back(sd.at("param_groups"));
-  absl::StatusOr<std::vector<c10::IValue>> all = comm::gather_object(group, mine, to);
+  absl::StatusOr<std::vector<c10::IValue>> all = comm::gather_object(group, mine.encode(), to);
   if (!all.ok()) return all.status();
 
   const bool target = group.rank() == to;
@@ -83,24 +128,30 @@ absl::StatusOr<c10::IValue> consolidate_state_dict(const comm::Group& group, con
   // 2. The target checks the descriptions and tells every rank before any data moves, so a bad
   // input fails on all ranks at once instead of leaving senders blocked.
   c10::IValue verdict{std::string()};
+  std::vector<RankPart> parts;
   if (target) {
-    std::map<int64_t, int> holder;
-    const size_t num_groups = (*all)[to].toList().get(1).toList().size();
     for (int r = 0; r < n && verdict.toStringRef().empty(); ++r) {
-      auto parts = (*all)[r].toList();
-      if (parts.get(1).toList().size() != num_groups) {
-        verdict = absl::StrCat("rank ", r, " has ", parts.get(1).toList().size(), " param groups, rank ", to,
-                               " has ", num_groups, "; every rank must pass the same groups");
+      absl::StatusOr<RankPart> part = r == to ? absl::StatusOr<RankPart>(mine) : RankPart::decode((*all)[r], r);
+      if (!part.ok()) {
+        verdict = std::string(part.status().message());
+        break;
+      }
+      parts.push_back(*std::move(part));
+    }
+    std::map<int64_t, int> holder;
+    const size_t num_groups = mine.groups.size();
+    for (int r = 0; r < n && verdict.toStringRef().empty(); ++r) {
+      if (parts[r].groups.size() != num_groups) {
+        verdict = absl::StrCat("rank ", r, " has ", parts[r].groups.size(), " param groups, rank ", to, " has ",
+                               num_groups, "; every rank must pass the same groups");
         break;
       }
       std::set<int64_t> seen_here;
-      const auto entries = parts.get(0).toList();
-      for (size_t k = 0; k < entries.size(); ++k) {
-        const int64_t index = entries.get(k).toTupleRef().elements()[0].toInt();
-        if (!seen_here.insert(index).second) continue;
-        auto [it, inserted] = holder.emplace(index, r);
+      for (const EntryDescription& e : parts[r].entries) {
+        if (!seen_here.insert(e.index).second) continue;
+        auto [it, inserted] = holder.emplace(e.index, r);
         if (!inserted) {
-          verdict = absl::StrCat("state of parameter ", index, " is held by both rank ", it->second, " and rank ", r,
+          verdict = absl::StrCat("state of parameter ", e.index, " is held by both rank ", it->second, " and rank ", r,
                                  "; each parameter's state must live on one rank");
           break;
         }
@@ -118,7 +169,7 @@ absl::StatusOr<c10::IValue> consolidate_state_dict(const comm::Group& group, con
   try {
     if (!target) {
       // 3a. Send this rank's tensors in order, chunk by chunk, straight from their storage.
-      for (const at::Tensor& t : desc->tensors) {
+      for (const at::Tensor& t : my_tensors) {
         chunks(t, [&](at::Tensor piece) {
           std::vector<at::Tensor> v = {piece};
           group->send(v, to, kTag)->wait();
@@ -131,35 +182,30 @@ absl::StatusOr<c10::IValue> consolidate_state_dict(const comm::Group& group, con
   }
 
   // 3b. Target: allocate every final tensor, then receive into it (all ranks concurrently).
-  std::map<int64_t, c10::impl::GenericDict> merged;
+  std::vector<OptimizerStateDict> received(n);
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
   try {
     for (int r = 0; r < n; ++r) {
-      auto entries = (*all)[r].toList().get(0).toList();
+      received[r].param_groups = parts[r].groups;
       size_t next_local = 0;
-      for (size_t e = 0; e < entries.size(); ++e) {
-        auto tup = entries.get(e).toTupleRef().elements();
-        const int64_t index = tup[0].toInt();
-        auto it = merged.find(index);
-        if (it == merged.end()) {
-          it = merged.emplace(index, c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get())).first;
-        }
-        c10::impl::GenericDict& entry = it->second;
-        if (!tup[2].toBool()) {
-          entry.insert(tup[1], tup[3]);
+      for (const EntryDescription& e : parts[r].entries) {
+        auto it = received[r].state.find(e.index);
+        if (it == received[r].state.end()) it = received[r].state.emplace(e.index, new_state_entry()).first;
+        if (!e.tensor) {
+          it->second.insert(e.key, e.value);
           continue;
         }
         at::Tensor t;
         if (r == to) {
-          t = desc->tensors[next_local++];  // our own: no copy
+          t = my_tensors[next_local++];  // our own: no copy
         } else {
-          t = at::empty(tup[4].toIntVector(), at::TensorOptions().dtype(static_cast<at::ScalarType>(tup[3].toInt())));
+          t = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
           chunks(t, [&](at::Tensor piece) {
             std::vector<at::Tensor> v = {piece};
             works.push_back(group->recv(v, r, kTag));
           });
         }
-        entry.insert(tup[1], t);
+        it->second.insert(e.key, t);
       }
     }
     for (auto& w : works) w->wait();
@@ -167,28 +213,11 @@ absl::StatusOr<c10::IValue> consolidate_state_dict(const comm::Group& group, con
     return absl::UnavailableError(absl::StrCat("consolidate_state_dict: receiving on rank ", to, ": ", e.what()));
   }
 
-  // 4. Param groups: options from the target, params the sorted union.
-  auto my_groups = (*all)[to].toList().get(1).toList();
-  c10::impl::GenericList groups(c10::AnyType::get());
-  for (size_t g = 0; g < my_groups.size(); ++g) {
-    std::set<int64_t> params;
-    for (int r = 0; r < n; ++r) {
-      auto theirs = (*all)[r].toList().get(1).toList();
-      auto group_dict = theirs.get(g).toGenericDict();
-      if (group_dict.contains("params")) {
-        for (int64_t p : group_dict.at("params").toIntVector()) params.insert(p);
-      }
-    }
-    auto out = my_groups.get(g).toGenericDict().copy();
-    out.insert_or_assign("params", c10::List<int64_t>(std::vector<int64_t>(params.begin(), params.end())));
-    groups.push_back(out);
-  }
-  c10::impl::GenericDict state(c10::IntType::get(), c10::AnyType::get());
-  for (auto& [index, entry] : merged) state.insert(index, entry);
-  c10::impl::GenericDict result(c10::StringType::get(), c10::AnyType::get());
-  result.insert("state", state);
-  result.insert("param_groups", groups);
-  return c10::IValue(result);
+  // 4. One dict: state the union (disjoint, checked above), groups' options from the target and
+  // their params the sorted union.
+  absl::StatusOr<OptimizerStateDict> merged = merge(received, static_cast<size_t>(to));
+  if (!merged.ok()) return malformed(std::string(merged.status().message()));
+  return to_ivalue(*merged);
 }
 
 }  // namespace dtrain::checkpoint

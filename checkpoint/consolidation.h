@@ -27,13 +27,13 @@ struct ConsolidateOptions {
 };
 
 // Collective over `group`: every rank calls it with the same `to`.
-// REQUIRES local_state_dict = {"state": {global index: {name: tensor | int | float | None}},
-//                              "param_groups": [{..., "params": [global indices]}]}.
-// Entries of "state" must be disjoint across ranks (each parameter's state on one rank; a
-// duplicate index is an error naming both ranks). "param_groups" are merged group by group: the
+// REQUIRES local_state_dict in PyTorch's optimizer format (checkpoint/optimizer_state_dict.h):
+// state {global index: {name: tensor | int | float | None}}, param groups [{..., params: [global
+// indices]}]. State entries must be disjoint across ranks (each parameter's state on one rank; a
+// duplicate index is an error naming both ranks). Param groups are merged group by group: the
 // options come from rank `to`, "params" is the sorted union of all ranks' lists (every rank must
 // pass the same number of groups).
-// Returns the merged state dict on `to` ("state" sorted by index) and None elsewhere.
+// Returns the merged state dict on `to` (state sorted by index) and None elsewhere.
 // Errors: InvalidArgument (bad `to`, malformed dict, group count mismatch, duplicate entries),
 // DeadlineExceeded/Unavailable from the transport (e.g. a rank that never calls).
 absl::StatusOr<c10::IValue> consolidate_state_dict(const comm::Group& group,

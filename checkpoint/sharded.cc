@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "checkpoint/optimizer_state_dict.h"
 #include "checkpoint/state_file.h"
 #include "comm/object_collectives.h"
 
@@ -66,6 +67,36 @@ std::optional<std::vector<int64_t>> int_list(const c10::IValue& v) {
   return out;
 }
 
+// What a rank tells rank 0 after writing its shard: its error ("" when it succeeded) and, per
+// parameter it holds, the element range and the full shape. Travels pickled as the list
+// [error, {index: (begin, end, shape)}].
+struct ShardReport {
+  std::string error;
+  std::map<int64_t, std::pair<ElementRange, std::vector<int64_t>>> params;
+
+  c10::IValue encode() const {
+    Dict described = int_dict();
+    for (const auto& [index, held] : params) {
+      described.insert(index, c10::ivalue::Tuple::create(
+                                  {held.first.begin, held.first.end, c10::List<int64_t>(held.second)}));
+    }
+    c10::impl::GenericList out(c10::AnyType::get());
+    out.push_back(error);
+    out.push_back(described);
+    return out;
+  }
+  static ShardReport decode(const c10::IValue& v) {
+    const auto list = v.toList();
+    ShardReport out;
+    out.error = list.get(0).toStringRef();
+    for (const auto& kv : list.get(1).toGenericDict()) {
+      const auto& t = kv.value().toTupleRef().elements();
+      out.params[kv.key().toInt()] = {ElementRange{t[0].toInt(), t[1].toInt()}, t[2].toIntVector()};
+    }
+    return out;
+  }
+};
+
 }  // namespace
 
 absl::Status save_sharded(const comm::Group& group, const std::string& dir, const ShardedState& mine,
@@ -78,7 +109,7 @@ absl::Status save_sharded(const comm::Group& group, const std::string& dir, cons
 
   // 2. This rank's shard, in parallel with the others.
   absl::Status written = absl::OkStatus();
-  Dict description = int_dict();  // index -> (begin, end, shape)
+  ShardReport report;
   Dict params = int_dict();
   for (const auto& [index, p] : mine.params) {
     if (written = check_param(index, p); !written.ok()) break;
@@ -87,7 +118,7 @@ absl::Status save_sharded(const comm::Group& group, const std::string& dir, cons
     entry.insert("shape", c10::List<int64_t>(p.shape));
     entry.insert("entries", p.entries);
     params.insert(index, entry);
-    description.insert(index, c10::ivalue::Tuple::create({p.range.begin, p.range.end, c10::List<int64_t>(p.shape)}));
+    report.params[index] = {p.range, p.shape};
   }
   if (written.ok()) {
     Dict shard = str_dict();
@@ -97,26 +128,23 @@ absl::Status save_sharded(const comm::Group& group, const std::string& dir, cons
   }
 
   // 3. Rank 0 collects every rank's outcome and description, commits, and tells everyone.
-  c10::impl::GenericList report(c10::AnyType::get());
-  report.push_back(written.ok() ? std::string() : absl::StrCat("rank ", group.rank(), ": ", written.ToString()));
-  report.push_back(description);
-  absl::StatusOr<std::vector<c10::IValue>> reports = comm::gather_object(group, report, 0);
+  if (!written.ok()) report.error = absl::StrCat("rank ", group.rank(), ": ", written.ToString());
+  absl::StatusOr<std::vector<c10::IValue>> reports = comm::gather_object(group, report.encode(), 0);
   if (!reports.ok()) return reports.status();
   c10::IValue verdict{std::string()};
   if (group.rank() == 0) {
     c10::impl::GenericList shards(c10::AnyType::get());
     Dict shapes = int_dict();
     for (int r = 0; r < group.size() && verdict.toStringRef().empty(); ++r) {
-      auto rep = (*reports)[r].toList();
-      if (!rep.get(0).toStringRef().empty()) {
-        verdict = rep.get(0).toStringRef();
+      const ShardReport rep = ShardReport::decode((*reports)[r]);
+      if (!rep.error.empty()) {
+        verdict = rep.error;
         break;
       }
       Dict ranges = int_dict();
-      for (const auto& kv : rep.get(1).toGenericDict()) {
-        auto t = kv.value().toTupleRef().elements();
-        ranges.insert(kv.key(), c10::List<int64_t>({t[0].toInt(), t[1].toInt()}));
-        shapes.insert_or_assign(kv.key(), t[2]);
+      for (const auto& [index, held] : rep.params) {
+        ranges.insert(index, c10::List<int64_t>({held.first.begin, held.first.end}));
+        shapes.insert_or_assign(index, c10::List<int64_t>(held.second));
       }
       Dict shard = str_dict();
       shard.insert("file", shard_name(id.toStringRef(), r));
@@ -131,7 +159,7 @@ absl::Status save_sharded(const comm::Group& group, const std::string& dir, cons
       meta.insert("strategy", strategy);
       meta.insert("shards", shards);
       meta.insert("shapes", shapes);
-      meta.insert("param_groups", mine.param_groups);
+      meta.insert(kParamGroupsKey, mine.param_groups);
       meta.insert("extra", mine.extra);
       // The commit: until this rename the directory's previous checkpoint stays the valid one.
       if (absl::Status s = save_state(absl::StrCat(dir, "/", kMetadata), meta); !s.ok()) {
@@ -206,7 +234,7 @@ absl::StatusOr<ParsedMetadata> parse_metadata(const c10::IValue& meta, const std
     }
     out.info.shapes[kv.key().toInt()] = *shape;
   }
-  const auto groups = field("param_groups"), extra = field("extra"), shards = field("shards");
+  const auto groups = field(kParamGroupsKey), extra = field("extra"), shards = field("shards");
   if (!groups || !extra) return bad("no param_groups or extra");
   out.info.param_groups = *groups;
   out.info.extra = *extra;

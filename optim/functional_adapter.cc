@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
+#include "checkpoint/optimizer_state_dict.h"
 #include "optim/registry.h"
 
 namespace dtrain::optim {
@@ -87,50 +88,26 @@ at::Tensor FunctionalOptimizerAdapter::step(LossClosure closure) {
 
 c10::IValue FunctionalOptimizerAdapter::state_dict() {
   sync_groups();
-  c10::impl::GenericDict state(c10::IntType::get(), c10::AnyType::get());
-  c10::impl::GenericList groups(c10::AnyType::get());
-  int64_t offset = 0;
+  // Each functional optimizer's one group, indices 0..n-1; concatenated, they number on.
+  std::vector<checkpoint::OptimizerStateDict> parts;
   for (auto& f : functionals_) {
-    auto sd = f->state_dict().toGenericDict();
-    for (const auto& kv : sd.at("state").toGenericDict()) state.insert(kv.key().toInt() + offset, kv.value());
-    auto group = sd.at("param_groups").toList().get(0).toGenericDict();
-    std::vector<int64_t> indices;
-    for (size_t i = 0; i < f->params().size(); ++i) indices.push_back(offset + static_cast<int64_t>(i));
-    group.insert_or_assign("params", c10::List<int64_t>(indices));
-    groups.push_back(group);
-    offset += static_cast<int64_t>(f->params().size());
+    absl::StatusOr<checkpoint::OptimizerStateDict> part =
+        checkpoint::parse_optimizer_state_dict(f->state_dict(), f->name() + ".state_dict()");
+    TORCH_CHECK(part.ok(), part.status().message());
+    parts.push_back(*std::move(part));
   }
-  c10::impl::GenericDict sd(c10::StringType::get(), c10::AnyType::get());
-  sd.insert("state", state);
-  sd.insert("param_groups", groups);
-  return sd;
+  return checkpoint::to_ivalue(checkpoint::concatenate(parts));
 }
 
 void FunctionalOptimizerAdapter::load_state_dict(const c10::IValue& state_dict) {
   sync_groups();
-  auto sd = state_dict.toGenericDict();
-  auto groups = sd.at("param_groups").toList();
-  TORCH_CHECK(groups.size() == functionals_.size(), "loaded state dict has ", groups.size(),
+  absl::StatusOr<checkpoint::OptimizerStateDict> sd =
+      checkpoint::parse_optimizer_state_dict(state_dict, "load_state_dict: the state dict");
+  TORCH_CHECK(sd.ok(), sd.status().message());
+  TORCH_CHECK(sd->param_groups.size() == functionals_.size(), "loaded state dict has ", sd->param_groups.size(),
               " parameter groups, this optimizer has ", functionals_.size());
-  auto state = sd.at("state").toGenericDict();
   for (size_t g = 0; g < functionals_.size(); ++g) {
-    auto group = groups.get(g).toGenericDict();
-    const auto indices = group.at("params").toList();
-    c10::impl::GenericDict local_state(c10::IntType::get(), c10::AnyType::get());
-    std::vector<int64_t> local(indices.size());
-    for (size_t i = 0; i < indices.size(); ++i) {
-      local[i] = static_cast<int64_t>(i);
-      const c10::IValue key(indices.get(i).toInt());
-      if (state.contains(key)) local_state.insert(static_cast<int64_t>(i), state.at(key));
-    }
-    auto local_group = group.copy();
-    local_group.insert_or_assign("params", c10::List<int64_t>(local));
-    c10::impl::GenericList one(c10::AnyType::get());
-    one.push_back(local_group);
-    c10::impl::GenericDict local_sd(c10::StringType::get(), c10::AnyType::get());
-    local_sd.insert("state", local_state);
-    local_sd.insert("param_groups", one);
-    functionals_[g]->load_state_dict(local_sd);
+    functionals_[g]->load_state_dict(checkpoint::to_ivalue(checkpoint::group_slice(*sd, g)));
     // Keep the LibTorch-side group options in step with what was loaded.
     OptionsDict opts = functionals_[g]->options_dict();
     param_groups_[g].set_options(std::make_unique<DictOptions>(opts));

@@ -5,6 +5,8 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
+#include "checkpoint/optimizer_state_dict.h"
+
 namespace dtrain::optim {
 
 OptionsDict new_options_dict() { return OptionsDict(c10::StringType::get(), c10::AnyType::get()); }
@@ -106,12 +108,12 @@ void FunctionalOptimizer::set_options(const OptionsDict& options) {
 }
 
 c10::IValue FunctionalOptimizer::state_dict() const {
-  c10::impl::GenericDict state(c10::IntType::get(), c10::AnyType::get());
+  checkpoint::OptimizerStateDict sd;
   const auto names = slot_names();
   for (size_t i = 0; i < state_.size(); ++i) {
     const ParamState& s = state_[i];
     if (!s.initialized) continue;
-    c10::impl::GenericDict entry(c10::StringType::get(), c10::AnyType::get());
+    checkpoint::StateEntry entry = checkpoint::new_state_entry();
     if (step_kind() == StepKind::kInt) entry.insert("step", s.step);
     if (step_kind() == StepKind::kFloatTensor) {
       entry.insert("step", at::scalar_tensor(static_cast<double>(s.step), at::kFloat));
@@ -124,57 +126,44 @@ c10::IValue FunctionalOptimizer::state_dict() const {
       }
     }
     // PyTorch 2.x's SGD without momentum keeps no state at all (1.13 keeps momentum_buffer=None).
-    if (entry.size() > 0) state.insert(static_cast<int64_t>(i), entry);
+    if (entry.size() > 0) sd.state.emplace(static_cast<int64_t>(i), entry);
   }
-  OptionsDict group = options_dict();
+  checkpoint::ParamGroup group;
+  group.options = options_dict();
   for (const auto& [key, value] : kept_group_keys_) {
-    if (!group.contains(key)) group.insert(key, value);
+    if (!group.options.contains(key)) group.options.insert(key, value);
   }
-  std::vector<int64_t> indices(params_.size());
-  for (size_t i = 0; i < indices.size(); ++i) indices[i] = static_cast<int64_t>(i);
-  group.insert("params", c10::List<int64_t>(indices));
-  c10::impl::GenericList groups(c10::AnyType::get());
-  groups.push_back(group);
-  c10::impl::GenericDict sd(c10::StringType::get(), c10::AnyType::get());
-  sd.insert("state", state);
-  sd.insert("param_groups", groups);
-  return sd;
+  for (size_t i = 0; i < params_.size(); ++i) group.params.push_back(static_cast<int64_t>(i));
+  sd.param_groups.push_back(std::move(group));
+  return checkpoint::to_ivalue(sd);
 }
 
 void FunctionalOptimizer::load_state_dict(const c10::IValue& state_dict) {
-  TORCH_CHECK(state_dict.isGenericDict(), name(), ".load_state_dict: expected a dict, got ",
-              state_dict.tagKind());
-  auto sd = state_dict.toGenericDict();
-  TORCH_CHECK(sd.contains("state") && sd.contains("param_groups"), name(),
-              ".load_state_dict: the dict needs keys 'state' and 'param_groups'");
-  auto groups = sd.at("param_groups").toList();
-  TORCH_CHECK(groups.size() == 1, name(), ".load_state_dict: functional optimizers have one parameter "
-              "group, the state dict has ", groups.size());
-  auto group = groups.get(0).toGenericDict();
-  TORCH_CHECK(group.contains("params"), name(), ".load_state_dict: param group has no 'params'");
-  const auto indices = group.at("params").toList();
-  TORCH_CHECK(indices.size() == params_.size(), name(), ".load_state_dict: loaded state dict has a "
-              "parameter group of ", indices.size(), " parameters, this optimizer has ", params_.size());
-  std::vector<int64_t> saved_index(params_.size());
-  for (size_t i = 0; i < indices.size(); ++i) saved_index[i] = indices.get(i).toInt();
+  absl::StatusOr<checkpoint::OptimizerStateDict> sd =
+      checkpoint::parse_optimizer_state_dict(state_dict, name() + ".load_state_dict: the state dict");
+  TORCH_CHECK(sd.ok(), sd.status().message());
+  TORCH_CHECK(sd->param_groups.size() == 1, name(), ".load_state_dict: functional optimizers have one parameter "
+              "group, the state dict has ", sd->param_groups.size());
+  const checkpoint::ParamGroup& group = sd->param_groups[0];
+  TORCH_CHECK(group.params.size() == params_.size(), name(), ".load_state_dict: loaded state dict has a "
+              "parameter group of ", group.params.size(), " parameters, this optimizer has ", params_.size());
+  const std::vector<int64_t>& saved_index = group.params;
 
   // Build everything first, so a bad entry leaves the optimizer as it was.
   OptionsDict options = new_options_dict();
   std::vector<std::pair<std::string, c10::IValue>> kept;
   const OptionsDict known = options_dict();
-  for (const auto& kv : group) {
+  for (const auto& kv : group.options) {
     const std::string& key = kv.key().toStringRef();
-    if (key == "params") continue;
     if (!known.contains(key)) kept.emplace_back(key, kv.value());
     if (known.contains(key) || is_torch_only_option(key)) options.insert(kv.key(), kv.value());
   }
   std::vector<ParamState> loaded(params_.size());
-  auto state = sd.at("state").toGenericDict();
   const auto names = slot_names();
   for (size_t i = 0; i < params_.size(); ++i) {
-    const c10::IValue key(saved_index[i]);
-    if (!state.contains(key)) continue;
-    auto entry = state.at(key).toGenericDict();
+    auto found = sd->state.find(saved_index[i]);
+    if (found == sd->state.end()) continue;
+    const checkpoint::StateEntry& entry = found->second;
     ParamState& s = loaded[i];
     s.initialized = true;
     for (const auto& kv : entry) {

@@ -75,7 +75,8 @@ class FunctionalOptimizer {
   static OptionsDict merged_options(const std::string& optimizer, OptionsDict current,
                                     const OptionsDict& overrides);
 
-  // {"state": {index: {name: tensor | int | None}}, "param_groups": [{options..., "params": [0..n-1]}]}
+  // PyTorch's format (checkpoint/optimizer_state_dict.h): state {index: {name: tensor | int | None}},
+  // one param group {options..., params: [0..n-1]}.
   c10::IValue state_dict() const;
   // Loads a state_dict of the format above (from dtrain, or converted from PyTorch/LibTorch):
   // exactly one param group whose "params" has params().size() entries; state tensors must match

@@ -58,20 +58,14 @@ at::Tensor PostLocalSGDOptimizer::step(LossClosure closure) {
 
 c10::IValue PostLocalSGDOptimizer::state_dict() {
   sync_options(/*to_local=*/true);
-  c10::IValue sd = dynamic_cast<FunctionalOptimizerAdapter*>(optim_.get())
-                       ? static_cast<FunctionalOptimizerAdapter&>(*optim_).state_dict()
-                       : torch_optim_state_dict(*optim_);
+  c10::IValue sd = optimizer_state_dict(*optim_);
   sd.toGenericDict().insert_or_assign("step", averager_->step());
   return sd;
 }
 
 void PostLocalSGDOptimizer::load_state_dict(const c10::IValue& state_dict) {
   auto sd = state_dict.toGenericDict();
-  if (auto* adapter = dynamic_cast<FunctionalOptimizerAdapter*>(optim_.get())) {
-    adapter->load_state_dict(state_dict);
-  } else {
-    load_torch_optim_state_dict(*optim_, state_dict);
-  }
+  load_optimizer_state_dict(*optim_, state_dict);
   sync_options(/*to_local=*/false);
   if (sd.contains("step")) {
     averager_->set_step(sd.at("step").toInt());

@@ -2,22 +2,16 @@
 
 #include <mutex>
 
-#include <torch/optim/adagrad.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
-#include <torch/optim/rmsprop.h>
-#include <torch/optim/sgd.h>
-
 #include "optim/functional_optimizers.h"
+#include "optim/torch_twins.h"
 
 namespace dtrain::optim {
 namespace {
 
 // Registers a built-in under its table's name: the factory starts from the table's defaults,
 // applies the caller's options over them, and takes PyTorch's `_allow_empty_param_list`
-// constructor argument from the dict too (it is not an option). With `Twin`, also maps that
-// LibTorch optimizer type to it.
-template <typename Functional, typename... Twin>
+// constructor argument from the dict too (it is not an option).
+template <typename Functional>
 void register_builtin(FunctionalRegistry& r) {
   const auto& table = Functional::option_table();
   r.register_optimizer(table.name(), [&table](std::vector<at::Tensor> params, const OptionsDict& options) {
@@ -32,7 +26,6 @@ void register_builtin(FunctionalRegistry& r) {
     return std::unique_ptr<FunctionalOptimizer>(
         std::make_unique<Functional>(std::move(params), table.resolve(rest), allow_empty));
   });
-  (r.register_twin<Twin>(table.name()), ...);
 }
 
 }  // namespace
@@ -40,14 +33,16 @@ void register_builtin(FunctionalRegistry& r) {
 FunctionalRegistry& FunctionalRegistry::global() {
   static FunctionalRegistry* registry = [] {
     auto* r = new FunctionalRegistry();
-    register_builtin<FunctionalSGD, torch::optim::SGD>(*r);
-    register_builtin<FunctionalAdam, torch::optim::Adam>(*r);
-    register_builtin<FunctionalAdamW, torch::optim::AdamW>(*r);
-    register_builtin<FunctionalAdagrad, torch::optim::Adagrad>(*r);
+    register_builtin<FunctionalSGD>(*r);
+    register_builtin<FunctionalAdam>(*r);
+    register_builtin<FunctionalAdamW>(*r);
+    register_builtin<FunctionalAdagrad>(*r);
     register_builtin<FunctionalAdadelta>(*r);
     register_builtin<FunctionalAdamax>(*r);
-    register_builtin<FunctionalRMSprop, torch::optim::RMSprop>(*r);
+    register_builtin<FunctionalRMSprop>(*r);
     register_builtin<FunctionalRprop>(*r);
+    // The LibTorch twins (optim/torch_twins.h) map to the built-ins of their name.
+    for (const TorchTwin& twin : torch_twins()) r->register_type(twin.optimizer, twin.name);
     return r;
   }();
   return *registry;
@@ -104,46 +99,10 @@ std::unique_ptr<FunctionalOptimizer> FunctionalRegistry::create(const std::strin
 }
 
 OptionsDict options_from_torch(const torch::optim::OptimizerOptions& options) {
-  OptionsDict d = new_options_dict();
-  auto betas = [](const std::tuple<double, double>& b) {
-    return c10::ivalue::Tuple::create({std::get<0>(b), std::get<1>(b)});
-  };
-  if (auto* o = dynamic_cast<const torch::optim::SGDOptions*>(&options)) {
-    d.insert("lr", o->lr());
-    d.insert("momentum", o->momentum());
-    d.insert("dampening", o->dampening());
-    d.insert("weight_decay", o->weight_decay());
-    d.insert("nesterov", o->nesterov());
-  } else if (auto* o = dynamic_cast<const torch::optim::AdamOptions*>(&options)) {
-    d.insert("lr", o->lr());
-    d.insert("betas", betas(o->betas()));
-    d.insert("eps", o->eps());
-    d.insert("weight_decay", o->weight_decay());
-    d.insert("amsgrad", o->amsgrad());
-  } else if (auto* o = dynamic_cast<const torch::optim::AdamWOptions*>(&options)) {
-    d.insert("lr", o->lr());
-    d.insert("betas", betas(o->betas()));
-    d.insert("eps", o->eps());
-    d.insert("weight_decay", o->weight_decay());
-    d.insert("amsgrad", o->amsgrad());
-  } else if (auto* o = dynamic_cast<const torch::optim::AdagradOptions*>(&options)) {
-    d.insert("lr", o->lr());
-    d.insert("lr_decay", o->lr_decay());
-    d.insert("weight_decay", o->weight_decay());
-    d.insert("initial_accumulator_value", o->initial_accumulator_value());
-    d.insert("eps", o->eps());
-  } else if (auto* o = dynamic_cast<const torch::optim::RMSpropOptions*>(&options)) {
-    d.insert("lr", o->lr());
-    d.insert("alpha", o->alpha());
-    d.insert("eps", o->eps());
-    d.insert("weight_decay", o->weight_decay());
-    d.insert("momentum", o->momentum());
-    d.insert("centered", o->centered());
-  } else {
-    TORCH_CHECK(false, "options_from_torch: unsupported LibTorch options type ", typeid(options).name(),
-                " (SGD, Adam, AdamW, Adagrad and RMSprop options are)");
-  }
-  return d;
+  const TorchTwin* twin = twin_of(options);
+  TORCH_CHECK(twin != nullptr, "options_from_torch: unsupported LibTorch options type ", typeid(options).name(),
+              " (SGD, Adam, AdamW, Adagrad and RMSprop options are)");
+  return twin->options_to_dict(options);
 }
 
 }  // namespace dtrain::optim

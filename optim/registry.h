@@ -90,7 +90,8 @@ class FunctionalRegistry {
 };
 
 // PyTorch-named options (an OptionsDict) from LibTorch's options object for torch::optim::SGD,
-// Adam, AdamW, Adagrad or RMSprop, so a LibTorch configuration can build its functional twin.
+// Adam, AdamW, Adagrad or RMSprop (optim/torch_twins.h), so a LibTorch configuration can build its
+// functional twin. TORCH_CHECK on another options type.
 OptionsDict options_from_torch(const torch::optim::OptimizerOptions& options);
 
 }  // namespace dtrain::optim

@@ -217,7 +217,7 @@ at::Tensor ZeroRedundancyOptimizer::step_unchecked(LossClosure closure) {
 
 c10::IValue ZeroRedundancyOptimizer::synced_local_state_dict() {
   sync_options(/*to_local=*/true);
-  return internal::local_state_dict(*local_);
+  return optimizer_state_dict(*local_);
 }
 
 void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
@@ -236,17 +236,19 @@ c10::IValue ZeroRedundancyOptimizer::state_dict() const {
 
 void ZeroRedundancyOptimizer::load_state_dict(const c10::IValue& state_dict) {
   TORCH_CHECK(state_dict.isGenericDict(), "load_state_dict: expected a dict");
-  auto sd = state_dict.toGenericDict();
-  auto groups = sd.at("param_groups").toList();
-  auto state = sd.at("state").toGenericDict();
-  load_local_state(groups, internal::local_state_from_global(state, layout_->entries(), layout_->params()));
+  absl::StatusOr<checkpoint::OptimizerStateDict> sd =
+      checkpoint::parse_optimizer_state_dict(state_dict, "load_state_dict: the state dict");
+  TORCH_CHECK(sd.ok(), sd.status().message());
+  load_local_state(sd->param_groups,
+                   internal::local_state_from_global(sd->state, layout_->entries(), layout_->params()));
 }
 
-void ZeroRedundancyOptimizer::load_local_state(const c10::impl::GenericList& groups,
-                                               c10::impl::GenericDict local_state) {
-  c10::impl::GenericList local_groups =
-      internal::local_param_groups(groups, layout_->entries(), layout_->group_counts());
-  internal::load_local_state_dict(*local_, internal::state_dict_of(std::move(local_state), local_groups));
+void ZeroRedundancyOptimizer::load_local_state(const std::vector<checkpoint::ParamGroup>& groups,
+                                               std::map<int64_t, checkpoint::StateEntry> local_state) {
+  checkpoint::OptimizerStateDict local;
+  local.param_groups = internal::local_param_groups(groups, layout_->entries(), layout_->group_counts());
+  local.state = std::move(local_state);
+  load_optimizer_state_dict(*local_, checkpoint::to_ivalue(local));
   sync_options(/*to_local=*/false);
   consolidated_ = c10::IValue();
 }
@@ -261,9 +263,10 @@ checkpoint::ShardedState ZeroRedundancyOptimizer::sharded_state() {
 }
 
 void ZeroRedundancyOptimizer::load_sharded_state(const checkpoint::ShardedState& state) {
-  TORCH_CHECK(state.param_groups.isList(), "load_sharded_state: the state has no param_groups list");
-  load_local_state(state.param_groups.toList(),
-                   internal::local_state_from_sharded(state, layout_->entries(), layout_->params(), rank()));
+  absl::StatusOr<std::vector<checkpoint::ParamGroup>> groups =
+      checkpoint::parse_param_groups(state.param_groups, "load_sharded_state: the state's param groups");
+  TORCH_CHECK(groups.ok(), groups.status().message());
+  load_local_state(*groups, internal::local_state_from_sharded(state, layout_->entries(), layout_->params(), rank()));
 }
 
 absl::Status ZeroRedundancyOptimizer::save_sharded(const std::string& dir, const c10::IValue& extra) {
@@ -321,7 +324,7 @@ c10::intrusive_ptr<comm::C10dGroup> ZeroRedundancyOptimizer::join_process_group(
 }
 
 int64_t ZeroRedundancyOptimizer::local_state_bytes() {
-  return state_tensor_bytes(internal::local_state_dict(*local_));
+  return state_tensor_bytes(optimizer_state_dict(*local_));
 }
 
 const std::vector<at::Tensor>& ZeroRedundancyOptimizer::parameters() const { return layout_->params(); }

@@ -39,6 +39,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "checkpoint/optimizer_state_dict.h"
 #include "checkpoint/sharded.h"
 #include "comm/join.h"
 #include "comm/process_group.h"
@@ -197,7 +198,8 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public comm::Joi
   void check_add_param_group_agreement(bool calling);
   // The local optimizer's state dict, with the wrapper's group options.
   c10::IValue synced_local_state_dict();
-  void load_local_state(const c10::impl::GenericList& groups, c10::impl::GenericDict local_state);
+  void load_local_state(const std::vector<checkpoint::ParamGroup>& groups,
+                        std::map<int64_t, checkpoint::StateEntry> local_state);
 
   LocalOptimizer local_factory_;
   ZeroOptions options_;

@@ -7,38 +7,23 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "optim/functional_adapter.h"
-#include "optim/torch_state.h"
 
 namespace dtrain::optim::internal {
 namespace {
 
-c10::impl::GenericDict new_state() { return c10::impl::GenericDict(c10::IntType::get(), c10::AnyType::get()); }
-c10::impl::GenericDict new_entry() { return c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()); }
+using checkpoint::OptimizerStateDict;
+using checkpoint::ParamGroup;
+using checkpoint::StateEntry;
 
 bool is_state_tensor(const c10::IValue& v) { return v.isTensor() && v.toTensor().dim() > 0; }
 
+OptimizerStateDict parsed(const c10::IValue& state_dict, const char* what) {
+  absl::StatusOr<OptimizerStateDict> sd = checkpoint::parse_optimizer_state_dict(state_dict, what);
+  TORCH_CHECK(sd.ok(), sd.status().message());
+  return *std::move(sd);
+}
+
 }  // namespace
-
-c10::IValue local_state_dict(torch::optim::Optimizer& local) {
-  if (auto* adapter = dynamic_cast<FunctionalOptimizerAdapter*>(&local)) return adapter->state_dict();
-  return torch_optim_state_dict(local);
-}
-
-void load_local_state_dict(torch::optim::Optimizer& local, const c10::IValue& state_dict) {
-  if (auto* adapter = dynamic_cast<FunctionalOptimizerAdapter*>(&local)) {
-    adapter->load_state_dict(state_dict);
-  } else {
-    load_torch_optim_state_dict(local, state_dict);
-  }
-}
-
-c10::IValue state_dict_of(c10::impl::GenericDict state, c10::impl::GenericList groups) {
-  c10::impl::GenericDict out(c10::StringType::get(), c10::AnyType::get());
-  out.insert("state", std::move(state));
-  out.insert("param_groups", std::move(groups));
-  return out;
-}
 
 std::vector<std::vector<int64_t>> all_group_params(const std::vector<size_t>& group_counts) {
   std::vector<std::vector<int64_t>> out;
@@ -51,73 +36,61 @@ std::vector<std::vector<int64_t>> all_group_params(const std::vector<size_t>& gr
   return out;
 }
 
-c10::impl::GenericList groups_with_params(const c10::IValue& groups,
-                                          const std::vector<std::vector<int64_t>>& group_params) {
-  c10::impl::GenericList out(c10::AnyType::get());
-  const auto in = groups.toList();
-  for (size_t g = 0; g < in.size(); ++g) {
-    auto group = in.get(g).toGenericDict().copy();
-    group.insert_or_assign("params", c10::List<int64_t>(group_params.at(g)));
-    out.push_back(group);
-  }
-  return out;
-}
-
 c10::IValue rekeyed_state_dict(const c10::IValue& local_state_dict, const std::vector<int64_t>& keys,
                                const std::vector<std::vector<int64_t>>& group_params) {
-  auto sd = local_state_dict.toGenericDict();
-  c10::impl::GenericDict state = new_state();
-  for (const auto& kv : sd.at("state").toGenericDict()) {
-    state.insert(keys.at(static_cast<size_t>(kv.key().toInt())), kv.value());
+  OptimizerStateDict sd = parsed(local_state_dict, "consolidate_state_dict: the local optimizer's state dict");
+  OptimizerStateDict out;
+  for (const auto& [k, entry] : sd.state) out.state.emplace(keys.at(static_cast<size_t>(k)), entry);
+  for (size_t g = 0; g < sd.param_groups.size(); ++g) {
+    out.param_groups.push_back(ParamGroup{group_params.at(g), sd.param_groups[g].options});
   }
-  return state_dict_of(state, groups_with_params(sd.at("param_groups"), group_params));
+  return checkpoint::to_ivalue(out);
 }
 
 c10::IValue assemble_pieces(const c10::IValue& merged, const std::vector<int64_t>& flat_offsets,
                             const std::vector<at::Tensor>& params) {
-  auto in = merged.toGenericDict();
-  // Flat offset -> parameter, then each parameter's pieces concatenated in offset order.
-  std::map<int64_t, std::vector<std::pair<int64_t, c10::impl::GenericDict>>> by_param;
-  for (const auto& kv : in.at("state").toGenericDict()) {
-    const int64_t offset = kv.key().toInt();
+  OptimizerStateDict in = parsed(merged, "consolidate_state_dict: the consolidated pieces");
+  // Flat offset -> parameter, then each parameter's pieces concatenated in offset order (the
+  // map's order).
+  std::map<int64_t, std::vector<StateEntry>> by_param;
+  for (const auto& [offset, entry] : in.state) {
     const int64_t param =
         static_cast<int64_t>(std::upper_bound(flat_offsets.begin(), flat_offsets.end(), offset) - flat_offsets.begin()) - 1;
-    by_param[param].emplace_back(offset, kv.value().toGenericDict());
+    by_param[param].push_back(entry);
   }
-  c10::impl::GenericDict state = new_state();
+  OptimizerStateDict out;
   for (auto& [param, list] : by_param) {
-    std::sort(list.begin(), list.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-    c10::impl::GenericDict entry = new_entry();
-    for (const auto& kv : list.front().second) {
+    StateEntry entry = checkpoint::new_state_entry();
+    for (const auto& kv : list.front()) {
       if (!is_state_tensor(kv.value())) {
         entry.insert(kv.key(), kv.value());
         continue;
       }
       std::vector<at::Tensor> parts;
-      for (const auto& piece : list) parts.push_back(piece.second.at(kv.key()).toTensor().reshape(-1));
+      for (const StateEntry& piece : list) parts.push_back(piece.at(kv.key()).toTensor().reshape(-1));
       entry.insert(kv.key(), at::cat(parts).view(params[static_cast<size_t>(param)].sizes()));
     }
-    state.insert(param, entry);
+    out.state.emplace(param, entry);
   }
-  return state_dict_of(state, in.at("param_groups").toList());
+  out.param_groups = std::move(in.param_groups);
+  return checkpoint::to_ivalue(out);
 }
 
-c10::impl::GenericDict local_state_from_global(const c10::impl::GenericDict& state,
-                                               const std::vector<LocalEntry>& entries,
-                                               const std::vector<at::Tensor>& params) {
+IndexedState local_state_from_global(const IndexedState& state, const std::vector<LocalEntry>& entries,
+                                    const std::vector<at::Tensor>& params) {
   // The global format does not depend on the partition: pick this rank's parameters by index
   // (slices: the elements of them this rank holds).
-  c10::impl::GenericDict local_state = new_state();
+  IndexedState local_state;
   for (size_t k = 0; k < entries.size(); ++k) {
     const LocalEntry& e = entries[k];
-    const c10::IValue key(e.param);
-    if (!state.contains(key)) continue;
+    auto found = state.find(e.param);
+    if (found == state.end()) continue;
     if (!e.slice) {
-      local_state.insert(static_cast<int64_t>(k), state.at(key));
+      local_state.emplace(static_cast<int64_t>(k), found->second);
       continue;
     }
-    c10::impl::GenericDict entry = new_entry();
-    for (const auto& kv : state.at(key).toGenericDict()) {
+    StateEntry entry = checkpoint::new_state_entry();
+    for (const auto& kv : found->second) {
       const c10::IValue& v = kv.value();
       if (!is_state_tensor(v)) {
         entry.insert(kv.key(), v);
@@ -131,27 +104,25 @@ c10::impl::GenericDict local_state_from_global(const c10::impl::GenericDict& sta
                   p.sizes());
       entry.insert(kv.key(), v.toTensor().reshape(-1).narrow(0, e.range.begin, e.range.size()).clone());
     }
-    local_state.insert(static_cast<int64_t>(k), entry);
+    local_state.emplace(static_cast<int64_t>(k), entry);
   }
   return local_state;
 }
 
-c10::impl::GenericList local_param_groups(const c10::impl::GenericList& groups, const std::vector<LocalEntry>& entries,
-                                          const std::vector<size_t>& group_counts) {
+std::vector<ParamGroup> local_param_groups(const std::vector<ParamGroup>& groups, const std::vector<LocalEntry>& entries,
+                                           const std::vector<size_t>& group_counts) {
   TORCH_CHECK(groups.size() == group_counts.size(), "load_state_dict: the state dict has ", groups.size(),
               " parameter groups, this optimizer has ", group_counts.size());
   std::vector<size_t> local_counts(group_counts.size(), 0);
   for (const LocalEntry& e : entries) ++local_counts.at(e.group);
-  c10::impl::GenericList local_groups(c10::AnyType::get());
+  std::vector<ParamGroup> local_groups;
   int64_t next = 0;
   for (size_t g = 0; g < groups.size(); ++g) {
-    auto group = groups.get(g).toGenericDict().copy();
-    TORCH_CHECK(group.at("params").toList().size() == group_counts[g], "load_state_dict: group ", g, " has ",
-                group.at("params").toList().size(), " parameters in the state dict and ", group_counts[g], " here");
-    std::vector<int64_t> local_indices;
-    for (size_t k = 0; k < local_counts[g]; ++k) local_indices.push_back(next++);
-    group.insert_or_assign("params", c10::List<int64_t>(local_indices));
-    local_groups.push_back(group);
+    TORCH_CHECK(groups[g].params.size() == group_counts[g], "load_state_dict: group ", g, " has ",
+                groups[g].params.size(), " parameters in the state dict and ", group_counts[g], " here");
+    ParamGroup local{{}, groups[g].options};
+    for (size_t k = 0; k < local_counts[g]; ++k) local.params.push_back(next++);
+    local_groups.push_back(std::move(local));
   }
   return local_groups;
 }
@@ -167,16 +138,16 @@ std::map<int64_t, checkpoint::ElementRange> owned_ranges(const std::vector<Local
 checkpoint::ShardedState sharded_from_local(const c10::IValue& local_state_dict, const std::vector<LocalEntry>& entries,
                                             const std::vector<at::Tensor>& params,
                                             const std::vector<size_t>& group_counts) {
-  auto sd = local_state_dict.toGenericDict();
+  OptimizerStateDict sd = parsed(local_state_dict, "sharded_state: the local optimizer's state dict");
   checkpoint::ShardedState out;
-  for (const auto& kv : sd.at("state").toGenericDict()) {
-    const LocalEntry& e = entries.at(static_cast<size_t>(kv.key().toInt()));
+  for (const auto& [k, state] : sd.state) {
+    const LocalEntry& e = entries.at(static_cast<size_t>(k));
     const at::Tensor& p = params[static_cast<size_t>(e.param)];
     checkpoint::ShardedState::Param entry;
     entry.shape = p.sizes().vec();
     entry.range = e.range;
     const bool whole = e.range.begin == 0 && e.range.end == p.numel();
-    for (const auto& s : kv.value().toGenericDict()) {
+    for (const auto& s : state) {
       const c10::IValue& v = s.value();
       // The sharded format: a whole parameter's state is full-shaped, a slice's is 1-D.
       if (is_state_tensor(v)) {
@@ -187,14 +158,16 @@ checkpoint::ShardedState sharded_from_local(const c10::IValue& local_state_dict,
     }
     out.params[e.param] = std::move(entry);
   }
-  out.param_groups = groups_with_params(sd.at("param_groups"), all_group_params(group_counts));
+  const std::vector<std::vector<int64_t>> global = all_group_params(group_counts);
+  std::vector<ParamGroup> groups;
+  for (size_t g = 0; g < sd.param_groups.size(); ++g) groups.push_back(ParamGroup{global.at(g), sd.param_groups[g].options});
+  out.param_groups = checkpoint::param_groups_to_ivalue(groups);
   return out;
 }
 
-c10::impl::GenericDict local_state_from_sharded(const checkpoint::ShardedState& state,
-                                                const std::vector<LocalEntry>& entries,
-                                                const std::vector<at::Tensor>& params, int rank) {
-  c10::impl::GenericDict local_state = new_state();
+IndexedState local_state_from_sharded(const checkpoint::ShardedState& state, const std::vector<LocalEntry>& entries,
+                                     const std::vector<at::Tensor>& params, int rank) {
+  IndexedState local_state;
   for (size_t k = 0; k < entries.size(); ++k) {
     const LocalEntry& e = entries[k];
     const checkpoint::ElementRange& range = e.range;
@@ -208,7 +181,7 @@ c10::impl::GenericDict local_state_from_sharded(const checkpoint::ShardedState& 
                 "); ask checkpoint::load_sharded for owned_ranges()");
     TORCH_CHECK(c10::IntArrayRef(saved.shape).equals(p.sizes()), "load_sharded_state: parameter ", e.param,
                 " has shape ", c10::IntArrayRef(saved.shape), " in the given state but ", p.sizes(), " here");
-    c10::impl::GenericDict entry = new_entry();
+    StateEntry entry = checkpoint::new_state_entry();
     for (const auto& s : saved.entries) {
       const c10::IValue& v = s.value();
       if (!is_state_tensor(v)) {
@@ -220,7 +193,7 @@ c10::impl::GenericDict local_state_from_sharded(const checkpoint::ShardedState& 
                   e.param, " has ", t.numel(), " elements for a range of ", range.size());
       entry.insert(s.key(), e.slice ? t.reshape(-1) : t.reshape(p.sizes()));
     }
-    local_state.insert(static_cast<int64_t>(k), entry);
+    local_state.emplace(static_cast<int64_t>(k), entry);
   }
   return local_state;
 }

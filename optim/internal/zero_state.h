@@ -7,12 +7,13 @@
 //            offset, see the layouts);
 //   sharded  checkpoint::ShardedState, a rank's (parameter, element range) pieces.
 // A rank's entries (LocalEntry) say which parameter, and which elements of it, local index k is.
-// Internal to optim/ (ZeroRedundancyOptimizer and its layouts).
+// Every form is checkpoint/optimizer_state_dict.h's model (or its IValue). Internal to optim/
+// (ZeroRedundancyOptimizer and its layouts).
 //
 //   const std::vector<LocalEntry>& entries = layout.entries();
-//   c10::impl::GenericDict mine = local_state_from_global(global_state, entries, layout.params());
-//   load_local_state_dict(local, local_state_dict_of(std::move(mine),
-//                                                    local_param_groups(groups, entries, counts)));
+//   checkpoint::OptimizerStateDict local{local_state_from_global(global.state, entries, layout.params()),
+//                                        local_param_groups(global.param_groups, entries, counts)};
+//   load_optimizer_state_dict(local_optimizer, checkpoint::to_ivalue(local));
 #ifndef DTRAIN_OPTIM_INTERNAL_ZERO_STATE_H_
 #define DTRAIN_OPTIM_INTERNAL_ZERO_STATE_H_
 
@@ -21,12 +22,10 @@
 #include <string>
 #include <vector>
 
-#include <ATen/core/Dict.h>
-#include <ATen/core/List.h>
 #include <ATen/core/ivalue.h>
-#include <torch/optim/optimizer.h>
 
 #include "absl/status/status.h"
+#include "checkpoint/optimizer_state_dict.h"
 #include "checkpoint/sharded.h"
 
 namespace dtrain::optim::internal {
@@ -41,21 +40,14 @@ struct LocalEntry {
   bool slice = false;
 };
 
-// PyTorch-format state dict of any local optimizer (functional through the adapter, or a
-// torch::optim type), and loading one.
-c10::IValue local_state_dict(torch::optim::Optimizer& local);
-void load_local_state_dict(torch::optim::Optimizer& local, const c10::IValue& state_dict);
-// {"state": state, "param_groups": groups}.
-c10::IValue state_dict_of(c10::impl::GenericDict state, c10::impl::GenericList groups);
+// State by index (local, global or flat offset, depending on the form).
+using IndexedState = std::map<int64_t, checkpoint::StateEntry>;
 
 // Per group, all its parameters by global index (groups concatenated), as the unsharded
 // optimizer lists them; `group_counts[g]` is group g's parameter count.
 std::vector<std::vector<int64_t>> all_group_params(const std::vector<size_t>& group_counts);
-// Copies of `groups` (a list of dicts) with group g's "params" replaced by group_params[g].
-c10::impl::GenericList groups_with_params(const c10::IValue& groups,
-                                          const std::vector<std::vector<int64_t>>& group_params);
 // A local state dict re-keyed for consolidation: entry k's state under keys[k], group g's
-// "params" = group_params[g].
+// parameters group_params[g]. Errors (c10::Error): a dict not in PyTorch's format.
 c10::IValue rekeyed_state_dict(const c10::IValue& local_state_dict, const std::vector<int64_t>& keys,
                                const std::vector<std::vector<int64_t>>& group_params);
 // Consolidated pieces keyed by flat offset -> PyTorch's global format: each parameter's pieces
@@ -67,26 +59,25 @@ c10::IValue assemble_pieces(const c10::IValue& merged, const std::vector<int64_t
 // Global -> local: the global state's entries for this rank's entries (slices cut out and
 // checked against the parameter's shape), keyed by local index. Parameters without state are
 // left out.
-c10::impl::GenericDict local_state_from_global(const c10::impl::GenericDict& state,
-                                               const std::vector<LocalEntry>& entries,
-                                               const std::vector<at::Tensor>& params);
-// Global param_groups -> the local optimizer's: same options, "params" renumbered to local
+IndexedState local_state_from_global(const IndexedState& state, const std::vector<LocalEntry>& entries,
+                                    const std::vector<at::Tensor>& params);
+// Global param groups -> the local optimizer's: same options, parameters renumbered to local
 // indices. Errors (c10::Error): group count or a group's parameter count differs from
 // `group_counts`.
-c10::impl::GenericList local_param_groups(const c10::impl::GenericList& groups, const std::vector<LocalEntry>& entries,
-                                          const std::vector<size_t>& group_counts);
+std::vector<checkpoint::ParamGroup> local_param_groups(const std::vector<checkpoint::ParamGroup>& groups,
+                                                       const std::vector<LocalEntry>& entries,
+                                                       const std::vector<size_t>& group_counts);
 
 // The pieces this rank owns (global index -> element range), empty ranges left out.
 std::map<int64_t, checkpoint::ElementRange> owned_ranges(const std::vector<LocalEntry>& entries);
-// Local -> sharded: a whole parameter's state full-shaped, a slice's 1-D; global param_groups.
+// Local -> sharded: a whole parameter's state full-shaped, a slice's 1-D; global param groups.
 checkpoint::ShardedState sharded_from_local(const c10::IValue& local_state_dict, const std::vector<LocalEntry>& entries,
                                             const std::vector<at::Tensor>& params,
                                             const std::vector<size_t>& group_counts);
 // Sharded -> local state (keyed by local index). Errors (c10::Error): a piece whose range or
 // shape is not the one `rank` owns, or whose tensors do not hold its range.
-c10::impl::GenericDict local_state_from_sharded(const checkpoint::ShardedState& state,
-                                                const std::vector<LocalEntry>& entries,
-                                                const std::vector<at::Tensor>& params, int rank);
+IndexedState local_state_from_sharded(const checkpoint::ShardedState& state, const std::vector<LocalEntry>& entries,
+                                     const std::vector<at::Tensor>& params, int rank);
 // A sharded checkpoint's metadata against this optimizer: every saved parameter exists here with
 // the same shape, and the group counts agree. InvalidArgument naming the difference.
 absl::Status check_sharded_info(const checkpoint::ShardedInfo& info, const std::string& dir,
