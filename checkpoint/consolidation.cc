@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/optimizer_state_dict.h"
+#include "comm/agreement.h"
 #include "comm/object_collectives.h"
 
 namespace dtrain::checkpoint {
@@ -127,23 +128,23 @@ absl::StatusOr<c10::IValue> consolidate_state_dict(const comm::Group& group, con
   const int n = group.size();
   // 2. The target checks the descriptions and tells every rank before any data moves, so a bad
   // input fails on all ranks at once instead of leaving senders blocked.
-  c10::IValue verdict{std::string()};
+  absl::Status verdict;
   std::vector<RankPart> parts;
   if (target) {
-    for (int r = 0; r < n && verdict.toStringRef().empty(); ++r) {
+    for (int r = 0; r < n && verdict.ok(); ++r) {
       absl::StatusOr<RankPart> part = r == to ? absl::StatusOr<RankPart>(mine) : RankPart::decode((*all)[r], r);
       if (!part.ok()) {
-        verdict = std::string(part.status().message());
+        verdict = malformed(std::string(part.status().message()));
         break;
       }
       parts.push_back(*std::move(part));
     }
     std::map<int64_t, int> holder;
     const size_t num_groups = mine.groups.size();
-    for (int r = 0; r < n && verdict.toStringRef().empty(); ++r) {
+    for (int r = 0; r < n && verdict.ok(); ++r) {
       if (parts[r].groups.size() != num_groups) {
-        verdict = absl::StrCat("rank ", r, " has ", parts[r].groups.size(), " param groups, rank ", to, " has ",
-                               num_groups, "; every rank must pass the same groups");
+        verdict = malformed(absl::StrCat("rank ", r, " has ", parts[r].groups.size(), " param groups, rank ", to,
+                                         " has ", num_groups, "; every rank must pass the same groups"));
         break;
       }
       std::set<int64_t> seen_here;
@@ -151,15 +152,14 @@ absl::StatusOr<c10::IValue> consolidate_state_dict(const comm::Group& group, con
         if (!seen_here.insert(e.index).second) continue;
         auto [it, inserted] = holder.emplace(e.index, r);
         if (!inserted) {
-          verdict = absl::StrCat("state of parameter ", e.index, " is held by both rank ", it->second, " and rank ", r,
-                                 "; each parameter's state must live on one rank");
+          verdict = malformed(absl::StrCat("state of parameter ", e.index, " is held by both rank ", it->second,
+                                           " and rank ", r, "; each parameter's state must live on one rank"));
           break;
         }
       }
     }
   }
-  if (absl::Status s = comm::broadcast_object(group, verdict, to); !s.ok()) return s;
-  if (!verdict.toStringRef().empty()) return malformed(verdict.toStringRef());
+  if (absl::Status s = comm::share_verdict(group, verdict, to); !s.ok()) return s;
 
   auto chunks = [&](const at::Tensor& t, const std::function<void(at::Tensor)>& f) {
     at::Tensor flat = t.reshape(-1);

@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "checkpoint/optimizer_state_dict.h"
 #include "checkpoint/state_file.h"
+#include "comm/agreement.h"
 #include "comm/object_collectives.h"
 
 namespace dtrain::checkpoint {
@@ -131,14 +132,17 @@ absl::Status save_sharded(const comm::Group& group, const std::string& dir, cons
   if (!written.ok()) report.error = absl::StrCat("rank ", group.rank(), ": ", written.ToString());
   absl::StatusOr<std::vector<c10::IValue>> reports = comm::gather_object(group, report.encode(), 0);
   if (!reports.ok()) return reports.status();
-  c10::IValue verdict{std::string()};
+  absl::Status verdict;
+  auto failed = [&](const std::string& why) {
+    return absl::UnavailableError(absl::StrCat("save_sharded(", dir, ") failed, nothing committed: ", why));
+  };
   if (group.rank() == 0) {
     c10::impl::GenericList shards(c10::AnyType::get());
     Dict shapes = int_dict();
-    for (int r = 0; r < group.size() && verdict.toStringRef().empty(); ++r) {
+    for (int r = 0; r < group.size() && verdict.ok(); ++r) {
       const ShardReport rep = ShardReport::decode((*reports)[r]);
       if (!rep.error.empty()) {
-        verdict = rep.error;
+        verdict = failed(rep.error);
         break;
       }
       Dict ranges = int_dict();
@@ -151,7 +155,7 @@ absl::Status save_sharded(const comm::Group& group, const std::string& dir, cons
       shard.insert("ranges", ranges);
       shards.push_back(shard);
     }
-    if (verdict.toStringRef().empty()) {
+    if (verdict.ok()) {
       Dict meta = str_dict();
       meta.insert("format", std::string(kFormat));
       meta.insert("save_id", id);
@@ -163,10 +167,10 @@ absl::Status save_sharded(const comm::Group& group, const std::string& dir, cons
       meta.insert("extra", mine.extra);
       // The commit: until this rename the directory's previous checkpoint stays the valid one.
       if (absl::Status s = save_state(absl::StrCat(dir, "/", kMetadata), meta); !s.ok()) {
-        verdict = absl::StrCat("rank 0 writing ", kMetadata, ": ", s.ToString());
+        verdict = failed(absl::StrCat("rank 0 writing ", kMetadata, ": ", s.ToString()));
       }
     }
-    if (verdict.toStringRef().empty()) {
+    if (verdict.ok()) {
       // Shards of earlier saves are garbage now.
       if (DIR* d = ::opendir(dir.c_str())) {
         const std::string keep = absl::StrCat("shard-", id.toStringRef(), "-");
@@ -178,12 +182,7 @@ absl::Status save_sharded(const comm::Group& group, const std::string& dir, cons
       }
     }
   }
-  if (absl::Status s = comm::broadcast_object(group, verdict, 0); !s.ok()) return s;
-  if (!verdict.toStringRef().empty()) {
-    return absl::UnavailableError(absl::StrCat("save_sharded(", dir, ") failed, nothing committed: ",
-                                               verdict.toStringRef()));
-  }
-  return absl::OkStatus();
+  return comm::share_verdict(group, verdict, 0);
 }
 
 namespace {
