@@ -17,7 +17,9 @@
 //                     cannot start before the forward pass and the first bucket).
 //   BM_DDPZeroStep    iteration + ZeroRedundancyOptimizer(Adam) step: overlap=0 steps after
 //                     backward (ZeRO's own chunked step+broadcast), overlap=1 steps inside the
-//                     DDP hook bucket by bucket (hook_with_zero_step), 4 MiB buckets
+//                     DDP hook bucket by bucket once backward is done (hook_with_zero_step),
+//                     overlap=2 interleaves the steps with backward
+//                     (hook_with_zero_step_interleaved); 4 MiB buckets
 // overlap = DDP / max(backward, all-reduce): 1.0 is perfect overlap. PyTorch's DDP on the same
 // model: bench/peers/ddp_pytorch.py.
 #include <chrono>
@@ -36,7 +38,7 @@
 #include "ddp_hooks/zero_hook.h"
 #include "optim/zero_redundancy_optimizer.h"
 
-namespace dtrain::ddp {
+namespace dtrain::ddp_hooks {
 namespace {
 
 constexpr int kWorld = 2;
@@ -242,7 +244,7 @@ BENCHMARK(BM_Overlap)
 
 void BM_DDPZeroStep(benchmark::State& state) {
   comm::Group& g = comm::thread_world_rank(state.thread_index(), kWorld);
-  const bool overlap = state.range(0) == 1;
+  const bool overlap = state.range(0) >= 1;
   auto mlp = make_mlp();
   DDPOptions o;
   o.group = g;
@@ -257,7 +259,10 @@ void BM_DDPZeroStep(benchmark::State& state) {
   zo.overlap_with_ddp = overlap;
   optim::ZeroRedundancyOptimizer zero(
       mlp->parameters(), optim::local_optimizer<optim::FunctionalOptimizerAdapter>("Adam", adam), zo);
-  if (overlap) ddp.register_comm_hook(hook_with_zero_step(std::make_unique<AllReduceHook>(g), ddp, zero));
+  if (state.range(0) == 1) ddp.register_comm_hook(hook_with_zero_step(std::make_unique<AllReduceHook>(g), ddp, zero));
+  if (state.range(0) == 2) {
+    ddp.register_comm_hook(hook_with_zero_step_interleaved(std::make_unique<AllReduceHook>(g), ddp, zero));
+  }
   const torch::Tensor x = torch::randn({2, 1024});
   auto iteration = [&] {
     zero.zero_grad();
@@ -271,9 +276,9 @@ void BM_DDPZeroStep(benchmark::State& state) {
   // Counters sum over the rank threads: per rank is the average.
   state.counters["state_MiB"] = static_cast<double>(zero.local_state_bytes()) / (1 << 20) / kWorld;
 }
-BENCHMARK(BM_DDPZeroStep)->ArgName("overlap")->Arg(0)->Arg(1)->Threads(kWorld)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_DDPZeroStep)->ArgName("overlap")->Arg(0)->Arg(1)->Arg(2)->Threads(kWorld)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace
-}  // namespace dtrain::ddp
+}  // namespace dtrain::ddp_hooks
 
 BENCHMARK_MAIN();

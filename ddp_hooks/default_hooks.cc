@@ -4,7 +4,7 @@
 
 #include <ATen/ATen.h>
 
-namespace dtrain::ddp {
+namespace dtrain::ddp_hooks {
 namespace {
 
 c10::intrusive_ptr<c10::ivalue::Future> ready_future(const at::Tensor& t) {
@@ -139,4 +139,4 @@ c10::intrusive_ptr<c10::ivalue::Future> NoOpHook::runHook(c10d::GradBucket& buck
 
 at::Tensor NoOpHook::parseHookResult(const c10::IValue& result) { return first_tensor(result); }
 
-}  // namespace dtrain::ddp
+}  // namespace dtrain::ddp_hooks

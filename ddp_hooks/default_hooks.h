@@ -2,9 +2,9 @@
 // c10d/comm.hpp), so hooks written for PyTorch's C++ reducer port over. Each receives a bucket
 // (one flat gradient buffer) and returns a future of the reduced buffer.
 //
-//   ddp.register_comm_hook(std::make_unique<dtrain::ddp::AllReduceHook>(group));      // the default
-//   ddp.register_comm_hook(std::make_unique<dtrain::ddp::CompressHook>(group, at::kHalf));  // fp16
-//   ddp.register_comm_hook(std::make_unique<dtrain::ddp::NoOpHook>());                // headroom
+//   ddp.register_comm_hook(std::make_unique<dtrain::ddp_hooks::AllReduceHook>(group));      // the default
+//   ddp.register_comm_hook(std::make_unique<dtrain::ddp_hooks::CompressHook>(group, at::kHalf));  // fp16
+//   ddp.register_comm_hook(std::make_unique<dtrain::ddp_hooks::NoOpHook>());                // headroom
 #ifndef DTRAIN_DDP_HOOKS_DEFAULT_HOOKS_H_
 #define DTRAIN_DDP_HOOKS_DEFAULT_HOOKS_H_
 
@@ -14,7 +14,7 @@
 
 #include "comm/process_group.h"
 
-namespace dtrain::ddp {
+namespace dtrain::ddp_hooks {
 
 // PyTorch's allreduce_hook: divide by the world size, then all-reduce (sum).
 class AllReduceHook : public c10d::CommHookInterface {
@@ -86,6 +86,6 @@ class NoOpHook : public c10d::CommHookInterface {
   at::Tensor parseHookResult(const c10::IValue& result) override;
 };
 
-}  // namespace dtrain::ddp
+}  // namespace dtrain::ddp_hooks
 
 #endif  // DTRAIN_DDP_HOOKS_DEFAULT_HOOKS_H_

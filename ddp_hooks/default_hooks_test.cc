@@ -8,7 +8,7 @@
 #include "ddp_hooks/libtorch_compat.h"
 #include "ddp_hooks/powersgd_hook.h"
 
-namespace dtrain::ddp {
+namespace dtrain::ddp_hooks {
 namespace {
 
 using comm::testing::run_ranks_as_threads;
@@ -111,4 +111,4 @@ TEST(DefaultHooksTest, PostLocalSGDSwitchesToTheSubgroup) {
 }
 
 }  // namespace
-}  // namespace dtrain::ddp
+}  // namespace dtrain::ddp_hooks

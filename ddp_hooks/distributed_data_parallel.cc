@@ -12,12 +12,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "comm/agreement.h"
 #include "comm/coalesced.h"
 #include "comm/object_collectives.h"
 #include "ddp_hooks/default_hooks.h"
 #include "ddp_hooks/libtorch_compat.h"
 
-namespace dtrain::ddp {
+namespace dtrain::ddp_hooks {
 
 struct DistributedDataParallel::State {
   struct Bucket {
@@ -220,20 +221,12 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   for (const auto& item : module_->named_buffers(/*recurse=*/true)) s.buffers.push_back(item.value());
 
   // Same model everywhere, or a clear error naming the first difference.
-  c10::impl::GenericList mine(c10::StringType::get());
+  std::vector<std::string> mine;
   for (size_t i = 0; i < s.params.size(); ++i) mine.push_back(describe(s.names[i], s.params[i]));
-  auto all = comm::all_gather_object(s.options.group, mine);
-  TORCH_CHECK(all.ok(), "DistributedDataParallel construction is a collective: ", all.status().ToString());
-  const auto reference = (*all)[0].toList();
-  for (int r = 1; r < s.options.group.size(); ++r) {
-    const auto theirs = (*all)[r].toList();
-    for (size_t i = 0; i < std::max(reference.size(), theirs.size()); ++i) {
-      const std::string a = i < reference.size() ? reference.get(i).toStringRef() : "(none)";
-      const std::string b = i < theirs.size() ? theirs.get(i).toStringRef() : "(none)";
-      TORCH_CHECK(a == b, "DistributedDataParallel expects the same model on every rank: parameter ", i, " is ", b,
-                  " on rank ", r, " but ", a, " on rank 0");
-    }
-  }
+  const absl::Status same = comm::check_identical(s.options.group, mine, "parameter");
+  TORCH_CHECK(!absl::IsInvalidArgument(same), "DistributedDataParallel expects the same model on every rank: ",
+              same.message());
+  TORCH_CHECK(same.ok(), "DistributedDataParallel construction is a collective: ", same.ToString());
   {
     c10::NoGradGuard no_grad;
     std::vector<at::Tensor> state;
@@ -384,6 +377,9 @@ class DDPJoinHook : public comm::JoinHook {
 
 std::unique_ptr<comm::JoinHook> DistributedDataParallel::join_hook(const comm::JoinOptions& options) {
   std::lock_guard<std::mutex> lock(state_->mu);
+  if (const auto* refusing = dynamic_cast<const NotJoinable*>(state_->hook.get())) {
+    TORCH_CHECK(false, "DistributedDataParallel cannot join: ", refusing->why_not_joinable());
+  }
   state_->divide_by_initial_world_size = options.divide_by_initial_world_size;
   return std::make_unique<DDPJoinHook>(this);
 }
@@ -431,4 +427,4 @@ const std::vector<std::string>& DistributedDataParallel::parameter_names() const
 
 const std::vector<at::Tensor>& DistributedDataParallel::parameters() const { return state_->params; }
 
-}  // namespace dtrain::ddp
+}  // namespace dtrain::ddp_hooks

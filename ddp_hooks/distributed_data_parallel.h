@@ -4,9 +4,9 @@
 // with the rest of backward; the end of backward waits for every bucket and writes the averaged
 // gradients back. Communication goes through c10d::CommHookInterface hooks.
 //
-//   dtrain::ddp::DDPOptions options;
+//   dtrain::ddp_hooks::DDPOptions options;
 //   options.group = world;
-//   dtrain::ddp::DistributedDataParallel ddp(model, options);   // broadcasts rank 0's weights
+//   dtrain::ddp_hooks::DistributedDataParallel ddp(model, options);   // broadcasts rank 0's weights
 //   for (auto& batch : data) {
 //     optimizer.zero_grad();
 //     at::Tensor loss = ddp.forward([&] { return loss_fn(model->forward(batch.x), batch.y); });
@@ -30,7 +30,7 @@
 #include "comm/join.h"
 #include "comm/process_group.h"
 
-namespace dtrain::ddp {
+namespace dtrain::ddp_hooks {
 
 struct DDPOptions {
   comm::Group group;                 // required
@@ -46,6 +46,15 @@ struct DDPOptions {
   // The set of used parameters is the same every iteration (accepted for PyTorch parity; the
   // engine needs no extra work for it).
   bool static_graph = false;
+};
+
+// Implemented by a communication hook that cannot serve a joined rank's shadow backward (it would
+// act on the zero gradients a joined rank contributes, e.g. step an optimizer with them):
+// DistributedDataParallel::join_hook then refuses on every rank, with this reason.
+class NotJoinable {
+ public:
+  virtual ~NotJoinable() = default;
+  virtual std::string why_not_joinable() const = 0;
 };
 
 class DistributedDataParallel : public comm::Joinable {
@@ -88,6 +97,7 @@ class DistributedDataParallel : public comm::Joinable {
   // initial world size), and at the end every rank takes the model of the last rank to join.
   // With JoinOptions::divide_by_initial_world_size=false the default all-reduce averages over
   // the ranks still training instead (custom hooks keep their own division, as in PyTorch).
+  // Errors (c10::Error): the registered hook is NotJoinable (e.g. the ZeRO overlap hook).
   std::unique_ptr<comm::JoinHook> join_hook(const comm::JoinOptions& options) override;
   c10::Device join_device() const override;
   c10::intrusive_ptr<comm::C10dGroup> join_process_group() const override;
@@ -112,6 +122,6 @@ class DistributedDataParallel : public comm::Joinable {
   std::shared_ptr<State> state_;
 };
 
-}  // namespace dtrain::ddp
+}  // namespace dtrain::ddp_hooks
 
 #endif  // DTRAIN_DDP_HOOKS_DISTRIBUTED_DATA_PARALLEL_H_

@@ -7,7 +7,7 @@
 #include "comm/test_harness.h"
 #include "ddp_hooks/default_hooks.h"
 
-namespace dtrain::ddp {
+namespace dtrain::ddp_hooks {
 namespace {
 
 using ::testing::HasSubstr;
@@ -270,4 +270,4 @@ TEST(DistributedDataParallelTest, DifferentModelsAreAClearError) {
 }
 
 }  // namespace
-}  // namespace dtrain::ddp
+}  // namespace dtrain::ddp_hooks

@@ -14,7 +14,7 @@
 #include "ddp_hooks/powersgd_hook.h"
 #include "ddp_hooks/libtorch_compat.h"
 
-namespace dtrain::ddp {
+namespace dtrain::ddp_hooks {
 namespace {
 
 constexpr int kWorld = 2;
@@ -129,6 +129,6 @@ void BM_RawAllReduce(benchmark::State& state) {
 BENCHMARK(BM_RawAllReduce)->Threads(kWorld)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace
-}  // namespace dtrain::ddp
+}  // namespace dtrain::ddp_hooks
 
 BENCHMARK_MAIN();

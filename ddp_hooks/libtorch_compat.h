@@ -5,7 +5,7 @@
 // std::optional); dense buckets pass none. `make_grad_bucket` takes 1.13's seven arguments and
 // builds the bucket on either version.
 //
-//   c10d::GradBucket b = dtrain::ddp::make_grad_bucket(0, 1, buffer, offsets, lengths, sizes, params);
+//   c10d::GradBucket b = dtrain::ddp_hooks::make_grad_bucket(0, 1, buffer, offsets, lengths, sizes, params);
 //   hook->runHook(b);
 #ifndef DTRAIN_DDP_HOOKS_LIBTORCH_COMPAT_H_
 #define DTRAIN_DDP_HOOKS_LIBTORCH_COMPAT_H_
@@ -17,7 +17,7 @@
 #include <torch/csrc/distributed/c10d/comm.hpp>
 #include <torch/version.h>
 
-namespace dtrain::ddp {
+namespace dtrain::ddp_hooks {
 
 inline c10d::GradBucket make_grad_bucket(size_t index, size_t bucket_count, at::Tensor buffer,
                                          std::vector<size_t> offsets, std::vector<size_t> lengths,
@@ -31,6 +31,6 @@ inline c10d::GradBucket make_grad_bucket(size_t index, size_t bucket_count, at::
 #endif
 }
 
-}  // namespace dtrain::ddp
+}  // namespace dtrain::ddp_hooks
 
 #endif  // DTRAIN_DDP_HOOKS_LIBTORCH_COMPAT_H_

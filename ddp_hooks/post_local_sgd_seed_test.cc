@@ -17,7 +17,7 @@
 #include "optim/model_averagers.h"
 #include "optim/post_local_sgd_optimizer.h"
 
-namespace dtrain::ddp {
+namespace dtrain::ddp_hooks {
 namespace {
 
 // True when every rank of `g` holds the same bytes in `flat`.
@@ -67,4 +67,4 @@ TEST(PostLocalSGDSeedTest, ReplicasAgreeWhereTheSeedSaysTheyDo) {
 }
 
 }  // namespace
-}  // namespace dtrain::ddp
+}  // namespace dtrain::ddp_hooks

@@ -5,7 +5,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
-namespace dtrain::ddp {
+namespace dtrain::ddp_hooks {
 namespace {
 
 c10::intrusive_ptr<c10::ivalue::Future> done(const at::Tensor& t) {
@@ -270,4 +270,4 @@ c10::intrusive_ptr<c10::ivalue::Future> PowerSGDHook::runHook(c10d::GradBucket& 
   return done(input);
 }
 
-}  // namespace dtrain::ddp
+}  // namespace dtrain::ddp_hooks

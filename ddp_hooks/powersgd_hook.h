@@ -5,10 +5,10 @@
 // (min_compression_rate) are all-reduced uncompressed in one batch. The first
 // start_powerSGD_iter iterations run plain all-reduce.
 //
-//   auto state = std::make_shared<dtrain::ddp::PowerSGDState>(group);
+//   auto state = std::make_shared<dtrain::ddp_hooks::PowerSGDState>(group);
 //   state->matrix_approximation_rank = 2;
 //   state->start_powerSGD_iter = 10;
-//   ddp.register_comm_hook(std::make_unique<dtrain::ddp::PowerSGDHook>(state));
+//   ddp.register_comm_hook(std::make_unique<dtrain::ddp_hooks::PowerSGDHook>(state));
 //   c10::IValue saved = state->state_dict();   // resume later with load_state_dict (PyTorch #75666)
 //
 // The hook does its work when DDP hands it a bucket (the all-reduces run to completion there),
@@ -25,7 +25,7 @@
 
 #include "comm/process_group.h"
 
-namespace dtrain::ddp {
+namespace dtrain::ddp_hooks {
 
 struct PowerSGDState {
   explicit PowerSGDState(comm::Group group) : group(std::move(group)) {}
@@ -77,6 +77,6 @@ class PowerSGDHook : public c10d::CommHookInterface {
 // (PyTorch's for rank <= 2) with `epsilon` guarding zero columns.
 void orthogonalize(at::Tensor& matrices, double epsilon);
 
-}  // namespace dtrain::ddp
+}  // namespace dtrain::ddp_hooks
 
 #endif  // DTRAIN_DDP_HOOKS_POWERSGD_HOOK_H_

@@ -7,7 +7,7 @@
 #include "comm/test_harness.h"
 #include "ddp_hooks/libtorch_compat.h"
 
-namespace dtrain::ddp {
+namespace dtrain::ddp_hooks {
 namespace {
 
 using ::testing::HasSubstr;
@@ -156,4 +156,4 @@ TEST(PowerSGDTest, BatchedSameShapeMatchesUnbatched) {
 }
 
 }  // namespace
-}  // namespace dtrain::ddp
+}  // namespace dtrain::ddp_hooks

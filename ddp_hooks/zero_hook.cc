@@ -7,11 +7,11 @@
 #include "optim/zero_overlap.h"
 #include "partition/bucket_assignment.h"
 
-namespace dtrain::ddp {
+namespace dtrain::ddp_hooks {
 
 ZeroOverlapHook::ZeroOverlapHook(std::unique_ptr<c10d::CommHookInterface> inner, const DistributedDataParallel& ddp,
-                                 optim::ZeroRedundancyOptimizer& zero, bool shard_buckets)
-    : inner_(std::move(inner)), zero_(zero) {
+                                 optim::ZeroRedundancyOptimizer& zero, bool shard_buckets, ZeroStepSchedule schedule)
+    : inner_(std::move(inner)), zero_(zero), schedule_(schedule) {
   TORCH_CHECK(inner_ != nullptr, "hook_with_zero_step needs the hook that reduces the gradients (e.g. AllReduceHook)");
   TORCH_CHECK(zero.overlap_with_ddp(), "hook_with_zero_step needs a ZeroRedundancyOptimizer built with "
               "ZeroOptions::overlap_with_ddp = true");
@@ -62,13 +62,17 @@ c10::intrusive_ptr<c10::ivalue::Future> ZeroOverlapHook::runHook(c10d::GradBucke
   pending_[b].future = inner_->runHook(bucket);
   pending_[b].layout = bucket.getGradients();
   pending_[b].buffer = bucket.getBuffer();
-  // Bucket b-1's reduction ran while bucket b's gradients were computed: step it now, so its
-  // broadcast overlaps with the rest of backward. Every rank issues the collectives in the same
-  // order (all-reduce b, broadcast b-1), so they pair up.
-  if (b > 0) step_bucket(b - 1);
+  // Every rank issues the collectives in the same order (interleaved: all-reduce b, broadcast
+  // b-1; after backward: every all-reduce, then every broadcast), so they pair up.
+  if (schedule_ == ZeroStepSchedule::kInterleaved && b > 0) {
+    // Bucket b-1's reduction ran while bucket b's gradients were computed: step it now, so its
+    // broadcast overlaps with the rest of backward.
+    step_bucket(b - 1);
+  }
   ++expected_;
   if (bucket.isLast()) {
-    step_bucket(b);
+    const size_t first = schedule_ == ZeroStepSchedule::kInterleaved ? b : 0;
+    for (size_t k = first; k <= b; ++k) step_bucket(k);
     for (auto& w : broadcasts_) w->wait();
     broadcasts_.clear();
     expected_ = 0;
@@ -101,11 +105,25 @@ void ZeroOverlapHook::step_bucket(size_t b) {
 
 at::Tensor ZeroOverlapHook::parseHookResult(const c10::IValue& result) { return inner_->parseHookResult(result); }
 
+std::string ZeroOverlapHook::why_not_joinable() const {
+  return "the ZeRO overlap hook steps the optimizer inside the gradient reduction, and a joined rank's shadow "
+         "reductions would step it with zero gradients (PyTorch's hook does that silently); give every rank the same "
+         "number of inputs, or use ZeroRedundancyOptimizer without overlap_with_ddp inside the Join";
+}
+
 std::unique_ptr<c10d::CommHookInterface> hook_with_zero_step(std::unique_ptr<c10d::CommHookInterface> inner,
                                                              const DistributedDataParallel& ddp,
                                                              optim::ZeroRedundancyOptimizer& zero,
                                                              bool shard_buckets) {
-  return std::make_unique<ZeroOverlapHook>(std::move(inner), ddp, zero, shard_buckets);
+  return std::make_unique<ZeroOverlapHook>(std::move(inner), ddp, zero, shard_buckets,
+                                           ZeroStepSchedule::kAfterBackward);
 }
 
-}  // namespace dtrain::ddp
+std::unique_ptr<c10d::CommHookInterface> hook_with_zero_step_interleaved(
+    std::unique_ptr<c10d::CommHookInterface> inner, const DistributedDataParallel& ddp,
+    optim::ZeroRedundancyOptimizer& zero, bool shard_buckets) {
+  return std::make_unique<ZeroOverlapHook>(std::move(inner), ddp, zero, shard_buckets,
+                                           ZeroStepSchedule::kInterleaved);
+}
+
+}  // namespace dtrain::ddp_hooks

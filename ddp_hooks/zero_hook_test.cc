@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "comm/join.h"
+#include "comm/object_collectives.h"
 #include "comm/test_harness.h"
 #include "ddp_hooks/default_hooks.h"
 
-namespace dtrain::ddp {
+namespace dtrain::ddp_hooks {
 namespace {
 
 using ::testing::HasSubstr;
@@ -66,9 +68,16 @@ struct Case {
   bool shard_buckets;
   bool zero_bucket_view;
   bool ddp_bucket_view;
+  bool torch_local = false;  // local_optimizer<torch::optim::Adam>: converted to its functional twin
 };
 
-void check_matches_unsharded_adam(const Case& c) {
+std::unique_ptr<ZeroOverlapHook> make_hook(comm::Group& g, const DistributedDataParallel& ddp,
+                                           ZeroRedundancyOptimizer& zero, bool shard_buckets,
+                                           ZeroStepSchedule schedule) {
+  return std::make_unique<ZeroOverlapHook>(std::make_unique<AllReduceHook>(g), ddp, zero, shard_buckets, schedule);
+}
+
+void check_matches_unsharded_adam(const Case& c, ZeroStepSchedule schedule) {
   constexpr int kSteps = 6;
   const auto expected = reference(kSteps);
   run_ranks_as_threads(2, [&](comm::Group& g) {
@@ -83,8 +92,11 @@ void check_matches_unsharded_adam(const Case& c) {
     zo.group = g;
     zo.overlap_with_ddp = true;
     zo.parameters_as_bucket_view = c.zero_bucket_view;
-    ZeroRedundancyOptimizer zero(net->parameters(), adam(), zo);
-    auto hook = std::make_unique<ZeroOverlapHook>(std::make_unique<AllReduceHook>(g), ddp, zero, c.shard_buckets);
+    ZeroRedundancyOptimizer zero(
+        net->parameters(),
+        c.torch_local ? local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01).weight_decay(0.01)) : adam(),
+        zo);
+    auto hook = make_hook(g, ddp, zero, c.shard_buckets, schedule);
     const size_t buckets = hook->bucket_params().size();
     if (c.bucket_cap_mb < 1e-5) {
       EXPECT_EQ(buckets, 6u);  // one parameter per bucket
@@ -97,8 +109,12 @@ void check_matches_unsharded_adam(const Case& c) {
       zero.zero_grad();
       torch::Tensor x = batch_x(s).narrow(0, 4 * g.rank(), 4), y = batch_y().narrow(0, 4 * g.rank(), 4);
       ddp.forward([&] { return torch::mse_loss(net->forward(x), y); }).backward();
-      // The parameters were updated during backward; step() must not update them again.
-      zero.step();
+      // The parameters were updated during backward; step() must not update them again, and a
+      // closure is not evaluated (PyTorch warns and returns None).
+      EXPECT_FALSE(zero.step().defined());
+      int closure_calls = 0;
+      EXPECT_FALSE(zero.step([&] { ++closure_calls; return torch::ones({}); }).defined());
+      EXPECT_EQ(closure_calls, 0);
       auto params = net->parameters();
       for (size_t i = 0; i < params.size(); ++i) {
         EXPECT_TRUE(params[i].allclose(expected[s][i], 1e-5, 1e-6))
@@ -110,23 +126,37 @@ void check_matches_unsharded_adam(const Case& c) {
   });
 }
 
-TEST(ZeroOverlapHookTest, OneParameterPerBucketMatchesUnshardedAdam) {
-  check_matches_unsharded_adam({1e-6, false, false, false});
+class ZeroOverlapScheduleTest : public ::testing::TestWithParam<ZeroStepSchedule> {};
+
+TEST_P(ZeroOverlapScheduleTest, OneParameterPerBucketMatchesUnshardedAdam) {
+  check_matches_unsharded_adam({1e-6, false, false, false}, GetParam());
 }
 
-TEST(ZeroOverlapHookTest, BucketViewsOnBothSidesMatchUnshardedAdam) {
-  check_matches_unsharded_adam({1e-6, false, true, true});
+TEST_P(ZeroOverlapScheduleTest, BucketViewsOnBothSidesMatchUnshardedAdam) {
+  check_matches_unsharded_adam({1e-6, false, true, true}, GetParam());
 }
 
-TEST(ZeroOverlapHookTest, ShardedBucketSlicesMatchUnshardedAdam) {
+TEST_P(ZeroOverlapScheduleTest, ShardedBucketSlicesMatchUnshardedAdam) {
   // 209-byte buckets: {fc3, fc2} (75 elements, above the 57.5 threshold: cut into two slices
   // owned by different ranks) and {fc1} (40 elements).
-  check_matches_unsharded_adam({0.0002, true, true, false});
+  check_matches_unsharded_adam({0.0002, true, true, false}, GetParam());
 }
 
-TEST(ZeroOverlapHookTest, ShardedSmallBucketsMatchUnshardedAdam) {
-  check_matches_unsharded_adam({0.0001, true, false, true});
+TEST_P(ZeroOverlapScheduleTest, ShardedSmallBucketsMatchUnshardedAdam) {
+  check_matches_unsharded_adam({0.0001, true, false, true}, GetParam());
 }
+
+// PyTorch converts a torch.optim local optimizer to its functional twin; so does dtrain.
+TEST_P(ZeroOverlapScheduleTest, TorchOptimAdamIsConvertedToItsFunctionalTwin) {
+  check_matches_unsharded_adam({1e-6, false, false, false, /*torch_local=*/true}, GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Schedules, ZeroOverlapScheduleTest,
+                         ::testing::Values(ZeroStepSchedule::kAfterBackward, ZeroStepSchedule::kInterleaved),
+                         [](const auto& info) {
+                           return info.param == ZeroStepSchedule::kAfterBackward ? "HookWithZeroStep"
+                                                                                 : "HookWithZeroStepInterleaved";
+                         });
 
 TEST(ZeroOverlapHookTest, MisuseIsAClearError) {
   run_ranks_as_threads(2, [](comm::Group& g) {
@@ -145,26 +175,160 @@ TEST(ZeroOverlapHookTest, MisuseIsAClearError) {
     ZeroOptions plain;
     plain.group = g;
     ZeroRedundancyOptimizer not_overlapped(net->parameters(), adam(), plain);
-    EXPECT_THAT(message([&] { ZeroOverlapHook(std::make_unique<AllReduceHook>(g), ddp, not_overlapped, false); }),
+    EXPECT_THAT(message([&] { ZeroOverlapHook(std::make_unique<AllReduceHook>(g), ddp, not_overlapped, false, ZeroStepSchedule::kAfterBackward); }),
                 HasSubstr("overlap_with_ddp = true"));
     ZeroOptions zo = plain;
     zo.overlap_with_ddp = true;
     EXPECT_THAT(message([&] {
                   ZeroRedundancyOptimizer z(net->parameters(),
-                                            local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.1)), zo);
+                                            local_optimizer<torch::optim::LBFGS>(torch::optim::LBFGSOptions(0.1)), zo);
                 }),
                 HasSubstr("needs a functional local optimizer"));
     // One 115-element bucket cannot be cut into 2 slices below 57.5 elements (PyTorch asserts).
     ZeroRedundancyOptimizer sharded(net->parameters(), adam(), zo);
-    EXPECT_THAT(message([&] { ZeroOverlapHook(std::make_unique<AllReduceHook>(g), ddp, sharded, true); }),
+    EXPECT_THAT(message([&] { ZeroOverlapHook(std::make_unique<AllReduceHook>(g), ddp, sharded, true, ZeroStepSchedule::kAfterBackward); }),
                 HasSubstr("needs more than 2 slices below the threshold"));
     auto params = net->parameters();
     params.pop_back();
     ZeroRedundancyOptimizer partial(params, adam(), zo);
-    EXPECT_THAT(message([&] { ZeroOverlapHook(std::make_unique<AllReduceHook>(g), ddp, partial, false); }),
+    EXPECT_THAT(message([&] { ZeroOverlapHook(std::make_unique<AllReduceHook>(g), ddp, partial, false, ZeroStepSchedule::kInterleaved); }),
                 HasSubstr("DDP parameter 'fc3.bias' is not a parameter of the ZeroRedundancyOptimizer"));
   });
 }
 
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "no error";
+}
+
+// Inside a Join a joined rank's shadow reductions would step the optimizer with zero gradients:
+// both DDP (whose hook is the overlap hook) and the overlapped optimizer refuse, on every rank.
+TEST(ZeroOverlapHookTest, JoinIsRefusedOnEveryRank) {
+  run_ranks_as_threads(2, [](comm::Group& g) {
+    Net net = make_net();
+    DDPOptions d;
+    d.group = g;
+    DistributedDataParallel ddp(net.ptr(), d);
+    ZeroOptions zo;
+    zo.group = g;
+    zo.overlap_with_ddp = true;
+    ZeroRedundancyOptimizer zero(net->parameters(), adam(), zo);
+    ddp.register_comm_hook(hook_with_zero_step(std::make_unique<AllReduceHook>(g), ddp, zero));
+    EXPECT_THAT(error_of([&] { comm::Join join({&ddp}); }), HasSubstr("DistributedDataParallel cannot join: the ZeRO "
+                                                                       "overlap hook steps the optimizer"));
+    EXPECT_THAT(error_of([&] { comm::Join join({&zero}); }), HasSubstr("overlap_with_ddp cannot join"));
+  });
+}
+
+// A parameter frozen after the hook was registered: the next step raises, as PyTorch's.
+TEST(ZeroOverlapHookTest, ATrainabilityChangeIsAnError) {
+  run_ranks_as_threads(2, [](comm::Group& g) {
+    Net net = make_net();
+    DDPOptions d;
+    d.group = g;
+    d.find_unused_parameters = true;
+    DistributedDataParallel ddp(net.ptr(), d);
+    ZeroOptions zo;
+    zo.group = g;
+    zo.overlap_with_ddp = true;
+    ZeroRedundancyOptimizer zero(net->parameters(), adam(), zo);
+    ddp.register_comm_hook(hook_with_zero_step(std::make_unique<AllReduceHook>(g), ddp, zero));
+    torch::Tensor x = batch_x(0).narrow(0, 4 * g.rank(), 4), y = batch_y().narrow(0, 4 * g.rank(), 4);
+    ddp.forward([&] { return torch::mse_loss(net->forward(x), y); }).backward();
+    net->fc3->bias.set_requires_grad(false);
+    zero.zero_grad();
+    EXPECT_THAT(error_of([&] { ddp.forward([&] { return torch::mse_loss(net->forward(x), y); }).backward(); }),
+                HasSubstr("does not support changing parameter trainability at run time"));
+  });
+}
+
+// Overlap with the fp16 compression hook inside: every rank ends with the same parameters, close
+// to unsharded Adam (the gradients travel in fp16).
+TEST(ZeroOverlapHookTest, Fp16CompressionInsideTheOverlapHook) {
+  constexpr int kSteps = 4;
+  const auto expected = reference(kSteps);
+  run_ranks_as_threads(2, [&](comm::Group& g) {
+    Net net = make_net();
+    DDPOptions d;
+    d.group = g;
+    d.bucket_cap_mb = 1e-6;
+    d.first_bucket_cap_mb = 1e-6;
+    DistributedDataParallel ddp(net.ptr(), d);
+    ZeroOptions zo;
+    zo.group = g;
+    zo.overlap_with_ddp = true;
+    ZeroRedundancyOptimizer zero(net->parameters(), adam(), zo);
+    ddp.register_comm_hook(
+        hook_with_zero_step_interleaved(std::make_unique<CompressHook>(g, at::kHalf), ddp, zero));
+    for (int s = 0; s < kSteps; ++s) {
+      zero.zero_grad();
+      torch::Tensor x = batch_x(s).narrow(0, 4 * g.rank(), 4), y = batch_y().narrow(0, 4 * g.rank(), 4);
+      ddp.forward([&] { return torch::mse_loss(net->forward(x), y); }).backward();
+    }
+    auto params = net->parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      EXPECT_TRUE(params[i].allclose(expected[kSteps - 1][i], 1e-3, 1e-3)) << "param " << i;
+      std::vector<std::vector<at::Tensor>> all(1);
+      for (int r = 0; r < g.size(); ++r) all[0].push_back(at::empty_like(params[i]));
+      std::vector<at::Tensor> mine = {params[i].detach().clone()};
+      g->allgather(all, mine)->wait();
+      EXPECT_TRUE(all[0][0].equal(all[0][1])) << "param " << i << " differs between the ranks";
+    }
+  });
+}
+
+// Consolidate after 3 overlapped steps, load into a fresh DDP + overlapped ZeRO, train 3 more:
+// the parameters are unsharded Adam's after 6 steps.
+TEST(ZeroOverlapHookTest, ConsolidateAndLoadContinueExactly) {
+  constexpr int kSteps = 6;
+  const auto expected = reference(kSteps);
+  run_ranks_as_threads(2, [&](comm::Group& g) {
+    auto train = [&](Net& net, DistributedDataParallel& ddp, ZeroRedundancyOptimizer& zero, int from, int to) {
+      for (int s = from; s < to; ++s) {
+        zero.zero_grad();
+        torch::Tensor x = batch_x(s).narrow(0, 4 * g.rank(), 4), y = batch_y().narrow(0, 4 * g.rank(), 4);
+        ddp.forward([&] { return torch::mse_loss(net->forward(x), y); }).backward();
+      }
+    };
+    ZeroOptions zo;
+    zo.group = g;
+    zo.overlap_with_ddp = true;
+    DDPOptions d;
+    d.group = g;
+    d.bucket_cap_mb = 1e-6;
+    d.first_bucket_cap_mb = 1e-6;
+    Net net = make_net();
+    DistributedDataParallel ddp(net.ptr(), d);
+    ZeroRedundancyOptimizer zero(net->parameters(), adam(), zo);
+    ddp.register_comm_hook(hook_with_zero_step(std::make_unique<AllReduceHook>(g), ddp, zero));
+    train(net, ddp, zero, 0, 3);
+    zero.consolidate_state_dict(0);
+    c10::IValue saved = g.rank() == 0 ? zero.state_dict() : c10::IValue();
+    ASSERT_TRUE(comm::broadcast_object(g, saved, 0).ok());
+
+    Net resumed = make_net();
+    {
+      torch::NoGradGuard no_grad;
+      auto from = net->parameters(), to = resumed->parameters();
+      for (size_t i = 0; i < to.size(); ++i) to[i].copy_(from[i]);
+    }
+    DistributedDataParallel ddp2(resumed.ptr(), d);
+    ZeroRedundancyOptimizer zero2(resumed->parameters(), adam(), zo);
+    ddp2.register_comm_hook(hook_with_zero_step(std::make_unique<AllReduceHook>(g), ddp2, zero2));
+    zero2.load_state_dict(saved);
+    train(resumed, ddp2, zero2, 3, kSteps);
+    auto params = resumed->parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      EXPECT_TRUE(params[i].allclose(expected[kSteps - 1][i], 1e-5, 1e-6))
+          << "rank " << g.rank() << " param " << i << " max diff "
+          << (params[i] - expected[kSteps - 1][i]).abs().max().item<float>();
+    }
+  });
+}
+
 }  // namespace
-}  // namespace dtrain::ddp
+}  // namespace dtrain::ddp_hooks

@@ -20,11 +20,11 @@ int main() {
   comm::Group world = *comm::init_process_group({});      // env://: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
   auto model = torch::nn::Sequential(torch::nn::Linear(512, 512), torch::nn::ReLU(), torch::nn::Linear(512, 10));
 
-  ddp::DDPOptions ddp_options;
+  ddp_hooks::DDPOptions ddp_options;
   ddp_options.group = world;
   ddp_options.gradient_as_bucket_view = true;
-  ddp::DistributedDataParallel ddp(model.ptr(), ddp_options);   // broadcasts rank 0's weights
-  ddp.register_comm_hook(std::make_unique<ddp::CompressHook>(world, at::kHalf));   // optional: fp16
+  ddp_hooks::DistributedDataParallel ddp(model.ptr(), ddp_options);   // broadcasts rank 0's weights
+  ddp.register_comm_hook(std::make_unique<ddp_hooks::CompressHook>(world, at::kHalf));   // optional: fp16
 
   optim::OptionsDict adam = optim::new_options_dict();
   adam.insert("lr", 1e-3);

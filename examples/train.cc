@@ -232,20 +232,20 @@ int train(const Config& c) {
   torch::nn::Sequential model = make_mlp(c.hidden, init_gen);
   for (auto& p : teacher->parameters()) p.set_requires_grad(false);
 
-  ddp::DDPOptions ddp_options;
+  ddp_hooks::DDPOptions ddp_options;
   ddp_options.group = world;
   ddp_options.gradient_as_bucket_view = c.bucket_view;
   // Small buckets for a small model: several of them overlap backward, and --zero_overlap has
   // buckets to spread over the ranks.
   ddp_options.bucket_cap_mb = 0.25;
   ddp_options.first_bucket_cap_mb = 0.25;
-  ddp::DistributedDataParallel ddp(model.ptr(), ddp_options);
+  ddp_hooks::DistributedDataParallel ddp(model.ptr(), ddp_options);
 
   optim::OptionsDict adam_options = optim::new_options_dict();
   adam_options.insert("lr", c.lr);
   Optimizer opt;
-  std::shared_ptr<ddp::PowerSGDState> powersgd;
-  std::shared_ptr<ddp::PostLocalSGDState> post_local;
+  std::shared_ptr<ddp_hooks::PowerSGDState> powersgd;
+  std::shared_ptr<ddp_hooks::PostLocalSGDState> post_local;
   const int64_t local_sgd_start = std::min(50, std::max(2, c.steps / 4));
   if (c.zero != "off") {
     optim::ZeroOptions zo;
@@ -265,25 +265,25 @@ int train(const Config& c) {
 
   std::unique_ptr<c10d::CommHookInterface> hook;
   if (c.hook == "allreduce") {
-    hook = std::make_unique<ddp::AllReduceHook>(world);
+    hook = std::make_unique<ddp_hooks::AllReduceHook>(world);
   } else if (c.hook == "fp16" || c.hook == "bf16") {
-    hook = std::make_unique<ddp::CompressHook>(world, c.hook == "fp16" ? at::kHalf : at::kBFloat16);
+    hook = std::make_unique<ddp_hooks::CompressHook>(world, c.hook == "fp16" ? at::kHalf : at::kBFloat16);
   } else if (c.hook == "powersgd") {
-    powersgd = std::make_shared<ddp::PowerSGDState>(world);
+    powersgd = std::make_shared<ddp_hooks::PowerSGDState>(world);
     powersgd->matrix_approximation_rank = 8;
     powersgd->start_powerSGD_iter = local_sgd_start;
-    hook = std::make_unique<ddp::PowerSGDHook>(powersgd);
+    hook = std::make_unique<ddp_hooks::PowerSGDHook>(powersgd);
   } else if (c.hook == "post_local_sgd") {
     const char* local = std::getenv("LOCAL_WORLD_SIZE");
     const int local_world = local != nullptr ? std::atoi(local) : world_size;
     absl::StatusOr<comm::Subgroups> sub = comm::new_subgroups(world, local_world > 0 ? local_world : world_size);
     if (!sub.ok()) die(2, absl::StrCat("post_local_sgd subgroups: ", sub.status().message()));
-    post_local = std::make_shared<ddp::PostLocalSGDState>(world, sub->mine, local_sgd_start);
-    hook = std::make_unique<ddp::PostLocalSGDHook>(post_local);
+    post_local = std::make_shared<ddp_hooks::PostLocalSGDState>(world, sub->mine, local_sgd_start);
+    hook = std::make_unique<ddp_hooks::PostLocalSGDHook>(post_local);
   } else {
-    hook = std::make_unique<ddp::NoOpHook>();
+    hook = std::make_unique<ddp_hooks::NoOpHook>();
   }
-  if (c.zero_overlap) hook = ddp::hook_with_zero_step(std::move(hook), ddp, *opt.zero);
+  if (c.zero_overlap) hook = ddp_hooks::hook_with_zero_step(std::move(hook), ddp, *opt.zero);
   ddp.register_comm_hook(std::move(hook));
 
   // Resume: the model and the global optimizer state from the shared checkpoint (any world

@@ -28,6 +28,9 @@ void ZeroOverlap::step(const std::vector<int64_t>& params, const std::vector<at:
   TORCH_CHECK(params.size() == grads.size(), "overlap_step: ", params.size(), " parameters but ", grads.size(),
               " gradients");
   const internal::WholeParamLayout& whole = layout();
+  TORCH_CHECK(!whole.trainability_changed(), "ZeroRedundancyOptimizer with overlap_with_ddp does not support "
+              "changing parameter trainability at run time: a parameter's requires_grad changed after the ZeRO "
+              "overlap hook was registered; build DDP, the optimizer and the hook again over the new set");
   auto& adapter = dynamic_cast<FunctionalOptimizerAdapter&>(*zero_.local_);
   std::vector<at::Tensor> local_grads;
   bool any = false;
@@ -46,6 +49,7 @@ void ZeroOverlap::step(const std::vector<int64_t>& params, const std::vector<at:
   c10::NoGradGuard no_grad;
   adapter.functional(0).step(local_grads);
   zero_.stepped_ = true;
+  zero_.stale_consolidation_ = zero_.stale_consolidation_ || !zero_.consolidated_.isNone();
   zero_.consolidated_ = c10::IValue();
 }
 

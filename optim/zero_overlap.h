@@ -36,7 +36,8 @@ class ZeroOverlap {
   // state belongs to the old partition); an invalid partition.
   void set_partition(std::vector<std::vector<int64_t>> params_per_rank);
   // Steps the parameters among `params` that this rank owns with `grads` (the averaged
-  // gradients, one per parameter). Not collective. Errors: size mismatch, an index out of range.
+  // gradients, one per parameter). Not collective. Errors: size mismatch, an index out of range,
+  // a parameter's requires_grad changed since set_partition (as PyTorch raises).
   void step(const std::vector<int64_t>& params, const std::vector<at::Tensor>& grads);
   // Collective, in call order on every rank: starts the broadcasts of `params` from their owners
   // (one tensor per run of parameters adjacent in the owner's bucket view). The caller waits on

@@ -9,10 +9,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "checkpoint/consolidation.h"
+#include "comm/agreement.h"
 #include "comm/object_collectives.h"
 #include "optim/internal/zero_layout.h"
 #include "optim/internal/zero_state.h"
 #include "optim/torch_state.h"
+#include "optim/torch_twins.h"
 
 namespace dtrain::optim {
 namespace {
@@ -22,12 +24,25 @@ std::string type_name(const at::Tensor& t) {
   return absl::StrCat(c10::toString(t.scalar_type()), " ", t.device().str(), " tensor");
 }
 
+// overlap_with_ddp steps through a functional optimizer: a torch::optim local optimizer with a
+// functional twin becomes that twin, with the same options (PyTorch converts likewise). Any other
+// stays, and is refused by init().
+LocalOptimizer& functional_for_overlap(LocalOptimizer& local, bool overlap) {
+  if (!overlap || local.defaults == nullptr) return local;
+  if (const TorchTwin* twin = twin_of(*local.defaults)) {
+    local = local_optimizer<FunctionalOptimizerAdapter>(twin->name, twin->options_to_dict(*local.defaults));
+  }
+  return local;
+}
+
 }  // namespace
 
 ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<torch::optim::OptimizerParamGroup> param_groups,
                                                  LocalOptimizer local, ZeroOptions options)
     : torch::optim::Optimizer(std::vector<torch::optim::OptimizerParamGroup>{},
-                              local.defaults ? local.defaults->clone() : nullptr),
+                              functional_for_overlap(local, options.overlap_with_ddp).defaults
+                                  ? local.defaults->clone()
+                                  : nullptr),
       local_factory_(std::move(local)),
       options_(std::move(options)) {
   init(std::move(param_groups));
@@ -50,6 +65,13 @@ void ZeroRedundancyOptimizer::init(std::vector<torch::optim::OptimizerParamGroup
   size_t total = 0;
   for (const auto& g : param_groups) total += g.params().size();
   TORCH_CHECK(total > 0, "ZeroRedundancyOptimizer got an empty parameter list");
+  if (options_.overlap_with_ddp) {
+    // A group's own torch::optim options follow its optimizer to the functional twin.
+    for (auto& g : param_groups) {
+      const TorchTwin* twin = g.has_options() ? twin_of(g.options()) : nullptr;
+      if (twin != nullptr) g.set_options(std::make_unique<DictOptions>(twin->options_to_dict(g.options())));
+    }
+  }
   for (const auto& g : param_groups) torch::optim::Optimizer::add_param_group(g);
   validate_params();
   const bool flat = options_.strategy == PartitionStrategy::kFlat;
@@ -76,23 +98,20 @@ void ZeroRedundancyOptimizer::init(std::vector<torch::optim::OptimizerParamGroup
     for (const auto& p : g.params()) absl::StrAppend(&fingerprint, p.numel(), ",");
     absl::StrAppend(&fingerprint, ";");
   }
-  c10::impl::GenericList mine(c10::AnyType::get());
-  mine.push_back(absl::StrFormat("zero/%08x%08x", std::random_device{}(), std::random_device{}()));
-  mine.push_back(fingerprint);
-  auto all = comm::all_gather_object(options_.group, mine);
-  TORCH_CHECK(all.ok(), "ZeroRedundancyOptimizer construction is a collective: ", all.status().ToString());
-  for (int r = 0; r < world_size(); ++r) {
-    const std::string theirs = (*all)[r].toList().get(1).toStringRef();
-    TORCH_CHECK(theirs == fingerprint, "ZeroRedundancyOptimizer was built differently on rank ", r, " (", theirs,
-                ") and rank ", rank(), " (", fingerprint, "); every rank must pass the same parameters and options");
-  }
-  const c10::IValue id = (*all)[0].toList().get(0);
+  const absl::Status same = comm::check_identical(options_.group, {fingerprint}, "fingerprint");
+  TORCH_CHECK(!absl::IsInvalidArgument(same), "ZeroRedundancyOptimizer was built differently on different ranks (",
+              same.message(), "); every rank must pass the same parameters and options");
+  TORCH_CHECK(same.ok(), "ZeroRedundancyOptimizer construction is a collective: ", same.ToString());
+  c10::IValue id(absl::StrFormat("zero/%08x%08x", std::random_device{}(), std::random_device{}()));
+  const absl::Status shared = comm::broadcast_object(options_.group, id, 0);  // rank 0's name for this instance
+  TORCH_CHECK(shared.ok(), "ZeroRedundancyOptimizer construction is a collective: ", shared.ToString());
   store_prefix_ = id.toStringRef();
   build_layout();
   build_local_optimizer();
   TORCH_CHECK(!options_.overlap_with_ddp || dynamic_cast<FunctionalOptimizerAdapter*>(local_.get()) != nullptr,
               "overlap_with_ddp steps parameters bucket by bucket, which needs a functional local optimizer: pass "
-              "local_optimizer<FunctionalOptimizerAdapter>(name, options) instead of a torch::optim type");
+              "local_optimizer<FunctionalOptimizerAdapter>(name, options), or a torch::optim type with a functional "
+              "twin (SGD, Adam, AdamW, Adagrad, RMSprop: converted), not another torch::optim type");
 }
 
 void ZeroRedundancyOptimizer::validate_params() const {
@@ -206,11 +225,21 @@ at::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
 
 at::Tensor ZeroRedundancyOptimizer::step_unchecked(LossClosure closure) {
   // overlap_with_ddp: the DDP hook already stepped and synchronised every parameter in backward.
-  if (options_.overlap_with_ddp) return internal::evaluate_closure(closure);
+  // A closure is not evaluated (it would run forward and backward again, and a backward inside it
+  // would step the parameters a second time), as PyTorch, which warns and returns None.
+  if (options_.overlap_with_ddp) {
+    if (closure != nullptr) {
+      TORCH_WARN("ZeroRedundancyOptimizer: step(closure) should not be in the training loop when overlap_with_ddp "
+                 "is true: the DDP hook already stepped the parameters during backward; the closure was not "
+                 "evaluated");
+    }
+    return at::Tensor();
+  }
   stepped_ = true;
   sync_options(/*to_local=*/true);
   at::Tensor loss = layout_->step_and_sync(*local_, std::move(closure));
   sync_options(/*to_local=*/false);
+  stale_consolidation_ = stale_consolidation_ || !consolidated_.isNone();
   consolidated_ = c10::IValue();
   return loss;
 }
@@ -225,9 +254,13 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
       options_.group, layout_->consolidation_part(synced_local_state_dict()), to);
   TORCH_CHECK(full.ok(), "consolidate_state_dict: ", full.status().ToString());
   consolidated_ = full->isNone() ? *full : layout_->assemble_consolidated(*full);
+  stale_consolidation_ = false;
 }
 
 c10::IValue ZeroRedundancyOptimizer::state_dict() const {
+  TORCH_CHECK(!stale_consolidation_, "ZeroRedundancyOptimizer: the consolidated state on this rank is stale: step() "
+              "ran after consolidate_state_dict; call consolidate_state_dict(to=", rank(), ") on all ranks again "
+              "before state_dict()");
   TORCH_CHECK(!consolidated_.isNone(),
               "Optimizer state has not been consolidated on this rank. Please call `consolidate_state_dict(to=",
               rank(), ")` on all ranks beforehand if you meant to save the global state.");
@@ -239,6 +272,12 @@ void ZeroRedundancyOptimizer::load_state_dict(const c10::IValue& state_dict) {
   absl::StatusOr<checkpoint::OptimizerStateDict> sd =
       checkpoint::parse_optimizer_state_dict(state_dict, "load_state_dict: the state dict");
   TORCH_CHECK(sd.ok(), sd.status().message());
+  const auto count = static_cast<int64_t>(layout_->params().size());
+  for (const auto& [index, entry] : sd->state) {
+    TORCH_CHECK(index >= 0 && index < count, "load_state_dict: the state dict has state for parameter index ", index,
+                " but this optimizer has ", count, " parameters (indices 0..", count - 1, "): it was saved for "
+                "another model or another parameter order");
+  }
   load_local_state(sd->param_groups,
                    internal::local_state_from_global(sd->state, layout_->entries(), layout_->params()));
 }
@@ -251,6 +290,7 @@ void ZeroRedundancyOptimizer::load_local_state(const std::vector<checkpoint::Par
   load_optimizer_state_dict(*local_, checkpoint::to_ivalue(local));
   sync_options(/*to_local=*/false);
   consolidated_ = c10::IValue();
+  stale_consolidation_ = false;
 }
 
 std::map<int64_t, checkpoint::ElementRange> ZeroRedundancyOptimizer::owned_ranges() const {
@@ -314,6 +354,9 @@ class ZeroJoinHook : public comm::JoinHook {
 };
 
 std::unique_ptr<comm::JoinHook> ZeroRedundancyOptimizer::join_hook(const comm::JoinOptions&) {
+  TORCH_CHECK(!options_.overlap_with_ddp, "ZeroRedundancyOptimizer with overlap_with_ddp cannot join: its steps run "
+              "in the DDP hook, which a joined rank would run with zero gradients; give every rank the same number "
+              "of inputs, or build it without overlap_with_ddp");
   return std::make_unique<ZeroJoinHook>(this);
 }
 

@@ -95,7 +95,9 @@ struct ZeroOptions {
   // The ranks that share the state. Required (PyTorch defaults to the world group: pass it).
   comm::Group group;
   // Parameters of each rank live in one contiguous bucket (their .data() become views into it),
-  // synchronised with one broadcast per rank instead of one per parameter.
+  // synchronised with one broadcast per rank instead of one per parameter. Off, every parameter
+  // keeps its own storage. kFlat always lays every parameter out in one flat buffer (its ranges
+  // cut across parameters), whatever this says.
   bool parameters_as_bucket_view = false;
   // With a functional local optimizer: target bytes per overlapped step+sync chunk (at most 8
   // chunks, split at parameter boundaries). Smaller chunks start communication earlier.
@@ -107,9 +109,13 @@ struct ZeroOptions {
   // parameter group only. Empty: sorted-greedy.
   std::vector<std::vector<int64_t>> params_per_rank;
   // PyTorch's overlap_with_ddp: the optimizer step runs inside DDP's communication hook, bucket
-  // by bucket as the gradient all-reduces finish (ddp_hooks/zero_hook.h), and step() only
-  // evaluates the closure. Needs a functional local optimizer and one parameter group; the hook
-  // re-partitions the parameters by DDP bucket. Unlike PyTorch, no warm-up iterations are lost.
+  // by bucket as the gradient all-reduces finish (ddp_hooks/zero_hook.h), and step() does
+  // nothing and returns an undefined tensor; step(closure) warns and does not evaluate the
+  // closure (PyTorch warns and returns None). Needs one parameter group and a functional local
+  // optimizer: a torch::optim one with a functional twin (SGD, Adam, AdamW, Adagrad, RMSprop) is
+  // converted, as PyTorch converts. The hook re-partitions the parameters by DDP bucket. Unlike
+  // PyTorch, no warm-up iterations are lost. Changing a parameter's requires_grad afterwards is an
+  // error at the next step (PyTorch raises too).
   bool overlap_with_ddp = false;
 };
 
@@ -137,11 +143,15 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public comm::Joi
   // Collective: gathers every rank's shard of the optimizer state onto rank `to` of the group.
   void consolidate_state_dict(int to = 0);
   // On the rank that received consolidate_state_dict: the global state in PyTorch's optimizer
-  // format (global parameter indices), as the unsharded local optimizer would return it.
-  // Elsewhere, or without consolidation, a clear error.
+  // format (global parameter indices), as the unsharded local optimizer would return it; every
+  // parameter is listed in its group, including any a manual partition gave to no rank.
+  // Elsewhere, or without consolidation, a clear error; after a later step() also an error
+  // (PyTorch returns the stale state, which a checkpoint would pair with newer parameters).
   c10::IValue state_dict() const;
   // Loads this rank's part of a global state dict (from state_dict() here, from an unsharded
   // optimizer, or saved at another world size) into the local optimizer, and the groups' options.
+  // Errors (c10::Error): a malformed dict; state for a parameter index outside [0, parameters)
+  // (PyTorch: IndexError); state of the wrong shape.
   void load_state_dict(const c10::IValue& state_dict);
 
   // Sharded checkpoints (checkpoint/sharded.h), with no rank holding more than its own shard.
@@ -207,6 +217,7 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public comm::Joi
   std::unique_ptr<internal::ZeroLayout> layout_;
   std::unique_ptr<torch::optim::Optimizer> local_;
   c10::IValue consolidated_;
+  bool stale_consolidation_ = false;  // a step ran after this rank received a consolidation
   std::string store_prefix_;
   int64_t add_param_group_calls_ = 0;
   // Set while the join hook shadows a step: that step must not count itself as a rank with

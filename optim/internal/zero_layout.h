@@ -98,6 +98,8 @@ class WholeParamLayout final : public ZeroLayout {
 
   // Parameter `param`'s local index, -1 when another rank (or none) owns it.
   int64_t local_index(int64_t param) const { return global_to_local_.at(static_cast<size_t>(param)); }
+  // Whether some parameter's requires_grad differs from when the buckets were last built.
+  bool trainability_changed() const;
   // Collective, in call order: starts the broadcasts of `params` (global indices, each owner's in
   // its local order) from their owners. Runs of one owner's parameters next to each other in its
   // bucket view go out as one tensor; frozen parameters outside the buckets never change and are

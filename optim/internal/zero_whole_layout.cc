@@ -120,6 +120,8 @@ void WholeParamLayout::broadcast(const std::vector<int64_t>& params, Works& work
   }
 }
 
+bool WholeParamLayout::trainability_changed() const { return trainable_mask(params_) != trainable_; }
+
 at::Tensor WholeParamLayout::step_and_sync(torch::optim::Optimizer& local,
                                            torch::optim::Optimizer::LossClosure closure) {
   std::vector<bool> mask = trainable_mask(params_);
@@ -200,7 +202,9 @@ void WholeParamLayout::step_and_sync_chunked(FunctionalOptimizerAdapter& adapter
 c10::IValue WholeParamLayout::consolidation_part(const c10::IValue& local_state_dict) const {
   std::vector<int64_t> keys;
   for (const LocalEntry& e : entries_) keys.push_back(e.param);
-  return rekeyed_state_dict(local_state_dict, keys, partition_.params_per_rank[rank()]);
+  // Every rank lists every parameter of each group, owned or not (a manual partition may leave
+  // some to no rank): the merged groups then list them all, as PyTorch's state_dict() does.
+  return rekeyed_state_dict(local_state_dict, keys, all_group_params(group_counts()));
 }
 
 }  // namespace dtrain::optim::internal
