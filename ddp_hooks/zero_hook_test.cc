@@ -246,11 +246,13 @@ TEST(ZeroOverlapHookTest, ATrainabilityChangeIsAnError) {
   });
 }
 
-// Overlap with the fp16 compression hook inside: every rank ends with the same parameters, close
-// to unsharded Adam (the gradients travel in fp16).
-TEST(ZeroOverlapHookTest, Fp16CompressionInsideTheOverlapHook) {
+// Overlap with the fp16 / bf16 compression hook inside: every rank ends with the same
+// parameters, close to unsharded Adam (the gradients travel in 16 bits).
+TEST(ZeroOverlapHookTest, Fp16AndBf16CompressionInsideTheOverlapHook) {
   constexpr int kSteps = 4;
   const auto expected = reference(kSteps);
+  for (at::ScalarType dtype : {at::kHalf, at::kBFloat16}) {
+  const double tolerance = dtype == at::kHalf ? 1e-3 : 1e-2;
   run_ranks_as_threads(2, [&](comm::Group& g) {
     Net net = make_net();
     DDPOptions d;
@@ -263,7 +265,7 @@ TEST(ZeroOverlapHookTest, Fp16CompressionInsideTheOverlapHook) {
     zo.overlap_with_ddp = true;
     ZeroRedundancyOptimizer zero(net->parameters(), adam(), zo);
     ddp.register_comm_hook(
-        hook_with_zero_step_interleaved(std::make_unique<CompressHook>(g, at::kHalf), ddp, zero));
+        hook_with_zero_step_interleaved(std::make_unique<CompressHook>(g, dtype), ddp, zero));
     for (int s = 0; s < kSteps; ++s) {
       zero.zero_grad();
       torch::Tensor x = batch_x(s).narrow(0, 4 * g.rank(), 4), y = batch_y().narrow(0, 4 * g.rank(), 4);
@@ -271,13 +273,43 @@ TEST(ZeroOverlapHookTest, Fp16CompressionInsideTheOverlapHook) {
     }
     auto params = net->parameters();
     for (size_t i = 0; i < params.size(); ++i) {
-      EXPECT_TRUE(params[i].allclose(expected[kSteps - 1][i], 1e-3, 1e-3)) << "param " << i;
+      EXPECT_TRUE(params[i].allclose(expected[kSteps - 1][i], tolerance, tolerance)) << dtype << " param " << i;
       std::vector<std::vector<at::Tensor>> all(1);
       for (int r = 0; r < g.size(); ++r) all[0].push_back(at::empty_like(params[i]));
       std::vector<at::Tensor> mine = {params[i].detach().clone()};
       g->allgather(all, mine)->wait();
-      EXPECT_TRUE(all[0][0].equal(all[0][1])) << "param " << i << " differs between the ranks";
+      EXPECT_TRUE(all[0][0].equal(all[0][1])) << dtype << " param " << i << " differs between the ranks";
     }
+  });
+  }
+}
+
+// A frozen parameter: DDP leaves it out, so ZeRO must be built over DDP's parameters (a ZeRO that
+// also holds the frozen one is a clear error); it then never moves while the others train.
+TEST(ZeroOverlapHookTest, FrozenParametersStayOutAndStill) {
+  run_ranks_as_threads(2, [](comm::Group& g) {
+    Net net = make_net();
+    net->fc1->bias.set_requires_grad(false);
+    const at::Tensor frozen_before = net->fc1->bias.detach().clone();
+    const at::Tensor trained_before = net->fc1->weight.detach().clone();
+    DDPOptions d;
+    d.group = g;
+    DistributedDataParallel ddp(net.ptr(), d);
+    ZeroOptions zo;
+    zo.group = g;
+    zo.overlap_with_ddp = true;
+    ZeroRedundancyOptimizer with_frozen(net->parameters(), adam(), zo);
+    EXPECT_THAT(error_of([&] { hook_with_zero_step(std::make_unique<AllReduceHook>(g), ddp, with_frozen); }),
+                HasSubstr("is not reduced by DDP (frozen"));
+    ZeroRedundancyOptimizer zero(ddp.parameters(), adam(), zo);
+    ddp.register_comm_hook(hook_with_zero_step(std::make_unique<AllReduceHook>(g), ddp, zero));
+    for (int s = 0; s < 3; ++s) {
+      zero.zero_grad();
+      torch::Tensor x = batch_x(s).narrow(0, 4 * g.rank(), 4), y = batch_y().narrow(0, 4 * g.rank(), 4);
+      ddp.forward([&] { return torch::mse_loss(net->forward(x), y); }).backward();
+    }
+    EXPECT_TRUE(net->fc1->bias.equal(frozen_before));
+    EXPECT_FALSE(net->fc1->weight.equal(trained_before));
   });
 }
 

@@ -108,7 +108,9 @@ TEST(ZeroSemanticsTest, StateDictAfterALaterStepIsAnError) {
     set_averaged_grads(g, p, 0);
     zero.step();
     zero.consolidate_state_dict(0);
-    if (g.rank() == 0) EXPECT_TRUE(zero.state_dict().isGenericDict());
+    if (g.rank() == 0) {
+      EXPECT_TRUE(zero.state_dict().isGenericDict());
+    }
     set_averaged_grads(g, p, 1);
     zero.step();
     if (g.rank() == 0) {
@@ -133,7 +135,9 @@ TEST(ZeroSemanticsTest, BucketViewDecidesParameterStorage) {
         for (int64_t i : mine) {
           const bool shared = p[i].storage().is_alias_of(p[mine.front()].storage());
           EXPECT_EQ(shared, view || i == mine.front()) << "view " << view << " param " << i;
-          if (!view) EXPECT_EQ(p[i].data_ptr(), before[i]) << "param " << i << " moved without bucket views";
+          if (!view) {
+            EXPECT_EQ(p[i].data_ptr(), before[i]) << "param " << i << " moved without bucket views";
+          }
         }
       }
     }
