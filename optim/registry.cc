@@ -21,7 +21,7 @@ void register_builtin(FunctionalRegistry& r) {
       const c10::IValue v = rest.at(kAllowEmptyParamList);
       TORCH_CHECK(v.isBool(), table.name(), ": ", kAllowEmptyParamList, " must be a bool, got ", v.tagKind());
       allow_empty = v.toBool();
-      rest.erase(kAllowEmptyParamList);
+      (void)rest.erase(kAllowEmptyParamList);  // the count is known: contains() said 1
     }
     return std::unique_ptr<FunctionalOptimizer>(
         std::make_unique<Functional>(std::move(params), table.resolve(rest), allow_empty));
