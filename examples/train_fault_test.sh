@@ -58,9 +58,12 @@ campaign single --hook=allreduce
 campaign powersgd --hook=powersgd
 campaign sharded --sharded_checkpoint --zero=flat
 # A stopped rank (SIGSTOP) is reported within --timeout_s plus the heartbeat check, naming it.
-"$TRAIN" --steps=100000 --hidden=32 --batch_size=16 --checkpoint_dir= --timeout_s=5 >"$TMP/stop.log" 2>&1 &
+"$TRAIN" --steps=100000 --log_every=1 --hidden=32 --batch_size=16 --checkpoint_dir= --timeout_s=5 \
+  >"$TMP/stop.log" 2>&1 &
 launcher=$!
-sleep 3
+# Stop rank 1 once the job trains (its first progress line), however long startup takes (under
+# the sanitizers it takes longer than the bound this checks).
+for _ in $(seq 1 240); do grep -q "^step " "$TMP/stop.log" 2>/dev/null && break; sleep 0.5; done
 rank1=""
 for d in /proc/[0-9]*; do  # the launcher's children (no pgrep in minimal images)
   p=${d#/proc/}
