@@ -14,6 +14,7 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "comm/exception_status.h"
 #include "comm/process_set.h"
 
 namespace dtrain::comm::testing {
@@ -24,12 +25,8 @@ constexpr char kRankEnv[] = "DTRAIN_TEST_RANK";
 std::string describe(std::exception_ptr e) {
   try {
     std::rethrow_exception(e);
-  } catch (const c10::Error& err) {
-    return err.what_without_backtrace();
-  } catch (const std::exception& err) {
-    return err.what();
   } catch (...) {
-    return "unknown exception";
+    return current_exception_message();
   }
 }
 

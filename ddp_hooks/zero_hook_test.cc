@@ -77,6 +77,41 @@ std::unique_ptr<ZeroOverlapHook> make_hook(comm::Group& g, const DistributedData
   return std::make_unique<ZeroOverlapHook>(std::make_unique<AllReduceHook>(g), ddp, zero, shard_buckets, schedule);
 }
 
+// ZeRO over a DDP group with overlap_with_ddp, and DDP with buckets of `cap_mb` (0: the default).
+ZeroOptions overlap_options(comm::Group& g) {
+  ZeroOptions zo;
+  zo.group = g;
+  zo.overlap_with_ddp = true;
+  return zo;
+}
+DDPOptions ddp_options(comm::Group& g, double cap_mb = 0) {
+  DDPOptions d;
+  d.group = g;
+  if (cap_mb > 0) {
+    d.bucket_cap_mb = cap_mb;
+    d.first_bucket_cap_mb = cap_mb;
+  }
+  return d;
+}
+
+// Steps [from, to) of this rank's half of the batch through DDP (the hook steps ZeRO).
+void train(Net& net, DistributedDataParallel& ddp, ZeroRedundancyOptimizer& zero, comm::Group& g, int from, int to) {
+  for (int s = from; s < to; ++s) {
+    zero.zero_grad();
+    torch::Tensor x = batch_x(s).narrow(0, 4 * g.rank(), 4), y = batch_y().narrow(0, 4 * g.rank(), 4);
+    ddp.forward([&] { return torch::mse_loss(net->forward(x), y); }).backward();
+  }
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "no error";
+}
+
 void check_matches_unsharded_adam(const Case& c, ZeroStepSchedule schedule) {
   constexpr int kSteps = 6;
   const auto expected = reference(kSteps);
@@ -164,14 +199,7 @@ TEST(ZeroOverlapHookTest, MisuseIsAClearError) {
     DDPOptions d;
     d.group = g;
     DistributedDataParallel ddp(net.ptr(), d);
-    auto message = [](const std::function<void()>& f) -> std::string {
-      try {
-        f();
-      } catch (const c10::Error& e) {
-        return e.what_without_backtrace();
-      }
-      return "no error";
-    };
+    auto message = error_of;
     ZeroOptions plain;
     plain.group = g;
     ZeroRedundancyOptimizer not_overlapped(net->parameters(), adam(), plain);
@@ -196,26 +224,13 @@ TEST(ZeroOverlapHookTest, MisuseIsAClearError) {
   });
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "no error";
-}
-
 // Inside a Join a joined rank's shadow reductions would step the optimizer with zero gradients:
 // both DDP (whose hook is the overlap hook) and the overlapped optimizer refuse, on every rank.
 TEST(ZeroOverlapHookTest, JoinIsRefusedOnEveryRank) {
   run_ranks_as_threads(2, [](comm::Group& g) {
     Net net = make_net();
-    DDPOptions d;
-    d.group = g;
-    DistributedDataParallel ddp(net.ptr(), d);
-    ZeroOptions zo;
-    zo.group = g;
-    zo.overlap_with_ddp = true;
+    DistributedDataParallel ddp(net.ptr(), ddp_options(g));
+    const ZeroOptions zo = overlap_options(g);
     ZeroRedundancyOptimizer zero(net->parameters(), adam(), zo);
     ddp.register_comm_hook(hook_with_zero_step(std::make_unique<AllReduceHook>(g), ddp, zero));
     EXPECT_THAT(error_of([&] { comm::Join join({&ddp}); }), HasSubstr("DistributedDataParallel cannot join: the ZeRO "
@@ -228,13 +243,10 @@ TEST(ZeroOverlapHookTest, JoinIsRefusedOnEveryRank) {
 TEST(ZeroOverlapHookTest, ATrainabilityChangeIsAnError) {
   run_ranks_as_threads(2, [](comm::Group& g) {
     Net net = make_net();
-    DDPOptions d;
-    d.group = g;
+    DDPOptions d = ddp_options(g);
     d.find_unused_parameters = true;
     DistributedDataParallel ddp(net.ptr(), d);
-    ZeroOptions zo;
-    zo.group = g;
-    zo.overlap_with_ddp = true;
+    const ZeroOptions zo = overlap_options(g);
     ZeroRedundancyOptimizer zero(net->parameters(), adam(), zo);
     ddp.register_comm_hook(hook_with_zero_step(std::make_unique<AllReduceHook>(g), ddp, zero));
     torch::Tensor x = batch_x(0).narrow(0, 4 * g.rank(), 4), y = batch_y().narrow(0, 4 * g.rank(), 4);
@@ -255,22 +267,12 @@ TEST(ZeroOverlapHookTest, Fp16AndBf16CompressionInsideTheOverlapHook) {
   const double tolerance = dtype == at::kHalf ? 1e-3 : 1e-2;
   run_ranks_as_threads(2, [&](comm::Group& g) {
     Net net = make_net();
-    DDPOptions d;
-    d.group = g;
-    d.bucket_cap_mb = 1e-6;
-    d.first_bucket_cap_mb = 1e-6;
-    DistributedDataParallel ddp(net.ptr(), d);
-    ZeroOptions zo;
-    zo.group = g;
-    zo.overlap_with_ddp = true;
+    DistributedDataParallel ddp(net.ptr(), ddp_options(g, 1e-6));
+    const ZeroOptions zo = overlap_options(g);
     ZeroRedundancyOptimizer zero(net->parameters(), adam(), zo);
     ddp.register_comm_hook(
         hook_with_zero_step_interleaved(std::make_unique<CompressHook>(g, dtype), ddp, zero));
-    for (int s = 0; s < kSteps; ++s) {
-      zero.zero_grad();
-      torch::Tensor x = batch_x(s).narrow(0, 4 * g.rank(), 4), y = batch_y().narrow(0, 4 * g.rank(), 4);
-      ddp.forward([&] { return torch::mse_loss(net->forward(x), y); }).backward();
-    }
+    train(net, ddp, zero, g, 0, kSteps);
     auto params = net->parameters();
     for (size_t i = 0; i < params.size(); ++i) {
       EXPECT_TRUE(params[i].allclose(expected[kSteps - 1][i], tolerance, tolerance)) << dtype << " param " << i;
@@ -292,22 +294,14 @@ TEST(ZeroOverlapHookTest, FrozenParametersStayOutAndStill) {
     net->fc1->bias.set_requires_grad(false);
     const at::Tensor frozen_before = net->fc1->bias.detach().clone();
     const at::Tensor trained_before = net->fc1->weight.detach().clone();
-    DDPOptions d;
-    d.group = g;
-    DistributedDataParallel ddp(net.ptr(), d);
-    ZeroOptions zo;
-    zo.group = g;
-    zo.overlap_with_ddp = true;
+    DistributedDataParallel ddp(net.ptr(), ddp_options(g));
+    const ZeroOptions zo = overlap_options(g);
     ZeroRedundancyOptimizer with_frozen(net->parameters(), adam(), zo);
     EXPECT_THAT(error_of([&] { hook_with_zero_step(std::make_unique<AllReduceHook>(g), ddp, with_frozen); }),
                 HasSubstr("is not reduced by DDP (frozen"));
     ZeroRedundancyOptimizer zero(ddp.parameters(), adam(), zo);
     ddp.register_comm_hook(hook_with_zero_step(std::make_unique<AllReduceHook>(g), ddp, zero));
-    for (int s = 0; s < 3; ++s) {
-      zero.zero_grad();
-      torch::Tensor x = batch_x(s).narrow(0, 4 * g.rank(), 4), y = batch_y().narrow(0, 4 * g.rank(), 4);
-      ddp.forward([&] { return torch::mse_loss(net->forward(x), y); }).backward();
-    }
+    train(net, ddp, zero, g, 0, 3);
     EXPECT_TRUE(net->fc1->bias.equal(frozen_before));
     EXPECT_FALSE(net->fc1->weight.equal(trained_before));
   });
@@ -319,25 +313,13 @@ TEST(ZeroOverlapHookTest, ConsolidateAndLoadContinueExactly) {
   constexpr int kSteps = 6;
   const auto expected = reference(kSteps);
   run_ranks_as_threads(2, [&](comm::Group& g) {
-    auto train = [&](Net& net, DistributedDataParallel& ddp, ZeroRedundancyOptimizer& zero, int from, int to) {
-      for (int s = from; s < to; ++s) {
-        zero.zero_grad();
-        torch::Tensor x = batch_x(s).narrow(0, 4 * g.rank(), 4), y = batch_y().narrow(0, 4 * g.rank(), 4);
-        ddp.forward([&] { return torch::mse_loss(net->forward(x), y); }).backward();
-      }
-    };
-    ZeroOptions zo;
-    zo.group = g;
-    zo.overlap_with_ddp = true;
-    DDPOptions d;
-    d.group = g;
-    d.bucket_cap_mb = 1e-6;
-    d.first_bucket_cap_mb = 1e-6;
+    const ZeroOptions zo = overlap_options(g);
+    const DDPOptions d = ddp_options(g, 1e-6);
     Net net = make_net();
     DistributedDataParallel ddp(net.ptr(), d);
     ZeroRedundancyOptimizer zero(net->parameters(), adam(), zo);
     ddp.register_comm_hook(hook_with_zero_step(std::make_unique<AllReduceHook>(g), ddp, zero));
-    train(net, ddp, zero, 0, 3);
+    train(net, ddp, zero, g, 0, 3);
     zero.consolidate_state_dict(0);
     c10::IValue saved = g.rank() == 0 ? zero.state_dict() : c10::IValue();
     ASSERT_TRUE(comm::broadcast_object(g, saved, 0).ok());
@@ -352,7 +334,7 @@ TEST(ZeroOverlapHookTest, ConsolidateAndLoadContinueExactly) {
     ZeroRedundancyOptimizer zero2(resumed->parameters(), adam(), zo);
     ddp2.register_comm_hook(hook_with_zero_step(std::make_unique<AllReduceHook>(g), ddp2, zero2));
     zero2.load_state_dict(saved);
-    train(resumed, ddp2, zero2, 3, kSteps);
+    train(resumed, ddp2, zero2, g, 3, kSteps);
     auto params = resumed->parameters();
     for (size_t i = 0; i < params.size(); ++i) {
       EXPECT_TRUE(params[i].allclose(expected[kSteps - 1][i], 1e-5, 1e-6))

@@ -71,11 +71,8 @@ ABSL_FLAG(int, timeout_s, 60,
           "Seconds a collective may wait for the other ranks before the job fails, naming the rank that stopped.");
 ABSL_FLAG(int, rendezvous_timeout_s, 300, "Seconds for every rank to join the job at startup.");
 ABSL_FLAG(int, max_restarts, 0,
-          "Times to restart all ranks after one fails (torchrun's --max_restarts, 0-100); a restarted attempt "
-          "resumes from the newest step this job committed in --checkpoint_dir.");
-ABSL_FLAG(std::string, rdzv_id, "",
-          "The job's id (torchrun's --rdzv_id; TORCHELASTIC_RUN_ID), recorded in each checkpoint; empty: a random id "
-          "per launch. Launches given the same id count as one job.");
+          "Times to restart all ranks after one fails (torchrun's flag, 0-100); they resume from this job's newest step.");
+ABSL_FLAG(std::string, rdzv_id, "", "The job's id (torchrun's flag), recorded in each checkpoint; empty: random per launch.");
 ABSL_FLAG(int, fail_at_step, 0,
           "Testing only: rank 1 kills itself (SIGKILL) before this step on the first attempt; 0: never.");
 ABSL_FLAG(uint64_t, seed, 0, "Seed of the teacher, the student's initial weights and the data.");
