@@ -27,7 +27,11 @@ namespace dtrain::comm {
 
 #if TORCH_VERSION_MAJOR >= 2
 using C10dGroup = c10d::Backend;
-// LibTorch 2.x Gloo has reduce_scatter (as _reduce_scatter_base / reduce_scatter_tensor); 1.13's has none.
+// LibTorch 2.x Gloo has reduce_scatter_tensor (_reduce_scatter_base; SUM), 1.13's has none: there
+// both it and the list form throw "does not support" (the list form throws in 2.6 too). 2.x Gloo
+// implements it as an all-reduce of a copy of the input followed by a local copy of this rank's
+// chunk (twice the bytes per rank of a ring reduce-scatter; its Work's isCompleted() stays false
+// even after wait()), so comm/reduce_scatter.h uses an all-to-all on Gloo on both versions.
 inline constexpr bool kGlooHasReduceScatter = true;
 // LibTorch 2.x Gloo reduces bfloat16 tensors; 1.13's fails with "Invalid scalar type".
 inline constexpr bool kGlooReducesBFloat16 = true;

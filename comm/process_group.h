@@ -23,6 +23,8 @@
 
 namespace dtrain::comm {
 
+class ByteCounter;  // comm/counting_group.h
+
 // True when this build has the NCCL backend (the LibTorch found at build time ships CUDA).
 bool nccl_available();
 
@@ -106,6 +108,7 @@ class Group {
 
   friend absl::StatusOr<Group> init_process_group(const InitOptions& options);
   friend absl::StatusOr<Group> new_group(const Group& parent, std::vector<int> ranks);
+  friend Group counting_group(const Group& group, std::shared_ptr<ByteCounter> counter);
 };
 
 // Rendezvous and create the world group. Blocks until all world_size ranks have joined or the
