@@ -25,7 +25,9 @@ struct DistributedDataParallel::State {
     std::vector<size_t> params;      // indices into State::params
     std::vector<size_t> offsets, lengths;
     std::vector<c10::IntArrayRef> sizes;
-    at::Tensor buffer;
+    int64_t numel = 0;
+    at::TensorOptions options;
+    at::Tensor buffer;  // undefined between backward passes with a GradientConsumer hook
     size_t pending = 0;
     c10::intrusive_ptr<c10::ivalue::Future> future;
   };
@@ -38,6 +40,7 @@ struct DistributedDataParallel::State {
   std::vector<std::pair<size_t, size_t>> where;  // param -> (bucket, position)
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
   std::unique_ptr<c10d::CommHookInterface> hook;
+  GradientConsumer* consumer = nullptr;  // `hook`, when it takes the gradients over
   bool custom_hook = false;
   // Join with divide_by_initial_world_size=false: ranks still training this iteration (0 when
   // not in a Join), to average over them instead of the initial world size.
@@ -78,8 +81,11 @@ struct DistributedDataParallel::State {
     if (!grad.defined() || grad.data_ptr() != bucket_view(i).data_ptr()) params[i].mutable_grad() = grad_alias(i);
   }
 
-  // Puts parameter i's gradient into its bucket (or zeros when it has none).
+  // Puts parameter i's gradient into its bucket (or zeros when it has none). A consumer's
+  // buckets are allocated for the pass, and the gradient released once copied.
   void gather_grad(size_t i) {
+    Bucket& bucket = buckets[where[i].first];
+    if (!bucket.buffer.defined()) bucket.buffer = at::empty({bucket.numel}, bucket.options);
     at::Tensor view = bucket_view(i);
     const at::Tensor& grad = params[i].grad();
     if (!grad.defined()) {
@@ -87,6 +93,7 @@ struct DistributedDataParallel::State {
     } else if (!grad.is_same(view) && grad.data_ptr() != view.data_ptr()) {
       view.copy_(grad);
     }
+    if (consumer != nullptr) params[i].mutable_grad() = at::Tensor();
     if (options.gradient_as_bucket_view) point_grad_at_bucket(i);
   }
 
@@ -99,6 +106,7 @@ struct DistributedDataParallel::State {
       c10d::GradBucket grad_bucket = make_grad_bucket(next_bucket, buckets.size(), bucket.buffer, bucket.offsets,
                                                      bucket.lengths, bucket.sizes, bucket_params);
       bucket.future = hook->runHook(grad_bucket);
+      if (consumer != nullptr) bucket.buffer = at::Tensor();  // the hook keeps what it needs
       ++next_bucket;
     }
   }
@@ -138,6 +146,13 @@ struct DistributedDataParallel::State {
     // Missing gradients still go through their buckets as zeros, so every rank launches the
     // same collectives.
     for (size_t i : unused) mark_ready(i);
+    if (consumer != nullptr) {
+      for (Bucket& bucket : buckets) bucket.future->wait();
+      consumer->finish_backward();
+      if (!unused.empty()) pending_error = unused_parameters_error(unused);
+      reset();
+      return;
+    }
     at::Tensor globally_used;
     if (options.find_unused_parameters) {
       globally_used = at::zeros({static_cast<int64_t>(params.size())}, at::kInt);
@@ -146,13 +161,7 @@ struct DistributedDataParallel::State {
       std::vector<at::Tensor> t = {globally_used};
       options.group->allreduce(t)->wait();
     } else if (!unused.empty()) {
-      std::vector<std::string> which;
-      for (size_t i : unused) which.push_back(absl::StrCat(names[i], " (index ", i, ")"));
-      pending_error = absl::StrCat(
-          "Expected to have finished reduction in the prior iteration before starting a new one. This error indicates "
-          "that your module has parameters that were not used in producing loss. You can enable unused parameter "
-          "detection by setting find_unused_parameters=true in DDPOptions. Parameters which did not receive grad "
-          "for rank ", options.group.rank(), ": ", absl::StrJoin(which, ", "));
+      pending_error = unused_parameters_error(unused);
     }
     // As PyTorch's reducer: only the built-in all-reduce honours divide_by_initial_world_size;
     // it divided by the world size, joined ranks sent zeros, so rescale to the active ranks.
@@ -178,6 +187,16 @@ struct DistributedDataParallel::State {
       }
     }
     reset();
+  }
+
+  std::string unused_parameters_error(const std::vector<size_t>& unused) const {
+    std::vector<std::string> which;
+    for (size_t i : unused) which.push_back(absl::StrCat(names[i], " (index ", i, ")"));
+    return absl::StrCat(
+        "Expected to have finished reduction in the prior iteration before starting a new one. This error indicates "
+        "that your module has parameters that were not used in producing loss. You can enable unused parameter "
+        "detection by setting find_unused_parameters=true in DDPOptions. Parameters which did not receive grad "
+        "for rank ", options.group.rank(), ": ", absl::StrJoin(which, ", "));
   }
 
   void reset() {
@@ -262,8 +281,9 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     }
   }
   for (State::Bucket& bucket : s.buckets) {
-    const at::Tensor& first = s.params[bucket.params[0]];
-    bucket.buffer = at::zeros({static_cast<int64_t>(bucket.offsets.back() + bucket.lengths.back())}, first.options());
+    bucket.numel = static_cast<int64_t>(bucket.offsets.back() + bucket.lengths.back());
+    bucket.options = s.params[bucket.params[0]].options();
+    bucket.buffer = at::zeros({bucket.numel}, bucket.options);
   }
   s.ready.assign(s.params.size(), false);
   s.reset();
@@ -338,13 +358,14 @@ void DistributedDataParallel::shadow_backward() {
   // One reduction per bucket, in order, with zeros (results discarded: this rank does not step).
   for (size_t b = 0; b < s.buckets.size(); ++b) {
     State::Bucket& bucket = s.buckets[b];
-    at::Tensor zeros = at::zeros_like(bucket.buffer);
+    at::Tensor zeros = at::zeros({bucket.numel}, bucket.options);
     std::vector<at::Tensor> params;
     for (size_t i : bucket.params) params.push_back(s.params[i]);
     c10d::GradBucket grad_bucket =
         make_grad_bucket(b, s.buckets.size(), zeros, bucket.offsets, bucket.lengths, bucket.sizes, params);
     s.hook->runHook(grad_bucket)->wait();
   }
+  if (s.consumer != nullptr) s.consumer->finish_backward();
   if (s.options.find_unused_parameters) {
     std::vector<at::Tensor> used = {at::zeros({static_cast<int64_t>(s.params.size())}, at::kInt)};
     s.options.group->allreduce(used)->wait();
@@ -393,9 +414,21 @@ c10::intrusive_ptr<comm::C10dGroup> DistributedDataParallel::join_process_group(
 void DistributedDataParallel::register_comm_hook(std::unique_ptr<c10d::CommHookInterface> hook) {
   TORCH_CHECK(hook != nullptr, "register_comm_hook: null hook");
   std::lock_guard<std::mutex> lock(state_->mu);
-  TORCH_CHECK(!state_->custom_hook, "register_comm_hook or register_builtin_comm_hook can only be called once.");
-  state_->hook = std::move(hook);
-  state_->custom_hook = true;
+  State& s = *state_;
+  TORCH_CHECK(!s.custom_hook, "register_comm_hook or register_builtin_comm_hook can only be called once.");
+  auto* consumer = dynamic_cast<GradientConsumer*>(hook.get());
+  if (consumer != nullptr) {
+    TORCH_CHECK(!s.options.gradient_as_bucket_view, "this communication hook shards the gradients (ZeRO-2) and frees "
+                "each bucket once reduced, which gradient_as_bucket_view would keep as every parameter's .grad: set "
+                "DDPOptions::gradient_as_bucket_view = false");
+    TORCH_CHECK(!s.options.find_unused_parameters, "this communication hook shards the gradients (ZeRO-2), which "
+                "does not support find_unused_parameters yet (a parameter unused on every rank would be stepped with "
+                "a zero gradient): set DDPOptions::find_unused_parameters = false and use every parameter");
+    for (State::Bucket& bucket : s.buckets) bucket.buffer = at::Tensor();
+  }
+  s.hook = std::move(hook);
+  s.consumer = consumer;
+  s.custom_hook = true;
 }
 
 DistributedDataParallel::NoSyncGuard::NoSyncGuard(DistributedDataParallel* ddp) : ddp_(ddp) {
@@ -426,5 +459,7 @@ std::vector<std::vector<size_t>> DistributedDataParallel::bucket_indices() const
 const std::vector<std::string>& DistributedDataParallel::parameter_names() const { return state_->names; }
 
 const std::vector<at::Tensor>& DistributedDataParallel::parameters() const { return state_->params; }
+
+const comm::Group& DistributedDataParallel::group() const { return state_->options.group; }
 
 }  // namespace dtrain::ddp_hooks

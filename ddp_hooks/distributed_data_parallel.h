@@ -57,6 +57,19 @@ class NotJoinable {
   virtual std::string why_not_joinable() const = 0;
 };
 
+// Implemented by a communication hook that takes each bucket's gradients over instead of handing
+// them back (ZeRO-2's, ddp_hooks/zero_hook.h): DDP then fills each bucket in a buffer that lives
+// only while the hook holds it, releases a parameter's .grad once it is copied in, writes nothing
+// back (after a synchronised backward the parameters have no .grad), and calls finish_backward()
+// at the end of every synchronised backward, a joined rank's shadow backward included, after the
+// last bucket went to the hook. Such a hook rules out gradient_as_bucket_view and
+// find_unused_parameters (register_comm_hook says so).
+class GradientConsumer {
+ public:
+  virtual ~GradientConsumer() = default;
+  virtual void finish_backward() = 0;
+};
+
 class DistributedDataParallel : public comm::Joinable {
  public:
   // Collective. Checks every rank has the same parameter names, shapes and dtypes (an error
@@ -75,7 +88,8 @@ class DistributedDataParallel : public comm::Joinable {
     return forward();
   }
 
-  // Replaces the default all-reduce. Once per engine: a second call is an error.
+  // Replaces the default all-reduce. Once per engine: a second call is an error. A
+  // GradientConsumer hook needs gradient_as_bucket_view and find_unused_parameters off.
   void register_comm_hook(std::unique_ptr<c10d::CommHookInterface> hook);
 
   // While alive, backward passes accumulate gradients locally without communication.
@@ -108,6 +122,8 @@ class DistributedDataParallel : public comm::Joinable {
   const std::vector<std::string>& parameter_names() const;
   // The parameters DDP reduces (those requiring grad, registration order).
   const std::vector<at::Tensor>& parameters() const;
+  // The group the gradients are reduced over (DDPOptions::group).
+  const comm::Group& group() const;
 
   struct State;  // shared with the autograd hooks
 

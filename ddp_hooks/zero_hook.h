@@ -29,6 +29,25 @@
 // callbacks may issue collectives in different orders on different ranks; here every collective
 // is issued from the hook, in the same order everywhere). Not for use inside a Join: a joined
 // rank would step with zero gradients; DistributedDataParallel::join refuses it.
+//
+// ZeRO stage 2 (beyond PyTorch, ZeroOptions::shard_gradients): hook_with_zero2 replaces DDP's
+// all-reduce. Each bucket, as backward produces it, is reduce-scattered, leaving every rank the
+// averaged gradient of only its aligned range of the bucket; the bucket and the parameters' .grad
+// are freed. zero.step() (after an optional zero.clip_grad_norm_) steps those ranges and
+// all-gathers the updated parameters bucket by bucket. Per rank and iteration that sends
+// 2(n-1)/n of the model's bytes (DDP + ZeRO-1: 3(n-1)/n) and keeps about 1/n of the gradients.
+//
+//   dtrain::optim::ZeroOptions zo;
+//   zo.group = world;
+//   zo.shard_gradients = true;
+//   dtrain::optim::ZeroRedundancyOptimizer zero(model->parameters(), ..., zo);
+//   ddp.register_comm_hook(dtrain::ddp_hooks::hook_with_zero2(ddp, zero));
+//   for (...) { ddp.forward(...).backward(); zero.clip_grad_norm_(1.0); zero.step(); }
+//
+// Gradients accumulate across backward passes inside ddp.no_sync() (in .grad, full size, as in
+// PyTorch); each synchronised backward replaces the reduced slices, whether or not zero_grad()
+// ran. Works inside a comm::Join with both DDP and the optimizer as joinables (a joined rank
+// reduce-scatters zeros and still steps and all-gathers its ranges).
 #ifndef DTRAIN_DDP_HOOKS_ZERO_HOOK_H_
 #define DTRAIN_DDP_HOOKS_ZERO_HOOK_H_
 
@@ -37,6 +56,7 @@
 
 #include <torch/csrc/distributed/c10d/comm.hpp>
 
+#include "comm/reduce_scatter.h"
 #include "ddp_hooks/distributed_data_parallel.h"
 #include "optim/zero_redundancy_optimizer.h"
 
@@ -87,6 +107,31 @@ std::unique_ptr<c10d::CommHookInterface> hook_with_zero_step(std::unique_ptr<c10
 std::unique_ptr<c10d::CommHookInterface> hook_with_zero_step_interleaved(
     std::unique_ptr<c10d::CommHookInterface> inner, const DistributedDataParallel& ddp,
     optim::ZeroRedundancyOptimizer& zero, bool shard_buckets = false);
+
+// ZeRO-2's hook (see the top of this file).
+class ZeroGradShardHook : public c10d::CommHookInterface, public GradientConsumer {
+ public:
+  // REQUIRES: zero built with ZeroOptions::shard_gradients over exactly ddp's parameters, on a
+  // group with the same ranks as DDP's, no step taken yet. Lays ZeRO's parameters out by DDP
+  // bucket. `ddp` and `zero` must outlive the hook.
+  ZeroGradShardHook(const DistributedDataParallel& ddp, optim::ZeroRedundancyOptimizer& zero);
+  // Starts bucket b's reduce-scatter (after finishing bucket b-1's: at most two in flight).
+  c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override;
+  at::Tensor parseHookResult(const c10::IValue& result) override;
+  // Waits for the last reduce-scatters; the slices are ready for zero.step().
+  void finish_backward() override;
+
+ private:
+  void finish(size_t b);
+
+  optim::ZeroRedundancyOptimizer& zero_;
+  comm::Group group_;
+  std::vector<comm::ReduceScatterWork> pending_;
+  size_t expected_ = 0;
+};
+
+std::unique_ptr<c10d::CommHookInterface> hook_with_zero2(const DistributedDataParallel& ddp,
+                                                         optim::ZeroRedundancyOptimizer& zero);
 
 }  // namespace dtrain::ddp_hooks
 

@@ -16,8 +16,8 @@ internal::WholeParamLayout& ZeroOverlap::layout() {
 void ZeroOverlap::set_partition(std::vector<std::vector<int64_t>> params_per_rank) {
   TORCH_CHECK(zero_.options_.overlap_with_ddp, "set_overlap_partition is for overlap_with_ddp: set "
               "ZeroOptions::overlap_with_ddp = true");
-  TORCH_CHECK(!zero_.stepped_ && zero_.local_state_bytes() == 0, "the ZeRO overlap hook must be registered before "
-              "the first step: the optimizer already holds state for the old partition");
+  TORCH_CHECK(!zero_.stepped_ && !zero_.state_loaded_, "the ZeRO overlap hook must be registered before the first "
+              "step and before loading a checkpoint: the optimizer already holds state for the old partition");
   zero_.options_.params_per_rank = std::move(params_per_rank);
   zero_.build_layout();
   zero_.build_local_optimizer();
@@ -58,5 +58,35 @@ std::vector<c10::intrusive_ptr<c10d::Work>> ZeroOverlap::broadcast(const std::ve
   layout().broadcast(params, works);
   return works;
 }
+
+}  // namespace dtrain::optim
+
+namespace dtrain::optim {
+
+ZeroGradShards::ZeroGradShards(ZeroRedundancyOptimizer& zero) : zero_(zero) {
+  TORCH_CHECK(zero_.options_.shard_gradients, "the ZeRO-2 hook needs a ZeroRedundancyOptimizer built with "
+              "ZeroOptions::shard_gradients = true");
+}
+
+internal::GradShardLayout& ZeroGradShards::layout() const {
+  auto* shards = dynamic_cast<internal::GradShardLayout*>(zero_.layout_.get());
+  TORCH_CHECK(shards != nullptr, "ZeroGradShards: set_buckets has not been called");
+  return *shards;
+}
+
+void ZeroGradShards::set_buckets(std::vector<std::vector<int64_t>> bucket_params) {
+  TORCH_CHECK(!zero_.stepped_ && !zero_.state_loaded_, "the ZeRO-2 hook must be registered before the "
+              "first step and before loading a checkpoint: the optimizer already holds state for the old layout");
+  TORCH_CHECK(!bucket_params.empty(), "ZeroGradShards::set_buckets: no buckets");
+  zero_.grad_shard_buckets_ = std::move(bucket_params);
+  zero_.build_layout();
+  zero_.build_local_optimizer();
+  zero_.consolidated_ = c10::IValue();
+}
+
+int64_t ZeroGradShards::bucket_numel(size_t b) const { return layout().bucket_numel(b); }
+int64_t ZeroGradShards::padded_numel(size_t b) const { return layout().padded_numel(b); }
+at::Tensor ZeroGradShards::grad_chunk(size_t b) const { return layout().grad_chunk(b); }
+void ZeroGradShards::mark_reduced() { layout().mark_reduced(); }
 
 }  // namespace dtrain::optim

@@ -1,5 +1,6 @@
 #include "optim/zero_redundancy_optimizer.h"
 
+#include <cmath>
 #include <map>
 #include <random>
 
@@ -40,7 +41,8 @@ LocalOptimizer& functional_for_overlap(LocalOptimizer& local, bool overlap) {
 ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<torch::optim::OptimizerParamGroup> param_groups,
                                                  LocalOptimizer local, ZeroOptions options)
     : torch::optim::Optimizer(std::vector<torch::optim::OptimizerParamGroup>{},
-                              functional_for_overlap(local, options.overlap_with_ddp).defaults
+                              functional_for_overlap(local, options.overlap_with_ddp || options.shard_gradients)
+                                      .defaults
                                   ? local.defaults->clone()
                                   : nullptr),
       local_factory_(std::move(local)),
@@ -65,7 +67,7 @@ void ZeroRedundancyOptimizer::init(std::vector<torch::optim::OptimizerParamGroup
   size_t total = 0;
   for (const auto& g : param_groups) total += g.params().size();
   TORCH_CHECK(total > 0, "ZeroRedundancyOptimizer got an empty parameter list");
-  if (options_.overlap_with_ddp) {
+  if (options_.overlap_with_ddp || options_.shard_gradients) {
     // A group's own torch::optim options follow its optimizer to the functional twin.
     for (auto& g : param_groups) {
       const TorchTwin* twin = g.has_options() ? twin_of(g.options()) : nullptr;
@@ -86,12 +88,20 @@ void ZeroRedundancyOptimizer::init(std::vector<torch::optim::OptimizerParamGroup
     TORCH_CHECK(param_groups_.size() == 1, "overlap_with_ddp supports a single parameter group, got ",
                 param_groups_.size());
   }
+  if (options_.shard_gradients) {
+    TORCH_CHECK(!options_.overlap_with_ddp, "shard_gradients and overlap_with_ddp are two ways of running ZeRO with "
+                "DDP: choose one (ZeRO-2's hook is hook_with_zero2, ZeRO-1's hook_with_zero_step)");
+    TORCH_CHECK(options_.params_per_rank.empty(), "shard_gradients partitions every DDP bucket by element ranges: "
+                "leave params_per_rank empty");
+    TORCH_CHECK(param_groups_.size() == 1, "shard_gradients supports a single parameter group, got ",
+                param_groups_.size());
+  }
   TORCH_CHECK(options_.flat_alignment >= 1, "flat_alignment must be at least 1 element, got ", options_.flat_alignment);
   // One name per instance for control-plane keys (rank 0's), and a check that every rank built
   // the same optimizer: mismatched settings would otherwise pair unrelated collectives.
   std::string fingerprint = absl::StrCat("strategy=", static_cast<int>(options_.strategy), " alignment=",
                                          options_.flat_alignment, " bucket_view=", options_.parameters_as_bucket_view,
-                                         " overlap=", options_.overlap_with_ddp, " groups=",
+                                         " overlap=", options_.overlap_with_ddp, " shard_gradients=", options_.shard_gradients, " groups=",
                                          param_groups_.size(), " params_per_rank=", options_.params_per_rank.size(),
                                          " sizes=");
   for (const auto& g : param_groups_) {
@@ -108,8 +118,9 @@ void ZeroRedundancyOptimizer::init(std::vector<torch::optim::OptimizerParamGroup
   store_prefix_ = id.toStringRef();
   build_layout();
   build_local_optimizer();
-  TORCH_CHECK(!options_.overlap_with_ddp || dynamic_cast<FunctionalOptimizerAdapter*>(local_.get()) != nullptr,
-              "overlap_with_ddp steps parameters bucket by bucket, which needs a functional local optimizer: pass "
+  TORCH_CHECK(!(options_.overlap_with_ddp || options_.shard_gradients) ||
+                  dynamic_cast<FunctionalOptimizerAdapter*>(local_.get()) != nullptr,
+              options_.shard_gradients ? "shard_gradients" : "overlap_with_ddp", " steps parameters bucket by bucket, which needs a functional local optimizer: pass "
               "local_optimizer<FunctionalOptimizerAdapter>(name, options), or a torch::optim type with a functional "
               "twin (SGD, Adam, AdamW, Adagrad, RMSprop: converted), not another torch::optim type");
 }
@@ -135,7 +146,10 @@ void ZeroRedundancyOptimizer::validate_params() const {
 void ZeroRedundancyOptimizer::build_layout() {
   std::vector<std::vector<at::Tensor>> groups;
   for (const auto& g : param_groups_) groups.push_back(g.params());
-  if (options_.strategy == PartitionStrategy::kFlat) {
+  if (!grad_shard_buckets_.empty()) {
+    layout_ = std::make_unique<internal::GradShardLayout>(groups, options_.group, grad_shard_buckets_,
+                                                          options_.flat_alignment);
+  } else if (options_.strategy == PartitionStrategy::kFlat) {
     layout_ = std::make_unique<internal::FlatLayout>(groups, options_.group, options_.flat_alignment);
   } else {
     layout_ = std::make_unique<internal::WholeParamLayout>(groups, options_.group, options_.params_per_rank,
@@ -235,6 +249,9 @@ at::Tensor ZeroRedundancyOptimizer::step_unchecked(LossClosure closure) {
     }
     return at::Tensor();
   }
+  TORCH_CHECK(!options_.shard_gradients || !grad_shard_buckets_.empty(), "ZeroRedundancyOptimizer with "
+              "shard_gradients steps the gradient slices DDP's ZeRO-2 hook reduces: register it before the first "
+              "step, ddp.register_comm_hook(dtrain::ddp_hooks::hook_with_zero2(ddp, zero))");
   stepped_ = true;
   sync_options(/*to_local=*/true);
   at::Tensor loss = layout_->step_and_sync(*local_, std::move(closure));
@@ -288,6 +305,7 @@ void ZeroRedundancyOptimizer::load_local_state(const std::vector<checkpoint::Par
   local.param_groups = internal::local_param_groups(groups, layout_->entries(), layout_->group_counts());
   local.state = std::move(local_state);
   load_optimizer_state_dict(*local_, checkpoint::to_ivalue(local));
+  state_loaded_ = true;
   sync_options(/*to_local=*/false);
   consolidated_ = c10::IValue();
   stale_consolidation_ = false;
@@ -368,6 +386,43 @@ c10::intrusive_ptr<comm::C10dGroup> ZeroRedundancyOptimizer::join_process_group(
 
 int64_t ZeroRedundancyOptimizer::local_state_bytes() {
   return state_tensor_bytes(optimizer_state_dict(*local_));
+}
+
+at::Tensor ZeroRedundancyOptimizer::clip_grad_norm_(double max_norm, double norm_type, bool error_if_nonfinite) {
+  TORCH_CHECK(norm_type > 0, "clip_grad_norm_: norm_type must be positive or infinity, got ", norm_type);
+  const bool inf = std::isinf(norm_type);
+  const std::vector<at::Tensor> grads = layout_->gradients();
+  c10::NoGradGuard no_grad;
+  // In double, so the sum over ranks does not lose what fp32 per-tensor norms keep.
+  at::Tensor local = at::zeros({1}, at::kDouble);
+  for (const at::Tensor& g : grads) {
+    at::Tensor norm = at::linalg_vector_norm(g, norm_type, c10::nullopt, false, at::kDouble);
+    local = inf ? at::maximum(local, norm.reshape({1})) : local + norm.pow(norm_type).reshape({1});
+  }
+  if (layout_->gradients_sharded() && world_size() > 1) {
+    std::vector<at::Tensor> t = {local};
+    c10d::AllreduceOptions o;
+    o.reduceOp = inf ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
+    options_.group->allreduce(t, o)->wait();
+  }
+  const at::ScalarType dtype = layout_->params().at(0).scalar_type();
+  at::Tensor total = (inf ? local : local.pow(1.0 / norm_type)).reshape({}).to(dtype);
+  const double value = total.item<double>();
+  TORCH_CHECK(!error_if_nonfinite || std::isfinite(value), "The total norm of order ", norm_type, " for gradients "
+              "from `parameters` is non-finite, so it cannot be clipped. To disable this error and scale the "
+              "gradients by the non-finite norm anyway, set `error_if_nonfinite=False`");
+  at::Tensor coef = at::clamp(max_norm / (total + 1e-6), c10::nullopt, 1.0);
+  for (const at::Tensor& g : grads) const_cast<at::Tensor&>(g).mul_(coef);
+  return total;
+}
+
+int64_t ZeroRedundancyOptimizer::gradient_bytes() const {
+  if (const auto* shards = dynamic_cast<const internal::GradShardLayout*>(layout_.get())) return shards->gradient_bytes();
+  int64_t bytes = 0;
+  for (const at::Tensor& p : layout_->params()) {
+    if (p.grad().defined()) bytes += p.grad().numel() * p.grad().element_size();
+  }
+  return bytes;
 }
 
 const std::vector<at::Tensor>& ZeroRedundancyOptimizer::parameters() const { return layout_->params(); }

@@ -117,6 +117,16 @@ struct ZeroOptions {
   // PyTorch, no warm-up iterations are lost. Changing a parameter's requires_grad afterwards is an
   // error at the next step (PyTorch raises too).
   bool overlap_with_ddp = false;
+  // Beyond PyTorch: ZeRO stage 2 with DDP (ddp_hooks/zero_hook.h's hook_with_zero2): the
+  // gradients are sharded too. Each DDP bucket is reduce-scattered as backward produces it, so a
+  // rank keeps the averaged gradient of only its aligned range of every bucket (about 1/world of
+  // the gradients; .grad of the parameters stays undefined); step() steps those ranges and
+  // all-gathers the updated parameters bucket by bucket. Per iteration a rank sends 2(n-1)/n of
+  // the model's bytes instead of DDP + ZeRO-1's 3(n-1)/n. clip_grad_norm_ works across the
+  // shards. Needs one parameter group and a functional local optimizer (torch::optim twins are
+  // converted, as with overlap_with_ddp); register the hook before the first step. Ranges are
+  // aligned to flat_alignment elements.
+  bool shard_gradients = false;
 };
 
 class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public comm::Joinable {
@@ -179,6 +189,18 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public comm::Joi
   c10::Device join_device() const override;
   c10::intrusive_ptr<comm::C10dGroup> join_process_group() const override;
 
+  // torch.nn.utils.clip_grad_norm_ over the gradients step() will use: scales them by
+  // max_norm / (total_norm + 1e-6) when that is below 1 and returns the total norm (a 0-dim
+  // tensor) of every parameter's gradient taken together. With shard_gradients the norm is summed
+  // over the ranks' slices (one all-reduce of a scalar; collective); otherwise every rank holds
+  // every (DDP-averaged) gradient and nothing is communicated. norm_type: p > 0 or infinity.
+  // Errors: a non-finite total norm with error_if_nonfinite (as PyTorch).
+  at::Tensor clip_grad_norm_(double max_norm, double norm_type = 2.0, bool error_if_nonfinite = false);
+  bool shard_gradients() const { return options_.shard_gradients; }
+  // Bytes of gradient this rank holds for the step: its slices with shard_gradients, else the
+  // parameters' .grad tensors.
+  int64_t gradient_bytes() const;
+
   // Every parameter, in global order (groups concatenated).
   const std::vector<at::Tensor>& parameters() const;
   // PyTorch's overlap_with_ddp: the steps run in ddp_hooks' ZeRO overlap hook, through
@@ -189,6 +211,7 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public comm::Joi
   // owner[i] is the rank holding parameter i's first element.
   const partition::ParamPartition& partition() const;
   torch::optim::Optimizer& local_optimizer() { return *local_; }
+  const comm::Group& process_group() const { return options_.group; }
   int rank() const { return options_.group.rank(); }
   int world_size() const { return options_.group.size(); }
   // Bytes of tensors in this rank's optimizer state (what sharding divides by the world size).
@@ -196,6 +219,7 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public comm::Joi
 
  private:
   friend class ZeroOverlap;
+  friend class ZeroGradShards;
   friend class ZeroJoinHook;
   // step() without its error translation.
   at::Tensor step_unchecked(LossClosure closure);
@@ -224,6 +248,9 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public comm::Joi
   // inputs (PyTorch's hook does, which breaks ZeRO as the first or only joinable).
   bool in_join_hook_ = false;
   bool stepped_ = false;
+  bool state_loaded_ = false;  // load_state_dict or load_sharded ran
+  // shard_gradients: global parameter indices per DDP bucket, set by the ZeRO-2 hook.
+  std::vector<std::vector<int64_t>> grad_shard_buckets_;
 };
 
 }  // namespace dtrain::optim

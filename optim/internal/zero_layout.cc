@@ -25,6 +25,14 @@ ZeroLayout::ZeroLayout(const std::vector<std::vector<at::Tensor>>& groups, comm:
   }
 }
 
+std::vector<at::Tensor> ZeroLayout::gradients() const {
+  std::vector<at::Tensor> out;
+  for (const auto& p : params_) {
+    if (p.grad().defined()) out.push_back(p.grad());
+  }
+  return out;
+}
+
 std::vector<size_t> ZeroLayout::group_counts() const {
   std::vector<size_t> counts;
   for (const auto& g : group_sizes_) counts.push_back(g.size());

@@ -7,6 +7,9 @@
 //                     in one bucket view per rank (zero_whole_layout.cc)
 //   FlatLayout        every parameter a view into one flat buffer, each rank owning one aligned
 //                     element range, pieces of parameters (zero_flat_layout.cc)
+//   GradShardLayout   ZeRO-2: the flat buffer in DDP's buckets, each rank owning one aligned
+//                     range of every bucket and the reduced gradients of only those ranges; the
+//                     updated ranges are all-gathered bucket by bucket (zero_grad_shard_layout.cc)
 // Internal to optim/. Constructing a layout may move the parameters' data (set_data) into its
 // buffers. Collective where stated; not thread-safe.
 //
@@ -66,6 +69,10 @@ class ZeroLayout {
   virtual c10::IValue assemble_consolidated(const c10::IValue& merged) const = 0;
   // The strategy recorded in sharded checkpoints.
   virtual const char* sharded_kind() const = 0;
+  // The gradients this rank steps with: every parameter's .grad (defined ones), or with sharded
+  // gradients (ZeRO-2) only this rank's reduced slices, so a global norm needs a sum across ranks.
+  virtual std::vector<at::Tensor> gradients() const;
+  virtual bool gradients_sharded() const { return false; }
 
  protected:
   ZeroLayout(const std::vector<std::vector<at::Tensor>>& groups, comm::Group group);
@@ -143,6 +150,56 @@ class FlatLayout final : public ZeroLayout {
   std::vector<partition::Range> ranges_;  // per rank
   std::vector<int64_t> piece_offsets_;    // per entry: where it starts in the buffer
   std::vector<at::Tensor> piece_tensors_;  // per entry: its view of the buffer
+};
+
+class GradShardLayout final : public ZeroLayout {
+ public:
+  // `buckets`: global parameter indices per DDP bucket, in reduction order; every parameter of
+  // the single group in exactly one bucket. Bucket b's parameters are laid out back to back in a
+  // segment of world * chunk(b) elements (zero padding at the end); rank r owns elements
+  // [r * chunk(b), (r + 1) * chunk(b)) of it, chunk(b) = ceil(numel / world) rounded up to
+  // `alignment`. Errors (c10::Error): more than one group; a parameter in no bucket or in two.
+  GradShardLayout(const std::vector<std::vector<at::Tensor>>& groups, comm::Group group,
+                  const std::vector<std::vector<int64_t>>& buckets, int64_t alignment);
+
+  std::vector<at::Tensor> local_tensors(size_t group) const override;
+  // Per bucket: this rank's pieces stepped with their reduced gradient slices (none before the
+  // first reduction), then the bucket's ranges all-gathered; every all-gather waited at the end.
+  at::Tensor step_and_sync(torch::optim::Optimizer& local, torch::optim::Optimizer::LossClosure closure) override;
+  void check_can_add_group() const override;
+  void add_group(const std::vector<at::Tensor>& params) override { (void)params; check_can_add_group(); }
+  c10::IValue consolidation_part(const c10::IValue& local_state_dict) const override;
+  c10::IValue assemble_consolidated(const c10::IValue& merged) const override;
+  const char* sharded_kind() const override { return "zero_grad_shards"; }
+  std::vector<at::Tensor> gradients() const override;
+  bool gradients_sharded() const override { return true; }
+
+  size_t bucket_count() const { return segments_.size(); }
+  // Elements of bucket b's gradients (what DDP hands the hook) and of its padded segment.
+  int64_t bucket_numel(size_t b) const { return segments_.at(b).numel; }
+  int64_t padded_numel(size_t b) const { return segments_.at(b).chunk * world_size(); }
+  // This rank's slice of bucket b's reduced gradient: where its reduce-scatter writes.
+  at::Tensor grad_chunk(size_t b) const;
+  // The reduce-scatters of a backward pass completed: the slices hold gradients from now on.
+  void mark_reduced() { reduced_ = true; }
+  // Bytes of this rank's gradient slices.
+  int64_t gradient_bytes() const { return grad_shard_.numel() * grad_shard_.element_size(); }
+
+ private:
+  struct Segment {
+    int64_t numel = 0;         // the bucket's elements
+    int64_t offset = 0;        // where its segment starts in param_buffer_
+    int64_t chunk = 0;         // elements per rank
+    int64_t shard_offset = 0;  // where this rank's chunk starts in grad_shard_
+    std::vector<size_t> entries;  // this rank's entries in the bucket
+  };
+  std::vector<Segment> segments_;
+  at::Tensor param_buffer_;            // every parameter's data, bucket segments back to back
+  at::Tensor grad_shard_;              // this rank's reduced gradient chunks, bucket by bucket
+  std::vector<int64_t> offsets_;       // per parameter: where it starts in param_buffer_
+  std::vector<int64_t> piece_offsets_;  // per entry: where it starts in param_buffer_
+  std::vector<at::Tensor> piece_tensors_, piece_grads_;  // per entry
+  bool reduced_ = false;
 };
 
 }  // namespace dtrain::optim::internal

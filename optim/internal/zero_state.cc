@@ -1,6 +1,8 @@
 #include "optim/internal/zero_state.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <iterator>
 #include <utility>
 
 #include <ATen/ATen.h>
@@ -50,13 +52,20 @@ c10::IValue rekeyed_state_dict(const c10::IValue& local_state_dict, const std::v
 c10::IValue assemble_pieces(const c10::IValue& merged, const std::vector<int64_t>& flat_offsets,
                             const std::vector<at::Tensor>& params) {
   OptimizerStateDict in = parsed(merged, "consolidate_state_dict: the consolidated pieces");
-  // Flat offset -> parameter, then each parameter's pieces concatenated in offset order (the
-  // map's order).
+  // Flat offset -> parameter (the last start at or before it; among parameters starting at the
+  // same offset, the non-empty one), then each parameter's pieces concatenated in offset order
+  // (the map's order). Parameters need not be laid out in index order (ZeRO-2's buckets).
+  std::vector<std::pair<std::pair<int64_t, int64_t>, int64_t>> starts;  // ((offset, numel), param)
+  for (size_t i = 0; i < flat_offsets.size(); ++i) {
+    starts.push_back({{flat_offsets[i], params[i].numel()}, static_cast<int64_t>(i)});
+  }
+  std::sort(starts.begin(), starts.end());
   std::map<int64_t, std::vector<StateEntry>> by_param;
   for (const auto& [offset, entry] : in.state) {
-    const int64_t param =
-        static_cast<int64_t>(std::upper_bound(flat_offsets.begin(), flat_offsets.end(), offset) - flat_offsets.begin()) - 1;
-    by_param[param].push_back(entry);
+    auto it = std::upper_bound(starts.begin(), starts.end(), std::make_pair(std::make_pair(offset, INT64_MAX), INT64_MAX));
+    TORCH_CHECK(it != starts.begin(), "consolidate_state_dict: a piece at flat offset ", offset,
+                " before every parameter");
+    by_param[std::prev(it)->second].push_back(entry);
   }
   OptimizerStateDict out;
   for (auto& [param, list] : by_param) {
