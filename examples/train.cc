@@ -53,7 +53,7 @@
 ABSL_FLAG(int, nproc_per_node, 2, "Ranks to launch on this machine (ignored when RANK/WORLD_SIZE are set).");
 ABSL_FLAG(int, steps, 300, "Total optimizer steps (a resumed run continues up to this step).");
 ABSL_FLAG(std::string, hook, "allreduce", "DDP communication hook: allreduce|fp16|bf16|powersgd|post_local_sgd|noop.");
-ABSL_FLAG(std::string, zero, "sorted_greedy", "Optimizer state sharding: off|sorted_greedy|flat.");
+ABSL_FLAG(std::string, zero, "sorted_greedy", "Optimizer sharding: off|sorted_greedy|flat|stage2 (ZeRO-2: grads too).");
 ABSL_FLAG(bool, zero_overlap, false, "Step ZeRO inside the DDP hook, bucket by bucket (needs --zero=sorted_greedy).");
 ABSL_FLAG(bool, bucket_view, true, "Gradients (DDP) and parameters (ZeRO) as views into communication buckets.");
 ABSL_FLAG(std::string, checkpoint_dir, "/tmp/dtrain-train", "Where checkpoints go; empty: no checkpoints.");
@@ -87,8 +87,7 @@ using examples::kShardDir;
 using examples::kib;
 using examples::Progress;
 constexpr char kShardedNeedsZero[] =
-    "--resume: this checkpoint's optimizer state is sharded (written with --sharded_checkpoint); resume with "
-    "--zero=sorted_greedy or --zero=flat";
+    "--resume: this checkpoint's optimizer state is sharded (written with --sharded_checkpoint); resume with --zero";
 
 // One-line errors for the user: "train: ..." and an exit code (2: usage, 1: runtime).
 [[noreturn]] void die(int code, const std::string& message) {
@@ -116,7 +115,7 @@ Config read_flags() {
            absl::GetFlag(FLAGS_hidden),      absl::GetFlag(FLAGS_log_every),     absl::GetFlag(FLAGS_lr),
            absl::GetFlag(FLAGS_seed),        absl::GetFlag(FLAGS_sharded_checkpoint)};
   const std::vector<std::string> hooks = {"allreduce", "fp16", "bf16", "powersgd", "post_local_sgd", "noop"};
-  const std::vector<std::string> zeros = {"off", "sorted_greedy", "flat"};
+  const std::vector<std::string> zeros = {"off", "sorted_greedy", "flat", "stage2"};
   if (std::find(hooks.begin(), hooks.end(), c.hook) == hooks.end()) {
     die(2, absl::StrCat("unknown --hook=", c.hook, "; choose one of ", absl::StrJoin(hooks, "|")));
   }
@@ -146,6 +145,7 @@ Config read_flags() {
                          c.hook == "noop")) {
     die(2, "--zero_overlap needs --zero=sorted_greedy and --hook=allreduce|fp16|bf16");
   }
+  if (c.zero == "stage2" && c.hook != "allreduce") die(2, "--zero=stage2 reduce-scatters the gradients: --hook=allreduce");
   if (c.resume && c.checkpoint_dir.empty()) die(2, "--resume needs a --checkpoint_dir");
   if (c.sharded_checkpoint && c.zero == "off") {
     die(2, "--sharded_checkpoint shards ZeRO's optimizer state; use it with --zero=sorted_greedy or --zero=flat");
@@ -204,9 +204,7 @@ std::unique_ptr<comm::Heartbeat> g_heartbeat;
 
 // What the heartbeats say, for an error message: "; rank 1 stopped responding (...)", or "".
 std::string stalls() {
-  if (g_heartbeat == nullptr) return "";
-  const std::string said = g_heartbeat->describe_stalls();
-  return absl::StrCat("; ", said);
+  return g_heartbeat == nullptr ? "" : absl::StrCat("; ", g_heartbeat->describe_stalls());
 }
 
 int train(const Config& c) {
@@ -231,7 +229,7 @@ int train(const Config& c) {
 
   ddp_hooks::DDPOptions ddp_options;
   ddp_options.group = world;
-  ddp_options.gradient_as_bucket_view = c.bucket_view;
+  ddp_options.gradient_as_bucket_view = c.bucket_view && c.zero != "stage2";  // stage2 frees the buckets
   // Small buckets for a small model: several of them overlap backward, and --zero_overlap has
   // buckets to spread over the ranks.
   ddp_options.bucket_cap_mb = 0.25;
@@ -250,6 +248,7 @@ int train(const Config& c) {
     zo.strategy = c.zero == "flat" ? optim::PartitionStrategy::kFlat : optim::PartitionStrategy::kSortedGreedy;
     zo.parameters_as_bucket_view = c.bucket_view;
     zo.overlap_with_ddp = c.zero_overlap;
+    zo.shard_gradients = c.zero == "stage2";
     opt.zero = std::make_unique<optim::ZeroRedundancyOptimizer>(
         model->parameters(), optim::local_optimizer<optim::FunctionalOptimizerAdapter>("Adam", adam_options), zo);
   } else if (c.hook == "post_local_sgd") {
@@ -281,6 +280,7 @@ int train(const Config& c) {
     hook = std::make_unique<ddp_hooks::NoOpHook>();
   }
   if (c.zero_overlap) hook = ddp_hooks::hook_with_zero_step(std::move(hook), ddp, *opt.zero);
+  if (c.zero == "stage2") hook = ddp_hooks::hook_with_zero2(ddp, *opt.zero);
   ddp.register_comm_hook(std::move(hook));
 
   // Resume: the model and the global optimizer state from the shared checkpoint (any world

@@ -57,6 +57,16 @@ for args in "--hook=post_local_sgd --zero=off" "--zero_overlap"; do
   awk -v f="$f" -v l="$l" 'BEGIN { exit !(f != "" && l != "" && l < f / 2) }' || fail "$args: loss did not halve: $f -> $l"
 done
 
+# 2d. ZeRO-2 (--zero=stage2: gradients reduce-scattered, sharded): the same training as ZeRO-1 up
+# to summation order, straight and resumed from ZeRO-1's step-20 checkpoint.
+close() { awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && b != "" && d <= 1e-3 * b) }'; }
+"$TRAIN" --steps=40 --zero=stage2 --checkpoint_dir="$TMP/z2" >"$TMP/z2.log" 2>&1 || fail "--zero=stage2 exited with $?: $(cat "$TMP/z2.log")"
+echo "--zero=stage2: final loss $(final_loss "$TMP/z2.log") (ZeRO-1: $last)"
+close "$(final_loss "$TMP/z2.log")" "$last" || fail "--zero=stage2 ends at loss $(final_loss "$TMP/z2.log"), ZeRO-1 at $last"
+"$TRAIN" --steps=20 --checkpoint_dir="$TMP/z2r" >/dev/null 2>&1 || fail "ZeRO-1 run for the stage2 resume failed"
+"$TRAIN" --steps=40 --resume --zero=stage2 --checkpoint_dir="$TMP/z2r" >"$TMP/z2r.log" 2>&1 || fail "stage2 resume exited with $?: $(cat "$TMP/z2r.log")"
+close "$(final_loss "$TMP/z2r.log")" "$last" || fail "stage2 resumed from ZeRO-1 ends at loss $(final_loss "$TMP/z2r.log"), ZeRO-1 at $last"
+
 # 3. The checkpoint is a PyTorch file: torch.load reads it.
 /usr/bin/python3 - "$TMP/a/checkpoint.pt" <<'PY' || fail "torch.load could not read the checkpoint"
 import sys, torch
