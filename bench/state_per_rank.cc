@@ -6,14 +6,25 @@
 //
 // One line per world size 1..8: world, unsharded MiB (one replica's Adam state), then the largest
 // and smallest rank's MiB for sorted-greedy (PyTorch's partition) and for the flat partition,
-// and the ideal (unsharded / world).
+// and the ideal (unsharded / world). Then gradient memory per rank: with DDP + ZeRO-1 every rank
+// keeps every gradient (the model's size); with ZeRO-2 (DDP's default 25 MiB buckets,
+// hook_with_zero2) the largest rank's gradient slices after backward, measured, and the bound on
+// gradient buffers in flight during backward (the hook keeps at most two buckets' buffers, each
+// padded and, while its all-to-all runs, with a receive buffer of the same size: 2 x the two
+// largest padded buckets; the parameters' own .grad until copied into a bucket comes on top),
+// and ZeRO-2's largest Adam state.
+#include <algorithm>
 #include <cstdio>
+#include <string>
 #include <mutex>
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <torch/nn/module.h>
 
 #include "comm/test_harness.h"
+#include "ddp_hooks/distributed_data_parallel.h"
+#include "ddp_hooks/zero_hook.h"
 #include "optim/functional_adapter.h"
 #include "optim/zero_redundancy_optimizer.h"
 
@@ -64,6 +75,58 @@ std::pair<int64_t, int64_t> measure(int world, optim::PartitionStrategy strategy
   return {*std::max_element(bytes.begin(), bytes.end()), *std::min_element(bytes.begin(), bytes.end())};
 }
 
+struct Zero2Bytes {
+  int64_t grad_max = 0, state_max = 0, in_flight = 0;
+};
+
+// DDP + ZeRO-2 over a module holding the GPT-2-shaped parameters, one backward and step.
+Zero2Bytes measure_zero2(int world) {
+  Zero2Bytes out;
+  std::mutex mu;
+  comm::testing::HarnessOptions ho;
+  ho.timeout = std::chrono::minutes(5);
+  comm::testing::run_ranks_as_threads(
+      world,
+      [&](comm::Group& g) {
+        auto module = std::make_shared<torch::nn::Module>();
+        int k = 0;
+        for (const auto& shape : gpt_shapes()) {
+          module->register_parameter("p" + std::to_string(k++), at::zeros(shape));
+        }
+        ddp_hooks::DDPOptions d;
+        d.group = g;
+        ddp_hooks::DistributedDataParallel ddp(module, d);
+        optim::OptionsDict adam = optim::new_options_dict();
+        adam.insert("lr", 1e-3);
+        optim::ZeroOptions zo;
+        zo.group = g;
+        zo.shard_gradients = true;
+        optim::ZeroRedundancyOptimizer zero(
+            module->parameters(), optim::local_optimizer<optim::FunctionalOptimizerAdapter>("Adam", adam), zo);
+        ddp.register_comm_hook(ddp_hooks::hook_with_zero2(ddp, zero));
+        at::Tensor loss = ddp.forward([&] {
+          at::Tensor sum = at::zeros({});
+          for (const auto& p : module->parameters()) sum = sum + p.sum();
+          return sum;
+        });
+        loss.backward();
+        zero.step();
+        std::vector<int64_t> buckets;
+        for (const auto& b : ddp.bucket_indices()) {
+          int64_t numel = 0;
+          for (size_t i : b) numel += ddp.parameters()[i].numel();
+          buckets.push_back(((numel + world - 1) / world + 15) / 16 * 16 * world * 4);
+        }
+        std::sort(buckets.rbegin(), buckets.rend());
+        std::lock_guard<std::mutex> lock(mu);
+        out.grad_max = std::max(out.grad_max, zero.gradient_bytes());
+        out.state_max = std::max(out.state_max, zero.local_state_bytes());
+        out.in_flight = 2 * (buckets[0] + (buckets.size() > 1 ? buckets[1] : 0));
+      },
+      ho);
+  return out;
+}
+
 }  // namespace
 
 int main() {
@@ -73,8 +136,10 @@ int main() {
     const auto sg = measure(world, optim::PartitionStrategy::kSortedGreedy);
     const auto flat = measure(world, optim::PartitionStrategy::kFlat);
     if (world == 1) unsharded = sg.first;
-    std::printf("%d %.2f %.2f %.2f %.2f %.2f %.2f\n", world, unsharded / mib, sg.first / mib, sg.second / mib,
-                flat.first / mib, flat.second / mib, unsharded / mib / world);
+    const Zero2Bytes z2 = measure_zero2(world);
+    std::printf("%d %.2f %.2f %.2f %.2f %.2f %.2f %.2f %.2f %.2f %.2f\n", world, unsharded / mib, sg.first / mib,
+                sg.second / mib, flat.first / mib, flat.second / mib, unsharded / mib / world,
+                unsharded / 2 / mib, z2.grad_max / mib, z2.in_flight / mib, z2.state_max / mib);
     std::fflush(stdout);
   }
   return 0;

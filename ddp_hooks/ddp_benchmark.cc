@@ -19,7 +19,9 @@
 //                     backward (ZeRO's own chunked step+broadcast), overlap=1 steps inside the
 //                     DDP hook bucket by bucket once backward is done (hook_with_zero_step),
 //                     overlap=2 interleaves the steps with backward
-//                     (hook_with_zero_step_interleaved); 4 MiB buckets
+//                     (hook_with_zero_step_interleaved), overlap=3 is ZeRO-2 (hook_with_zero2:
+//                     gradients reduce-scattered in backward, step + all-gather per bucket in
+//                     step()); 4 MiB buckets; grad_MiB: gradient bytes a rank keeps for the step
 // overlap = DDP / max(backward, all-reduce): 1.0 is perfect overlap. PyTorch's DDP on the same
 // model: bench/peers/ddp_pytorch.py.
 #include <chrono>
@@ -244,11 +246,12 @@ BENCHMARK(BM_Overlap)
 
 void BM_DDPZeroStep(benchmark::State& state) {
   comm::Group& g = comm::thread_world_rank(state.thread_index(), kWorld);
-  const bool overlap = state.range(0) >= 1;
+  const bool overlap = state.range(0) == 1 || state.range(0) == 2;
+  const bool zero2 = state.range(0) == 3;
   auto mlp = make_mlp();
   DDPOptions o;
   o.group = g;
-  o.gradient_as_bucket_view = true;
+  o.gradient_as_bucket_view = !zero2;
   o.bucket_cap_mb = 4;
   DistributedDataParallel ddp(mlp.ptr(), o);
   optim::OptionsDict adam = optim::new_options_dict();
@@ -257,12 +260,14 @@ void BM_DDPZeroStep(benchmark::State& state) {
   zo.group = g;
   zo.parameters_as_bucket_view = true;
   zo.overlap_with_ddp = overlap;
+  zo.shard_gradients = zero2;
   optim::ZeroRedundancyOptimizer zero(
       mlp->parameters(), optim::local_optimizer<optim::FunctionalOptimizerAdapter>("Adam", adam), zo);
   if (state.range(0) == 1) ddp.register_comm_hook(hook_with_zero_step(std::make_unique<AllReduceHook>(g), ddp, zero));
   if (state.range(0) == 2) {
     ddp.register_comm_hook(hook_with_zero_step_interleaved(std::make_unique<AllReduceHook>(g), ddp, zero));
   }
+  if (zero2) ddp.register_comm_hook(hook_with_zero2(ddp, zero));
   const torch::Tensor x = torch::randn({2, 1024});
   auto iteration = [&] {
     zero.zero_grad();
@@ -275,8 +280,9 @@ void BM_DDPZeroStep(benchmark::State& state) {
   state.counters["ms"] = elapsed_ms(start) / state.iterations() / kWorld;
   // Counters sum over the rank threads: per rank is the average.
   state.counters["state_MiB"] = static_cast<double>(zero.local_state_bytes()) / (1 << 20) / kWorld;
+  state.counters["grad_MiB"] = static_cast<double>(zero.gradient_bytes()) / (1 << 20) / kWorld;
 }
-BENCHMARK(BM_DDPZeroStep)->ArgName("overlap")->Arg(0)->Arg(1)->Arg(2)->Threads(kWorld)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_DDPZeroStep)->ArgName("overlap")->Arg(0)->Arg(1)->Arg(2)->Arg(3)->Threads(kWorld)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace dtrain::ddp_hooks
