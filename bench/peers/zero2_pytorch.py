@@ -7,44 +7,18 @@ Linear(1024, 1024) + ReLU, batch 2 per rank, Adam(lr=1e-4), 4 MiB buckets.
 Prints the mean iteration time (zero_grad + forward + backward + step) of DDP +
 ZeroRedundancyOptimizer and of FSDP with ShardingStrategy.SHARD_GRAD_OP (PyTorch's ZeRO-2),
 or the reason FSDP does not run here, and backward alone as a control."""
-import os
 import sys
-import time
 
 import torch
 import torch.distributed as dist
 
-from two_ranks import run_two_ranks
-
-STEPS = int(os.environ.get("STEPS", "30"))
-
-
-def mlp():
-    torch.manual_seed(0)
-    layers = []
-    for _ in range(8):
-        layers += [torch.nn.Linear(1024, 1024), torch.nn.ReLU()]
-    return torch.nn.Sequential(*layers)
-
-
-def timed(fn):
-    fn()
-    dist.barrier()
-    t0 = time.perf_counter()
-    for _ in range(STEPS):
-        fn()
-    return (time.perf_counter() - t0) / STEPS * 1e3
+from two_ranks import backward_ms, init_gloo, mlp, run_two_ranks, timed
 
 
 def run(rank, port, q):
-    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=2)
+    init_gloo(rank, port)
     x = torch.randn(2, 1024)
-    plain = mlp()
-
-    def backward_only():
-        plain.zero_grad()
-        plain(x).sum().backward()
-    results = {"backward": timed(backward_only)}
+    results = {"backward": backward_ms(x)}
 
     from torch.distributed.optim import ZeroRedundancyOptimizer
     model = torch.nn.parallel.DistributedDataParallel(mlp(), gradient_as_bucket_view=True, bucket_cap_mb=4)
