@@ -65,9 +65,13 @@ optim::OptionsDict dict(const Opt& o) {
 }
 const Opt kAdam{"Adam", {{"lr", 0.01}, {"weight_decay", 0.01}}};
 
-ZeroOptions zero2_options(const comm::Group& g) {
+ZeroOptions zero1_options(const comm::Group& g) {
   ZeroOptions zo;
   zo.group = g;
+  return zo;
+}
+ZeroOptions zero2_options(const comm::Group& g) {
+  ZeroOptions zo = zero1_options(g);
   zo.shard_gradients = true;
   return zo;
 }
@@ -106,23 +110,48 @@ std::vector<std::vector<torch::Tensor>> reference(const Opt& o, int steps, doubl
   return out;
 }
 
+// One rank's model under DDP with a ZeroRedundancyOptimizer: ZeRO-2 (hook_with_zero2) by default,
+// or ZeRO-1 (DDP's all-reduce, the optimizer stepping after backward).
+enum class Stage { kOne, kTwo };
+struct Rank {
+  explicit Rank(const comm::Group& g, Stage stage = Stage::kTwo, const Opt& o = kAdam, double cap_mb = kSmallBuckets)
+      : group(g),
+        net(make_net()),
+        ddp(net.ptr(), ddp_options(g, cap_mb)),
+        zero(net->parameters(), local_optimizer<FunctionalOptimizerAdapter>(o.name, dict(o)),
+             stage == Stage::kTwo ? zero2_options(g) : zero1_options(g)) {
+    if (stage == Stage::kTwo) ddp.register_comm_hook(hook_with_zero2(ddp, zero));
+  }
+  // Forward and backward of step s on this rank's rows of the batch.
+  void backward(int s) {
+    ddp.forward([&] { return torch::mse_loss(net->forward(rows(batch_x(s), group)), rows(batch_y(s), group)); })
+        .backward();
+  }
+  void load_parameters(const std::vector<torch::Tensor>& values) {
+    torch::NoGradGuard no_grad;
+    auto p = net->parameters();
+    for (size_t i = 0; i < p.size(); ++i) p[i].copy_(values[i]);
+  }
+
+  comm::Group group;
+  Net net;
+  DistributedDataParallel ddp;
+  ZeroRedundancyOptimizer zero;
+};
+
 void check_matches_reference(int world, const Opt& o, double cap_mb, int steps = 4) {
   const auto expected = reference(o, steps);
   run_ranks_as_threads(world, [&](comm::Group& g) {
-    Net net = make_net();
-    DistributedDataParallel ddp(net.ptr(), ddp_options(g, cap_mb));
-    ZeroRedundancyOptimizer zero(net->parameters(), local_optimizer<FunctionalOptimizerAdapter>(o.name, dict(o)),
-                                 zero2_options(g));
-    ddp.register_comm_hook(hook_with_zero2(ddp, zero));
+    Rank r(g, Stage::kTwo, o, cap_mb);
     for (int s = 0; s < steps; ++s) {
-      zero.zero_grad();
-      ddp.forward([&] { return torch::mse_loss(net->forward(rows(batch_x(s), g)), rows(batch_y(s), g)); }).backward();
-      for (auto& p : net->parameters()) EXPECT_FALSE(p.grad().defined()) << "DDP kept a full gradient";
-      zero.step();
-      const double diff = max_diff(net->parameters(), expected[s]);
+      r.zero.zero_grad();
+      r.backward(s);
+      for (auto& p : r.net->parameters()) EXPECT_FALSE(p.grad().defined()) << "DDP kept a full gradient";
+      r.zero.step();
+      const double diff = max_diff(r.net->parameters(), expected[s]);
       EXPECT_LT(diff, 2e-6) << o.name << " world " << world << " rank " << g.rank() << " step " << s;
     }
-    EXPECT_GT(zero.local_state_bytes(), 0);
+    EXPECT_GT(r.zero.local_state_bytes(), 0);
   });
 }
 
@@ -151,27 +180,23 @@ TEST(Zero2Test, ClipGradNormAcrossShardsMatchesTorchClipping) {
   constexpr double kMaxNorm = 0.05;  // below every step's norm: clipping acts
   const auto expected = reference(kAdam, 4, kMaxNorm);
   run_ranks_as_threads(3, [&](comm::Group& g) {
-    Net net = make_net();
+    Rank r(g);
     Net twin = make_net();  // one process, whole batch: the expected norm
-    DistributedDataParallel ddp(net.ptr(), ddp_options(g, kSmallBuckets));
-    ZeroRedundancyOptimizer zero(net->parameters(), local_optimizer<FunctionalOptimizerAdapter>("Adam", dict(kAdam)),
-                                 zero2_options(g));
-    ddp.register_comm_hook(hook_with_zero2(ddp, zero));
     for (int s = 0; s < 4; ++s) {
-      ddp.forward([&] { return torch::mse_loss(net->forward(rows(batch_x(s), g)), rows(batch_y(s), g)); }).backward();
-      const at::Tensor norm = zero.clip_grad_norm_(kMaxNorm);
+      r.backward(s);
+      const at::Tensor norm = r.zero.clip_grad_norm_(kMaxNorm);
       {
         torch::NoGradGuard no_grad;
         auto tp = twin->parameters();
-        for (size_t i = 0; i < tp.size(); ++i) tp[i].copy_(net->parameters()[i]);
+        for (size_t i = 0; i < tp.size(); ++i) tp[i].copy_(r.net->parameters()[i]);
       }
       for (auto& p : twin->parameters()) p.mutable_grad() = torch::Tensor();
       torch::mse_loss(twin->forward(batch_x(s)), batch_y(s)).backward();
       const double want = torch::nn::utils::clip_grad_norm_(twin->parameters(), 1e9);
       EXPECT_NEAR(norm.item<double>(), want, 1e-5 * want) << "step " << s;
       EXPECT_GT(want, kMaxNorm);
-      zero.step();
-      EXPECT_LT(max_diff(net->parameters(), expected[s]), 2e-6) << "rank " << g.rank() << " step " << s;
+      r.zero.step();
+      EXPECT_LT(max_diff(r.net->parameters(), expected[s]), 2e-6) << "rank " << g.rank() << " step " << s;
     }
   });
 }
@@ -192,26 +217,23 @@ TEST(Zero2Test, NoSyncAccumulatesThenOneReduction) {
     expected.push_back(snapshot(ref));
   }
   run_ranks_as_threads(2, [&](comm::Group& g) {
-    Net net = make_net();
-    DistributedDataParallel ddp(net.ptr(), ddp_options(g, kSmallBuckets));
-    ZeroRedundancyOptimizer zero(net->parameters(), local_optimizer<FunctionalOptimizerAdapter>("Adam", dict(kAdam)),
-                                 zero2_options(g));
-    ddp.register_comm_hook(hook_with_zero2(ddp, zero));
+    Rank r(g);
     const int64_t q = kBatch / 4;  // rank r's share of micro-batch m: rows m*6 + r*3 .. +3
     for (int s = 0; s < 3; ++s) {
       for (int m = 0; m < 2; ++m) {
         auto x = batch_x(s).narrow(0, m * half + g.rank() * q, q);
         auto y = batch_y(s).narrow(0, m * half + g.rank() * q, q);
+        auto pass = [&] { r.ddp.forward([&] { return torch::mse_loss(r.net->forward(x), y); }).backward(); };
         if (m == 0) {
-          auto guard = ddp.no_sync();
-          ddp.forward([&] { return torch::mse_loss(net->forward(x), y); }).backward();
-          EXPECT_TRUE(net->parameters()[0].grad().defined()) << "no_sync keeps the local gradient";
+          auto guard = r.ddp.no_sync();
+          pass();
+          EXPECT_TRUE(r.net->parameters()[0].grad().defined()) << "no_sync keeps the local gradient";
         } else {
-          ddp.forward([&] { return torch::mse_loss(net->forward(x), y); }).backward();
+          pass();
         }
       }
-      zero.step();
-      EXPECT_LT(max_diff(net->parameters(), expected[s]), 2e-6) << "rank " << g.rank() << " step " << s;
+      r.zero.step();
+      EXPECT_LT(max_diff(r.net->parameters(), expected[s]), 2e-6) << "rank " << g.rank() << " step " << s;
     }
   });
 }
@@ -219,21 +241,22 @@ TEST(Zero2Test, NoSyncAccumulatesThenOneReduction) {
 TEST(Zero2Test, GradientMemoryIsAboutOneNth) {
   for (int world : {2, 4}) {
     run_ranks_as_threads(world, [&](comm::Group& g) {
-      Net net = make_net();
+      Rank r(g);
       int64_t total = 0;
-      for (auto& p : net->parameters()) total += p.numel() * 4;
-      DistributedDataParallel ddp(net.ptr(), ddp_options(g, kSmallBuckets));
-      ZeroRedundancyOptimizer zero(net->parameters(), local_optimizer<FunctionalOptimizerAdapter>("Adam", dict(kAdam)),
-                                   zero2_options(g));
-      ddp.register_comm_hook(hook_with_zero2(ddp, zero));
-      ddp.forward([&] { return torch::mse_loss(net->forward(rows(batch_x(0), g)), rows(batch_y(0), g)); }).backward();
-      zero.step();
-      const int64_t buckets = static_cast<int64_t>(ddp.bucket_indices().size());
+      for (auto& p : r.net->parameters()) total += p.numel() * 4;
+      r.backward(0);
+      r.zero.step();
+      const int64_t buckets = static_cast<int64_t>(r.ddp.bucket_indices().size());
       // 1/n of the gradients, plus at most one alignment (16 floats) of padding per bucket.
-      EXPECT_LE(zero.gradient_bytes(), total / world + buckets * 16 * 4) << "world " << world;
-      EXPECT_GE(zero.gradient_bytes(), total / world);
-      for (auto& p : net->parameters()) EXPECT_FALSE(p.grad().defined());
-      EXPECT_LT(zero.local_state_bytes(), 2 * total * 2 / world + buckets * 2 * 16 * 4);
+      EXPECT_LE(r.zero.gradient_bytes(), total / world + buckets * 16 * 4) << "world " << world;
+      EXPECT_GE(r.zero.gradient_bytes(), total / world);
+      for (auto& p : r.net->parameters()) EXPECT_FALSE(p.grad().defined());
+      EXPECT_LT(r.zero.local_state_bytes(), 2 * total * 2 / world + buckets * 2 * 16 * 4);
+      // ZeRO-1 keeps every gradient.
+      Rank one(g, Stage::kOne);
+      one.backward(0);
+      one.zero.step();
+      EXPECT_EQ(one.zero.gradient_bytes(), total);
     });
   }
 }
@@ -244,42 +267,29 @@ TEST(Zero2Test, BytesPerIterationFollowTheFormulas) {
     run_ranks_as_threads(world, [&](comm::Group& plain) {
       auto counter = std::make_shared<comm::ByteCounter>();
       comm::Group g = comm::counting_group(plain, counter);
-      auto iteration = [&](Net& net, DistributedDataParallel& ddp, torch::optim::Optimizer* opt) {
-        counter->reset();
-        ddp.forward([&] { return torch::mse_loss(net->forward(rows(batch_x(0), g)), rows(batch_y(0), g)); }).backward();
-        if (opt != nullptr) opt->step();
-        return counter->total_bytes();
-      };
       const int n = world;
       int64_t model = 0;
+      for (auto& p : make_net()->parameters()) model += p.numel() * 4;
       {
         Net net = make_net();
-        for (auto& p : net->parameters()) model += p.numel() * 4;
         DistributedDataParallel ddp(net.ptr(), ddp_options(g, kSmallBuckets));
+        counter->reset();
+        ddp.forward([&] { return torch::mse_loss(net->forward(rows(batch_x(0), g)), rows(batch_y(0), g)); }).backward();
         // All-reduce: 2(n-1)/n of the model, rounded down per bucket.
-        const int64_t bytes = iteration(net, ddp, nullptr);
-        EXPECT_NEAR(bytes, 2 * model * (n - 1) / n, 64) << "DDP alone, world " << n;
+        EXPECT_NEAR(counter->total_bytes(), 2 * model * (n - 1) / n, 64) << "DDP alone, world " << n;
       }
-      {
-        Net net = make_net();
-        DistributedDataParallel ddp(net.ptr(), ddp_options(g, kSmallBuckets));
-        ZeroOptions zo;
-        zo.group = g;
-        ZeroRedundancyOptimizer zero(net->parameters(), local_optimizer<FunctionalOptimizerAdapter>("Adam", dict(kAdam)),
-                                     zo);
-        const int64_t bytes = iteration(net, ddp, &zero);
-        EXPECT_NEAR(bytes, 3 * model * (n - 1) / n, 64) << "DDP + ZeRO-1, world " << n;
-      }
-      {
-        Net net = make_net();
-        DistributedDataParallel ddp(net.ptr(), ddp_options(g, kSmallBuckets));
-        ZeroRedundancyOptimizer zero(net->parameters(), local_optimizer<FunctionalOptimizerAdapter>("Adam", dict(kAdam)),
-                                     zero2_options(g));
-        ddp.register_comm_hook(hook_with_zero2(ddp, zero));
-        const int64_t bytes = iteration(net, ddp, &zero);
+      for (Stage stage : {Stage::kOne, Stage::kTwo}) {
+        Rank r(g, stage);
+        counter->reset();
+        r.backward(0);
+        r.zero.step();
+        const int64_t bytes = counter->total_bytes();
+        if (stage == Stage::kOne) {
+          EXPECT_NEAR(bytes, 3 * model * (n - 1) / n, 64) << "DDP + ZeRO-1, world " << n;
+          continue;
+        }
         // Reduce-scatter (n-1)/n and all-gather (n-1)/n of each padded bucket.
-        const int64_t buckets = static_cast<int64_t>(ddp.bucket_indices().size());
-        const int64_t padding = buckets * n * 16 * 4;
+        const int64_t padding = static_cast<int64_t>(r.ddp.bucket_indices().size()) * n * 16 * 4;
         EXPECT_GE(bytes, 2 * model * (n - 1) / n - 64) << "DDP + ZeRO-2, world " << n;
         EXPECT_LE(bytes, 2 * (model + padding) * (n - 1) / n) << "DDP + ZeRO-2, world " << n;
       }
@@ -295,35 +305,26 @@ TEST(Zero2Test, CheckpointsMoveBetweenZero2Zero1AndUnsharded) {
   std::filesystem::create_directories(dir);
   const auto expected = reference(kAdam, 4);
   run_ranks_as_threads(3, [&](comm::Group& g) {
-    auto local = [] { return local_optimizer<FunctionalOptimizerAdapter>("Adam", dict(kAdam)); };
-    auto step_ddp = [&](Net& net, DistributedDataParallel& ddp, int s) {
-      ddp.forward([&] { return torch::mse_loss(net->forward(rows(batch_x(s), g)), rows(batch_y(s), g)); }).backward();
-    };
     c10::IValue saved;
     std::vector<torch::Tensor> params_after_2;
     {
-      Net net = make_net();
-      DistributedDataParallel ddp(net.ptr(), ddp_options(g, kSmallBuckets));
-      ZeroRedundancyOptimizer zero(net->parameters(), local(), zero2_options(g));
-      ddp.register_comm_hook(hook_with_zero2(ddp, zero));
+      Rank r(g);
       for (int s = 0; s < 2; ++s) {
-        step_ddp(net, ddp, s);
-        zero.step();
+        r.backward(s);
+        r.zero.step();
       }
-      zero.consolidate_state_dict(0);
-      if (g.rank() == 0) saved = zero.state_dict();
-      ASSERT_TRUE(zero.save_sharded(dir).ok());
-      params_after_2 = snapshot(net);
+      r.zero.consolidate_state_dict(0);
+      if (g.rank() == 0) saved = r.zero.state_dict();
+      ASSERT_TRUE(r.zero.save_sharded(dir).ok());
+      params_after_2 = snapshot(r.net);
     }
-    auto load_params = [&](Net& net) {
-      torch::NoGradGuard no_grad;
-      auto p = net->parameters();
-      for (size_t i = 0; i < p.size(); ++i) p[i].copy_(params_after_2[i]);
-    };
     if (g.rank() == 0) {  // unsharded, one process, whole batch
       Net net = make_net();
-      load_params(net);
       FunctionalOptimizerAdapter opt(net->parameters(), "Adam", dict(kAdam));
+      {
+        torch::NoGradGuard no_grad;
+        for (size_t i = 0; i < params_after_2.size(); ++i) net->parameters()[i].copy_(params_after_2[i]);
+      }
       opt.load_state_dict(saved);
       for (int s = 2; s < 4; ++s) {
         opt.zero_grad();
@@ -332,47 +333,36 @@ TEST(Zero2Test, CheckpointsMoveBetweenZero2Zero1AndUnsharded) {
         EXPECT_LT(max_diff(net->parameters(), expected[s]), 2e-6) << "unsharded, step " << s;
       }
     }
-    c10::IValue zero1_saved;
     {  // ZeRO-1 (plain DDP + ZeroRedundancyOptimizer) from ZeRO-2's sharded checkpoint
-      Net net = make_net();
-      load_params(net);
-      DistributedDataParallel ddp(net.ptr(), ddp_options(g, kSmallBuckets));
-      ZeroOptions zo;
-      zo.group = g;
-      ZeroRedundancyOptimizer zero(net->parameters(), local(), zo);
-      ASSERT_TRUE(zero.load_sharded(dir).ok());
+      Rank r(g, Stage::kOne);
+      r.load_parameters(params_after_2);
+      ASSERT_TRUE(r.zero.load_sharded(dir).ok());
       for (int s = 2; s < 4; ++s) {
-        zero.zero_grad();
-        step_ddp(net, ddp, s);
-        zero.step();
-        EXPECT_LT(max_diff(net->parameters(), expected[s]), 2e-6) << "ZeRO-1, step " << s;
+        r.zero.zero_grad();
+        r.backward(s);
+        r.zero.step();
+        EXPECT_LT(max_diff(r.net->parameters(), expected[s]), 2e-6) << "ZeRO-1, step " << s;
       }
     }
+    c10::IValue zero1_saved;
     {  // and back: ZeRO-1 after 2 steps, consolidated, continues in ZeRO-2
-      Net net = make_net();
-      DistributedDataParallel ddp(net.ptr(), ddp_options(g, kSmallBuckets));
-      ZeroOptions zo;
-      zo.group = g;
-      ZeroRedundancyOptimizer zero(net->parameters(), local(), zo);
+      Rank r(g, Stage::kOne);
       for (int s = 0; s < 2; ++s) {
-        zero.zero_grad();
-        step_ddp(net, ddp, s);
-        zero.step();
+        r.zero.zero_grad();
+        r.backward(s);
+        r.zero.step();
       }
-      zero.consolidate_state_dict(0);
-      zero1_saved = g.rank() == 0 ? zero.state_dict() : c10::IValue();
+      r.zero.consolidate_state_dict(0);
+      zero1_saved = g.rank() == 0 ? r.zero.state_dict() : c10::IValue();
     }
     ASSERT_TRUE(comm::broadcast_object(g, zero1_saved, 0).ok());
-    Net net = make_net();
-    load_params(net);
-    DistributedDataParallel ddp(net.ptr(), ddp_options(g, kSmallBuckets));
-    ZeroRedundancyOptimizer zero(net->parameters(), local(), zero2_options(g));
-    ddp.register_comm_hook(hook_with_zero2(ddp, zero));
-    zero.load_state_dict(zero1_saved);
+    Rank r(g);
+    r.load_parameters(params_after_2);
+    r.zero.load_state_dict(zero1_saved);
     for (int s = 2; s < 4; ++s) {
-      step_ddp(net, ddp, s);
-      zero.step();
-      EXPECT_LT(max_diff(net->parameters(), expected[s]), 2e-6) << "ZeRO-2 from ZeRO-1, step " << s;
+      r.backward(s);
+      r.zero.step();
+      EXPECT_LT(max_diff(r.net->parameters(), expected[s]), 2e-6) << "ZeRO-2 from ZeRO-1, step " << s;
     }
   });
 }
@@ -394,19 +384,15 @@ TEST(Zero2Test, JoinWithUnevenInputs) {
   }
   const auto expected = snapshot(ref);
   run_ranks_as_threads(2, [&](comm::Group& g) {
-    Net net = make_net();
-    DistributedDataParallel ddp(net.ptr(), ddp_options(g, kSmallBuckets));
-    ZeroRedundancyOptimizer zero(net->parameters(), local_optimizer<FunctionalOptimizerAdapter>("Adam", dict(kAdam)),
-                                 zero2_options(g));
-    ddp.register_comm_hook(hook_with_zero2(ddp, zero));
+    Rank r(g);
     const int steps = g.rank() == 0 ? 5 : 2;
-    comm::Join join({&ddp, &zero});
+    comm::Join join({&r.ddp, &r.zero});
     for (int s = 0; s < steps; ++s) {
-      ddp.forward([&] { return torch::mse_loss(net->forward(rows(batch_x(s), g)), rows(batch_y(s), g)); }).backward();
-      zero.step();
+      r.backward(s);
+      r.zero.step();
     }
     join.finish();
-    EXPECT_LT(max_diff(net->parameters(), expected), 2e-6) << "rank " << g.rank();
+    EXPECT_LT(max_diff(r.net->parameters(), expected), 2e-6) << "rank " << g.rank();
   });
 }
 
@@ -437,17 +423,12 @@ TEST(Zero2Test, MisuseIsAClearError) {
                   HasSubstr("gradient_as_bucket_view = false"));
     }
     {
-      Net net = make_net();
-      DistributedDataParallel ddp(net.ptr(), ddp_options(g, 25));
-      ZeroOptions zo;
-      zo.group = g;
-      ZeroRedundancyOptimizer zero(net->parameters(), local_optimizer<FunctionalOptimizerAdapter>("Adam", dict(kAdam)),
-                                   zo);
-      EXPECT_THAT(error_of([&] { hook_with_zero2(ddp, zero); }), HasSubstr("shard_gradients = true"));
+      Rank one(g, Stage::kOne);
+      EXPECT_THAT(error_of([&] { hook_with_zero2(one.ddp, one.zero); }), HasSubstr("shard_gradients = true"));
       ZeroOptions both = zero2_options(g);
       both.overlap_with_ddp = true;
       EXPECT_THAT(error_of([&] {
-                    ZeroRedundancyOptimizer z(net->parameters(),
+                    ZeroRedundancyOptimizer z(one.net->parameters(),
                                               local_optimizer<FunctionalOptimizerAdapter>("Adam", dict(kAdam)), both);
                   }),
                   HasSubstr("choose one"));

@@ -336,7 +336,7 @@ absl::Status ZeroRedundancyOptimizer::save_sharded(const std::string& dir, const
 absl::StatusOr<c10::IValue> ZeroRedundancyOptimizer::load_sharded(const std::string& dir) {
   absl::StatusOr<checkpoint::ShardedInfo> info = checkpoint::read_sharded_info(dir);
   if (!info.ok()) return info.status();
-  absl::Status fits = internal::check_sharded_info(*info, dir, layout_->params(), param_groups_.size());
+  absl::Status fits = internal::check_sharded_info(*info, dir, layout_->params(), layout_->group_counts());
   if (!fits.ok()) return fits;
   std::map<int64_t, checkpoint::ElementRange> wanted;
   for (const auto& [param, range] : owned_ranges()) {

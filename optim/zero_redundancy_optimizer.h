@@ -124,8 +124,10 @@ struct ZeroOptions {
   // all-gathers the updated parameters bucket by bucket. Per iteration a rank sends 2(n-1)/n of
   // the model's bytes instead of DDP + ZeRO-1's 3(n-1)/n. clip_grad_norm_ works across the
   // shards. Needs one parameter group and a functional local optimizer (torch::optim twins are
-  // converted, as with overlap_with_ddp); register the hook before the first step. Ranges are
-  // aligned to flat_alignment elements.
+  // converted, as with overlap_with_ddp); register the hook before the first step and before
+  // loading a checkpoint. Ranges are aligned to flat_alignment elements; strategy,
+  // parameters_as_bucket_view and overlap_chunk_bytes do not apply (the layout follows DDP's
+  // buckets).
   bool shard_gradients = false;
 };
 

@@ -332,6 +332,17 @@ TEST(ZeroRedundancyOptimizerTest, ShardedLoadErrors) {
                                   zero_options(g, false));
     bad = fewer.load_sharded(dir);
     EXPECT_THAT(std::string(bad.status().message()), HasSubstr("but this optimizer has 2 parameters"));
+    // The same parameters and one more: every saved one fits, the group does not.
+    std::vector<int64_t> more = kSizes;
+    more.push_back(3);
+    ZeroRedundancyOptimizer larger(make_params(more),
+                                   local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)),
+                                   zero_options(g, false));
+    bad = larger.load_sharded(dir);
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(bad.status().message()),
+                HasSubstr("parameter group 0 has " + std::to_string(kSizes.size()) + " parameters there, " +
+                          std::to_string(more.size()) + " here"));
     // A piece that is not the one this rank owns.
     checkpoint::ShardedState wrong = zero.sharded_state();
     auto& piece = wrong.params.begin()->second;

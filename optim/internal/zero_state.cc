@@ -208,7 +208,7 @@ IndexedState local_state_from_sharded(const checkpoint::ShardedState& state, con
 }
 
 absl::Status check_sharded_info(const checkpoint::ShardedInfo& info, const std::string& dir,
-                                const std::vector<at::Tensor>& params, size_t num_groups) {
+                                const std::vector<at::Tensor>& params, const std::vector<size_t>& group_counts) {
   // The saved parameters are the ones that had state; each must be one of ours, shaped the same.
   for (const auto& [param, shape] : info.shapes) {
     if (param < 0 || param >= static_cast<int64_t>(params.size())) {
@@ -223,10 +223,19 @@ absl::Status check_sharded_info(const checkpoint::ShardedInfo& info, const std::
                                                      absl::StrJoin(p.sizes(), ", "), "] here"));
     }
   }
-  if (!info.param_groups.isList() || info.param_groups.toList().size() != num_groups) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ZeRO checkpoint ", dir, " has ", info.param_groups.isList() ? info.param_groups.toList().size() : 0,
-        " parameter groups, this optimizer has ", num_groups));
+  absl::StatusOr<std::vector<ParamGroup>> groups =
+      checkpoint::parse_param_groups(info.param_groups, absl::StrCat("ZeRO checkpoint ", dir, ": its param groups"));
+  if (!groups.ok()) return absl::InvalidArgumentError(groups.status().message());
+  if (groups->size() != group_counts.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("ZeRO checkpoint ", dir, " has ", groups->size(),
+                                                   " parameter groups, this optimizer has ", group_counts.size()));
+  }
+  for (size_t g = 0; g < group_counts.size(); ++g) {
+    if ((*groups)[g].params.size() != group_counts[g]) {
+      return absl::InvalidArgumentError(absl::StrCat("ZeRO checkpoint ", dir, ": parameter group ", g, " has ",
+                                                     (*groups)[g].params.size(), " parameters there, ",
+                                                     group_counts[g], " here; load it into the same model"));
+    }
   }
   return absl::OkStatus();
 }

@@ -79,9 +79,10 @@ checkpoint::ShardedState sharded_from_local(const c10::IValue& local_state_dict,
 IndexedState local_state_from_sharded(const checkpoint::ShardedState& state, const std::vector<LocalEntry>& entries,
                                      const std::vector<at::Tensor>& params, int rank);
 // A sharded checkpoint's metadata against this optimizer: every saved parameter exists here with
-// the same shape, and the group counts agree. InvalidArgument naming the difference.
+// the same shape, and the groups agree (their number, and each one's parameter count against
+// `group_counts`). InvalidArgument naming the difference.
 absl::Status check_sharded_info(const checkpoint::ShardedInfo& info, const std::string& dir,
-                                const std::vector<at::Tensor>& params, size_t num_groups);
+                                const std::vector<at::Tensor>& params, const std::vector<size_t>& group_counts);
 
 }  // namespace dtrain::optim::internal
 
