@@ -71,7 +71,9 @@ for d in /proc/[0-9]*; do  # the launcher's children (no pgrep in minimal images
   tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "RANK=1" && rank1=$p
 done
 if [[ -z "$rank1" ]]; then
-  echo "FAIL: no rank 1 process under the launcher $launcher"; other=$((other + 1))
+  alive=no; kill -0 "$launcher" 2>/dev/null && alive=yes
+  echo "FAIL: no rank 1 process under the launcher $launcher (launcher alive: $alive): $(tail -5 "$TMP/stop.log")"
+  other=$((other + 1))
 else
   start=$SECONDS
   kill -STOP "$rank1"
