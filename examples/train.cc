@@ -145,7 +145,7 @@ Config read_flags() {
                          c.hook == "noop")) {
     die(2, "--zero_overlap needs --zero=sorted_greedy and --hook=allreduce|fp16|bf16");
   }
-  if (c.zero == "stage2" && c.hook != "allreduce") die(2, "--zero=stage2 reduce-scatters the gradients: --hook=allreduce");
+  if (c.zero == "stage2" && c.hook != "allreduce") die(2, "--zero=stage2 reduce-scatters gradients: use --hook=allreduce");
   if (c.resume && c.checkpoint_dir.empty()) die(2, "--resume needs a --checkpoint_dir");
   if (c.sharded_checkpoint && c.zero == "off") {
     die(2, "--sharded_checkpoint shards ZeRO's optimizer state; use it with --zero=sorted_greedy or --zero=flat");

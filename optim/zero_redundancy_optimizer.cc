@@ -101,8 +101,9 @@ void ZeroRedundancyOptimizer::init(std::vector<torch::optim::OptimizerParamGroup
   // the same optimizer: mismatched settings would otherwise pair unrelated collectives.
   std::string fingerprint = absl::StrCat("strategy=", static_cast<int>(options_.strategy), " alignment=",
                                          options_.flat_alignment, " bucket_view=", options_.parameters_as_bucket_view,
-                                         " overlap=", options_.overlap_with_ddp, " shard_gradients=", options_.shard_gradients, " groups=",
-                                         param_groups_.size(), " params_per_rank=", options_.params_per_rank.size(),
+                                         " overlap=", options_.overlap_with_ddp, " shard_gradients=",
+                                         options_.shard_gradients, " groups=", param_groups_.size(),
+                                         " params_per_rank=", options_.params_per_rank.size(),
                                          " sizes=");
   for (const auto& g : param_groups_) {
     for (const auto& p : g.params()) absl::StrAppend(&fingerprint, p.numel(), ",");
@@ -120,9 +121,10 @@ void ZeroRedundancyOptimizer::init(std::vector<torch::optim::OptimizerParamGroup
   build_local_optimizer();
   TORCH_CHECK(!(options_.overlap_with_ddp || options_.shard_gradients) ||
                   dynamic_cast<FunctionalOptimizerAdapter*>(local_.get()) != nullptr,
-              options_.shard_gradients ? "shard_gradients" : "overlap_with_ddp", " steps parameters bucket by bucket, which needs a functional local optimizer: pass "
-              "local_optimizer<FunctionalOptimizerAdapter>(name, options), or a torch::optim type with a functional "
-              "twin (SGD, Adam, AdamW, Adagrad, RMSprop: converted), not another torch::optim type");
+              options_.shard_gradients ? "shard_gradients" : "overlap_with_ddp", " steps parameters bucket by "
+              "bucket, which needs a functional local optimizer: pass local_optimizer<FunctionalOptimizerAdapter>(name, "
+              "options), or a torch::optim type with a functional twin (SGD, Adam, AdamW, Adagrad, RMSprop: "
+              "converted), not another torch::optim type");
 }
 
 void ZeroRedundancyOptimizer::validate_params() const {
@@ -412,18 +414,11 @@ at::Tensor ZeroRedundancyOptimizer::clip_grad_norm_(double max_norm, double norm
               "from `parameters` is non-finite, so it cannot be clipped. To disable this error and scale the "
               "gradients by the non-finite norm anyway, set `error_if_nonfinite=False`");
   at::Tensor coef = at::clamp(max_norm / (total + 1e-6), c10::nullopt, 1.0);
-  for (const at::Tensor& g : grads) const_cast<at::Tensor&>(g).mul_(coef);
+  for (const at::Tensor& g : grads) g.mul_(coef);
   return total;
 }
 
-int64_t ZeroRedundancyOptimizer::gradient_bytes() const {
-  if (const auto* shards = dynamic_cast<const internal::GradShardLayout*>(layout_.get())) return shards->gradient_bytes();
-  int64_t bytes = 0;
-  for (const at::Tensor& p : layout_->params()) {
-    if (p.grad().defined()) bytes += p.grad().numel() * p.grad().element_size();
-  }
-  return bytes;
-}
+int64_t ZeroRedundancyOptimizer::gradient_bytes() const { return layout_->gradient_bytes(); }
 
 const std::vector<at::Tensor>& ZeroRedundancyOptimizer::parameters() const { return layout_->params(); }
 

@@ -33,6 +33,12 @@ std::vector<at::Tensor> ZeroLayout::gradients() const {
   return out;
 }
 
+int64_t ZeroLayout::gradient_bytes() const {
+  int64_t bytes = 0;
+  for (const at::Tensor& g : gradients()) bytes += g.numel() * g.element_size();
+  return bytes;
+}
+
 std::vector<size_t> ZeroLayout::group_counts() const {
   std::vector<size_t> counts;
   for (const auto& g : group_sizes_) counts.push_back(g.size());

@@ -73,6 +73,8 @@ class ZeroLayout {
   // gradients (ZeRO-2) only this rank's reduced slices, so a global norm needs a sum across ranks.
   virtual std::vector<at::Tensor> gradients() const;
   virtual bool gradients_sharded() const { return false; }
+  // Bytes of gradients this rank holds for the step (of gradients()' tensors, or their buffer).
+  virtual int64_t gradient_bytes() const;
 
  protected:
   ZeroLayout(const std::vector<std::vector<at::Tensor>>& groups, comm::Group group);
@@ -182,8 +184,8 @@ class GradShardLayout final : public ZeroLayout {
   at::Tensor grad_chunk(size_t b) const;
   // The reduce-scatters of a backward pass completed: the slices hold gradients from now on.
   void mark_reduced() { reduced_ = true; }
-  // Bytes of this rank's gradient slices.
-  int64_t gradient_bytes() const { return grad_shard_.numel() * grad_shard_.element_size(); }
+  // Bytes of this rank's gradient slices, padding included.
+  int64_t gradient_bytes() const override { return grad_shard_.numel() * grad_shard_.element_size(); }
 
  private:
   struct Segment {

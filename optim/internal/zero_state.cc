@@ -62,7 +62,8 @@ c10::IValue assemble_pieces(const c10::IValue& merged, const std::vector<int64_t
   std::sort(starts.begin(), starts.end());
   std::map<int64_t, std::vector<StateEntry>> by_param;
   for (const auto& [offset, entry] : in.state) {
-    auto it = std::upper_bound(starts.begin(), starts.end(), std::make_pair(std::make_pair(offset, INT64_MAX), INT64_MAX));
+    auto it =
+        std::upper_bound(starts.begin(), starts.end(), std::make_pair(std::make_pair(offset, INT64_MAX), INT64_MAX));
     TORCH_CHECK(it != starts.begin(), "consolidate_state_dict: a piece at flat offset ", offset,
                 " before every parameter");
     by_param[std::prev(it)->second].push_back(entry);
