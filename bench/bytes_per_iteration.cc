@@ -1,7 +1,7 @@
 // Bytes each rank sends per training iteration, counted by comm's counting group (what each
 // collective moves per rank in a bandwidth-optimal algorithm), for DDP alone, DDP +
 // ZeroRedundancyOptimizer (ZeRO-1, PyTorch's) and DDP + ZeRO-2 (hook_with_zero2), next to the
-// formulas, and the gradient bytes a rank keeps for the step. Model: //ddp_hooks:ddp_benchmark's
+// formulas, and the gradient bytes a rank keeps for the step. Model: ddp_hooks/benchmark_mlp.h,
 // 8 x Linear(1024, 1024) (8.4M parameters, 32 MiB), DDP's default 25 MiB buckets, Adam; ranks
 // as threads with their own Gloo groups, world 2..8.
 //
@@ -21,6 +21,7 @@
 
 #include "comm/counting_group.h"
 #include "comm/test_harness.h"
+#include "ddp_hooks/benchmark_mlp.h"
 #include "ddp_hooks/distributed_data_parallel.h"
 #include "ddp_hooks/zero_hook.h"
 #include "optim/functional_adapter.h"
@@ -29,15 +30,6 @@
 namespace {
 
 using namespace dtrain;  // NOLINT
-
-torch::nn::Sequential make_mlp() {
-  torch::nn::Sequential mlp;
-  for (int i = 0; i < 8; ++i) {
-    mlp->push_back(torch::nn::Linear(1024, 1024));
-    mlp->push_back(torch::nn::ReLU());
-  }
-  return mlp;
-}
 
 enum Mode { kDDP = 0, kZero1 = 1, kZero2 = 2 };
 
@@ -56,7 +48,7 @@ Result measure(int world, Mode mode) {
       [&](comm::Group& plain) {
         auto counter = std::make_shared<comm::ByteCounter>();
         comm::Group g = comm::counting_group(plain, counter);
-        auto mlp = make_mlp();
+        auto mlp = ddp_hooks::benchmark_mlp();
         ddp_hooks::DDPOptions d;
         d.group = g;
         ddp_hooks::DistributedDataParallel ddp(mlp.ptr(), d);
@@ -89,7 +81,7 @@ Result measure(int world, Mode mode) {
 int main() {
   const double mib = 1 << 20;
   int64_t model = 0;
-  for (const auto& p : make_mlp()->parameters()) model += p.numel() * p.element_size();
+  for (const auto& p : ddp_hooks::benchmark_mlp()->parameters()) model += p.numel() * p.element_size();
   std::printf("# world model_MiB ddp_sent ddp_formula zero1_sent zero1_formula zero2_sent zero2_formula "
               "zero1_grad_MiB zero2_grad_MiB\n");
   for (int world = 2; world <= 8; ++world) {

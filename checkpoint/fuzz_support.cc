@@ -11,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "checkpoint/optimizer_state_dict.h"
 #include "checkpoint/stored_zip.h"
 #include "checkpoint/test_zip.h"
 #include "checkpoint/torch_file_writer.h"
@@ -29,7 +30,7 @@ std::vector<std::string> torch_file_seeds() {
   s0.insert("exp_avg", at::arange(6, at::kFloat).reshape({2, 3}));
   s0.insert("view", s0.at("exp_avg").toTensor().t());
   state.insert(int64_t{0}, s0);
-  d.insert("state", state);
+  d.insert(kStateKey, state);
   c10::impl::GenericList groups(c10::AnyType::get());
   c10::impl::GenericDict g(c10::StringType::get(), c10::AnyType::get());
   g.insert("lr", 0.01);
@@ -39,7 +40,7 @@ std::vector<std::string> torch_file_seeds() {
   g.insert("flag", true);
   g.insert("none", c10::IValue());
   groups.push_back(g);
-  d.insert("param_groups", groups);
+  d.insert(kParamGroupsKey, groups);
   d.insert("mask", at::arange(4).gt(1));
   d.insert("half", at::ones({3}, at::kHalf));
   out.push_back(*write_torch_file(d));

@@ -73,7 +73,7 @@ std::optional<std::vector<int64_t>> int_list(const c10::IValue& v) {
 // [error, {index: (begin, end, shape)}].
 struct ShardReport {
   std::string error;
-  std::map<int64_t, std::pair<ElementRange, std::vector<int64_t>>> params;
+  std::map<int64_t, std::pair<partition::Range, std::vector<int64_t>>> params;
 
   c10::IValue encode() const {
     Dict described = int_dict();
@@ -92,7 +92,7 @@ struct ShardReport {
     out.error = list.get(0).toStringRef();
     for (const auto& kv : list.get(1).toGenericDict()) {
       const auto& t = kv.value().toTupleRef().elements();
-      out.params[kv.key().toInt()] = {ElementRange{t[0].toInt(), t[1].toInt()}, t[2].toIntVector()};
+      out.params[kv.key().toInt()] = {partition::Range{t[0].toInt(), t[1].toInt()}, t[2].toIntVector()};
     }
     return out;
   }
@@ -300,7 +300,7 @@ absl::StatusOr<ShardedInfo> read_sharded_info(const std::string& dir) {
 
 namespace {
 
-absl::StatusOr<ShardedState> load_checked(const std::string& dir, const std::map<int64_t, ElementRange>& wanted) {
+absl::StatusOr<ShardedState> load_checked(const std::string& dir, const std::map<int64_t, partition::Range>& wanted) {
   absl::StatusOr<ParsedMetadata> meta = read_metadata(dir);
   if (!meta.ok()) return meta.status();
   const ShardedInfo& info = meta->info;
@@ -408,7 +408,7 @@ absl::StatusOr<ShardedState> load_checked(const std::string& dir, const std::map
 
 }  // namespace
 
-absl::StatusOr<ShardedState> load_sharded(const std::string& dir, const std::map<int64_t, ElementRange>& wanted) {
+absl::StatusOr<ShardedState> load_sharded(const std::string& dir, const std::map<int64_t, partition::Range>& wanted) {
   try {
     return load_checked(dir, wanted);
   } catch (const std::exception& e) {  // a backstop: every check above should have caught it first

@@ -25,20 +25,14 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "comm/process_group.h"
+#include "partition/flat_partition.h"
 
 namespace dtrain::checkpoint {
-
-// Elements [begin, end) of a parameter, counted in its flattened (row-major) order.
-struct ElementRange {
-  int64_t begin = 0;
-  int64_t end = 0;
-  int64_t size() const { return end - begin; }
-};
 
 struct ShardedState {
   struct Param {
     std::vector<int64_t> shape;  // the full parameter's shape
-    ElementRange range;          // the elements held here; [0, numel) = the whole parameter
+    partition::Range range;      // the elements held here; [0, numel) = the whole parameter
     // PyTorch's per-parameter state entries. Tensors hold exactly `range`: full-shaped when it is
     // the whole parameter, 1-D of range.size() elements otherwise. Non-tensors (step counters,
     // None) are the parameter's own.
@@ -75,7 +69,7 @@ absl::StatusOr<ShardedInfo> read_sharded_info(const std::string& dir);
 // The requested pieces (parameter index -> element range), assembled from the overlapping
 // shards only. Errors: those of read_sharded_info; InvalidArgument for an unknown parameter or
 // a range outside it; DataLoss when a shard is corrupt or the shards do not cover a range.
-absl::StatusOr<ShardedState> load_sharded(const std::string& dir, const std::map<int64_t, ElementRange>& wanted);
+absl::StatusOr<ShardedState> load_sharded(const std::string& dir, const std::map<int64_t, partition::Range>& wanted);
 
 }  // namespace dtrain::checkpoint
 

@@ -45,8 +45,8 @@ std::vector<Dict> global_state() {
 }
 
 // Pieces (param -> element range) `rank` owns under a strategy at a world size.
-std::map<int64_t, ElementRange> owned(const std::string& strategy, int world, int rank) {
-  std::map<int64_t, ElementRange> out;
+std::map<int64_t, partition::Range> owned(const std::string& strategy, int world, int rank) {
+  std::map<int64_t, partition::Range> out;
   const auto n = numels();
   if (strategy == "flat") {
     auto fp = partition::flat_partition(n, world, /*alignment=*/4);
@@ -58,7 +58,7 @@ std::map<int64_t, ElementRange> owned(const std::string& strategy, int world, in
   return out;
 }
 
-ShardedState shard_of(const std::vector<Dict>& global, const std::map<int64_t, ElementRange>& pieces) {
+ShardedState shard_of(const std::vector<Dict>& global, const std::map<int64_t, partition::Range>& pieces) {
   ShardedState s;
   for (const auto& [i, r] : pieces) {
     ShardedState::Param p;

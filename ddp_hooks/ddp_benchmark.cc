@@ -5,6 +5,8 @@
 // threaded benchmark divides by both threads' iterations):
 //   BM_DDPIteration   zero_grad + forward + backward through DDP (gradients averaged)
 //   BM_Backward       the same without DDP (compute only)
+//   BM_BackwardZeroGrad  backward alone after zero_grad(set_to_none = 0 or 1): the cost of
+//                     allocating the gradients afresh each iteration (2.x's default zero_grad())
 //   BM_AllReduce      all-reduce of the same gradient bytes in 25 MiB buckets (communication only)
 //   BM_Overlap        backward alone, communication alone and the DDP iteration timed in turn in
 //                     every iteration; overlap = ddp / max(backward, comm). link_ms = 0: Gloo;
@@ -36,6 +38,7 @@
 #include "comm/thread_world.h"
 #include "comm/coalesced.h"
 #include "ddp_hooks/default_hooks.h"
+#include "ddp_hooks/benchmark_mlp.h"
 #include "ddp_hooks/distributed_data_parallel.h"
 #include "ddp_hooks/zero_hook.h"
 #include "optim/zero_redundancy_optimizer.h"
@@ -46,22 +49,13 @@ namespace {
 constexpr int kWorld = 2;
 
 
-torch::nn::Sequential make_mlp() {
-  torch::nn::Sequential mlp;
-  for (int i = 0; i < 8; ++i) {
-    mlp->push_back(torch::nn::Linear(1024, 1024));
-    mlp->push_back(torch::nn::ReLU());
-  }
-  return mlp;
-}
-
 double elapsed_ms(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 }
 
 void BM_DDPIteration(benchmark::State& state) {
   comm::Group& g = comm::thread_world_rank(state.thread_index(), kWorld);
-  auto mlp = make_mlp();
+  auto mlp = benchmark_mlp();
   DDPOptions o;
   o.group = g;
   o.gradient_as_bucket_view = state.range(0) == 1;
@@ -80,7 +74,7 @@ void BM_DDPIteration(benchmark::State& state) {
 BENCHMARK(BM_DDPIteration)->ArgNames({"bucket_view", "cap_mb"})->Args({0, 25})->Args({1, 25})->Args({1, 4})->Threads(kWorld)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 void BM_Backward(benchmark::State& state) {
-  auto mlp = make_mlp();
+  auto mlp = benchmark_mlp();
   const torch::Tensor x = torch::randn({2, 1024});
   auto iteration = [&] {
     mlp->zero_grad();
@@ -93,9 +87,29 @@ void BM_Backward(benchmark::State& state) {
 }
 BENCHMARK(BM_Backward)->Threads(kWorld)->UseRealTime()->Unit(benchmark::kMillisecond);
 
+// Backward alone with the two kinds of zero_grad: set_to_none=1 frees every .grad, so each
+// backward allocates the gradients again (LibTorch 2.x's default for Module::zero_grad()); 0 zeroes
+// them in place (1.13's default). The difference is the cost of new memory (page faults on first
+// touch: glibc maps large blocks afresh and trims freed ones); it explains why rows that call
+// zero_grad() are slower on 2.x than on 1.13 on this machine.
+void BM_BackwardZeroGrad(benchmark::State& state) {
+  const bool set_to_none = state.range(0) != 0;
+  auto mlp = benchmark_mlp();
+  const torch::Tensor x = torch::randn({2, 1024});
+  auto iteration = [&] {
+    mlp->zero_grad(set_to_none);
+    mlp->forward(x).sum().backward();
+  };
+  iteration();
+  const auto start = std::chrono::steady_clock::now();
+  for (auto _ : state) iteration();
+  state.counters["ms"] = elapsed_ms(start) / state.iterations() / kWorld;
+}
+BENCHMARK(BM_BackwardZeroGrad)->ArgName("set_to_none")->Arg(0)->Arg(1)->Threads(kWorld)->UseRealTime()->Unit(benchmark::kMillisecond);
+
 void BM_AllReduce(benchmark::State& state) {
   comm::Group& g = comm::thread_world_rank(state.thread_index(), kWorld);
-  auto mlp = make_mlp();
+  auto mlp = benchmark_mlp();
   std::vector<torch::Tensor> grads;
   for (const auto& p : mlp->parameters()) grads.push_back(torch::randn_like(p));
   const auto start = std::chrono::steady_clock::now();
@@ -171,8 +185,8 @@ void BM_Overlap(benchmark::State& state) {
   comm::Group& g = comm::thread_world_rank(state.thread_index(), kWorld);
   const int64_t link_ms = state.range(0);
   const double cap_mb = static_cast<double>(state.range(1));
-  auto mlp = make_mlp();
-  auto plain = make_mlp();
+  auto mlp = benchmark_mlp();
+  auto plain = benchmark_mlp();
   std::vector<torch::Tensor> grads;
   int64_t grad_bytes = 0;
   for (const auto& p : mlp->parameters()) {
@@ -248,7 +262,7 @@ void BM_DDPZeroStep(benchmark::State& state) {
   comm::Group& g = comm::thread_world_rank(state.thread_index(), kWorld);
   const bool overlap = state.range(0) == 1 || state.range(0) == 2;
   const bool zero2 = state.range(0) == 3;
-  auto mlp = make_mlp();
+  auto mlp = benchmark_mlp();
   DDPOptions o;
   o.group = g;
   o.gradient_as_bucket_view = !zero2;

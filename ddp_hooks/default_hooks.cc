@@ -13,13 +13,6 @@ c10::intrusive_ptr<c10::ivalue::Future> ready_future(const at::Tensor& t) {
   return fut;
 }
 
-at::Tensor first_tensor(const c10::IValue& result) {
-  if (result.isTensor()) return result.toTensor();
-  if (result.isTensorList()) return result.toTensorList().get(0);
-  if (result.isList()) return result.toListRef()[0].toTensor();
-  TORCH_CHECK(false, "DDP comm hook result must be a tensor or a list of tensors, got ", result.tagKind());
-}
-
 }  // namespace
 
 c10::intrusive_ptr<c10::ivalue::Future> AllReduceHook::runHook(c10d::GradBucket& bucket) {
@@ -28,8 +21,6 @@ c10::intrusive_ptr<c10::ivalue::Future> AllReduceHook::runHook(c10d::GradBucket&
   std::vector<at::Tensor> t = {buffer};
   return group_->allreduce(t)->getFuture();
 }
-
-at::Tensor AllReduceHook::parseHookResult(const c10::IValue& result) { return first_tensor(result); }
 
 CompressHook::CompressHook(comm::Group group, at::ScalarType dtype) : group_(std::move(group)), dtype_(dtype) {
   TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16, "CompressHook compresses to float16 or bfloat16, got ",
@@ -66,8 +57,6 @@ c10::intrusive_ptr<c10::ivalue::Future> CompressHook::runHook(c10d::GradBucket& 
       c10::TensorType::get());
 }
 
-at::Tensor CompressHook::parseHookResult(const c10::IValue& result) { return first_tensor(result); }
-
 CompressWrapper::CompressWrapper(std::unique_ptr<c10d::CommHookInterface> inner, at::ScalarType dtype)
     : inner_(std::move(inner)), dtype_(dtype) {
   TORCH_CHECK(inner_ != nullptr, "CompressWrapper needs a hook to wrap");
@@ -90,8 +79,6 @@ c10::intrusive_ptr<c10::ivalue::Future> CompressWrapper::runHook(c10d::GradBucke
       c10::TensorType::get());
 }
 
-at::Tensor CompressWrapper::parseHookResult(const c10::IValue& result) { return first_tensor(result); }
-
 PostLocalSGDState::PostLocalSGDState(comm::Group process_group, comm::Group subgroup, int64_t start_localSGD_iter,
                                      bool post_local_gradient_allreduce)
     : process_group(std::move(process_group)),
@@ -102,12 +89,11 @@ PostLocalSGDState::PostLocalSGDState(comm::Group process_group, comm::Group subg
   TORCH_CHECK(start_localSGD_iter >= 0, "start_localSGD_iter must be >= 0, got ", start_localSGD_iter);
 }
 
-PostLocalSGDHook::PostLocalSGDHook(std::shared_ptr<PostLocalSGDState> state) : state_(std::move(state)) {
-  TORCH_CHECK(state_ != nullptr, "PostLocalSGDHook needs a state");
-}
+PostLocalSGDHook::PostLocalSGDHook(std::shared_ptr<PostLocalSGDState> state)
+    : StatefulHook(std::move(state), "PostLocalSGDHook") {}
 
 c10::intrusive_ptr<c10::ivalue::Future> PostLocalSGDHook::runHook(c10d::GradBucket& bucket) {
-  PostLocalSGDState& s = *state_;
+  PostLocalSGDState& s = state();
   at::Tensor& input = bucket.getBufferRef();
   auto allreduce_in = [&](const comm::Group& group) {
     input.div_(group.size());
@@ -131,12 +117,8 @@ c10::intrusive_ptr<c10::ivalue::Future> PostLocalSGDHook::runHook(c10d::GradBuck
   return allreduce_in(s.subgroup);
 }
 
-at::Tensor PostLocalSGDHook::parseHookResult(const c10::IValue& result) { return first_tensor(result); }
-
 c10::intrusive_ptr<c10::ivalue::Future> NoOpHook::runHook(c10d::GradBucket& bucket) {
   return ready_future(bucket.getBuffer());
 }
-
-at::Tensor NoOpHook::parseHookResult(const c10::IValue& result) { return first_tensor(result); }
 
 }  // namespace dtrain::ddp_hooks

@@ -13,15 +13,15 @@
 #include <torch/csrc/distributed/c10d/comm.hpp>
 
 #include "comm/process_group.h"
+#include "ddp_hooks/bucket_hook.h"
 
 namespace dtrain::ddp_hooks {
 
 // PyTorch's allreduce_hook: divide by the world size, then all-reduce (sum).
-class AllReduceHook : public c10d::CommHookInterface {
+class AllReduceHook : public BucketHook {
  public:
   explicit AllReduceHook(comm::Group group) : group_(std::move(group)) {}
   c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override;
-  at::Tensor parseHookResult(const c10::IValue& result) override;
 
  private:
   comm::Group group_;
@@ -29,11 +29,10 @@ class AllReduceHook : public c10d::CommHookInterface {
 
 // PyTorch's fp16_compress_hook / bf16_compress_hook: cast the bucket to `dtype` (kHalf or
 // kBFloat16), divide, all-reduce, and cast back into the bucket in place.
-class CompressHook : public c10d::CommHookInterface {
+class CompressHook : public BucketHook {
  public:
   CompressHook(comm::Group group, at::ScalarType dtype);
   c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override;
-  at::Tensor parseHookResult(const c10::IValue& result) override;
 
  private:
   comm::Group group_;
@@ -43,11 +42,10 @@ class CompressHook : public c10d::CommHookInterface {
 // PyTorch's fp16_compress_wrapper / bf16_compress_wrapper: runs `inner` on a copy of the bucket
 // cast to `dtype`, then writes the result back into the original bucket in its own dtype. Wraps
 // any hook (e.g. PowerSGD, which then works on half-precision matrices).
-class CompressWrapper : public c10d::CommHookInterface {
+class CompressWrapper : public BucketHook {
  public:
   CompressWrapper(std::unique_ptr<c10d::CommHookInterface> inner, at::ScalarType dtype);
   c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override;
-  at::Tensor parseHookResult(const c10::IValue& result) override;
 
  private:
   std::unique_ptr<c10d::CommHookInterface> inner_;
@@ -69,21 +67,16 @@ struct PostLocalSGDState {
   int64_t iter = 0;
 };
 
-class PostLocalSGDHook : public c10d::CommHookInterface {
+class PostLocalSGDHook : public StatefulHook<PostLocalSGDState> {
  public:
   explicit PostLocalSGDHook(std::shared_ptr<PostLocalSGDState> state);
   c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override;
-  at::Tensor parseHookResult(const c10::IValue& result) override;
-
- private:
-  std::shared_ptr<PostLocalSGDState> state_;
 };
 
 // PyTorch's noop_hook: no communication (to measure how much headroom communication leaves).
-class NoOpHook : public c10d::CommHookInterface {
+class NoOpHook : public BucketHook {
  public:
   c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override;
-  at::Tensor parseHookResult(const c10::IValue& result) override;
 };
 
 }  // namespace dtrain::ddp_hooks

@@ -130,15 +130,12 @@ void PowerSGDState::load_state_dict(const c10::IValue& state_dict) {
   validate();
 }
 
-PowerSGDHook::PowerSGDHook(std::shared_ptr<PowerSGDState> state) : state_(std::move(state)) {
-  TORCH_CHECK(state_ != nullptr, "PowerSGDHook needs a state");
-  state_->validate();
+PowerSGDHook::PowerSGDHook(std::shared_ptr<PowerSGDState> state) : StatefulHook(std::move(state), "PowerSGDHook") {
+  this->state().validate();
 }
 
-at::Tensor PowerSGDHook::parseHookResult(const c10::IValue& result) { return result.toTensor(); }
-
 c10::intrusive_ptr<c10::ivalue::Future> PowerSGDHook::runHook(c10d::GradBucket& bucket) {
-  PowerSGDState& s = *state_;
+  PowerSGDState& s = state();
   const comm::Group& group = s.group;
   const int world = group.size();
   at::Tensor input = bucket.getBufferRef();

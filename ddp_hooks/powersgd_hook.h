@@ -24,6 +24,7 @@
 #include <torch/csrc/distributed/c10d/comm.hpp>
 
 #include "comm/process_group.h"
+#include "ddp_hooks/bucket_hook.h"
 
 namespace dtrain::ddp_hooks {
 
@@ -63,14 +64,10 @@ struct PowerSGDState {
   bool rng_seeded = false;
 };
 
-class PowerSGDHook : public c10d::CommHookInterface {
+class PowerSGDHook : public StatefulHook<PowerSGDState> {
  public:
   explicit PowerSGDHook(std::shared_ptr<PowerSGDState> state);
   c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override;
-  at::Tensor parseHookResult(const c10::IValue& result) override;
-
- private:
-  std::shared_ptr<PowerSGDState> state_;
 };
 
 // Orthonormalises the columns of each matrix in a batch (b x n x r), in place: Gram-Schmidt

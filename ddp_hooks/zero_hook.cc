@@ -175,8 +175,6 @@ c10::intrusive_ptr<c10::ivalue::Future> ZeroGradShardHook::runHook(c10d::GradBuc
   return done;
 }
 
-at::Tensor ZeroGradShardHook::parseHookResult(const c10::IValue& result) { return result.toTensor(); }
-
 void ZeroGradShardHook::finish(size_t b) {
   if (pending_[b].defined()) pending_[b].wait();
   pending_[b] = comm::ReduceScatterWork();

@@ -57,6 +57,7 @@
 #include <torch/csrc/distributed/c10d/comm.hpp>
 
 #include "comm/reduce_scatter.h"
+#include "ddp_hooks/bucket_hook.h"
 #include "ddp_hooks/distributed_data_parallel.h"
 #include "optim/zero_redundancy_optimizer.h"
 
@@ -109,7 +110,7 @@ std::unique_ptr<c10d::CommHookInterface> hook_with_zero_step_interleaved(
     optim::ZeroRedundancyOptimizer& zero, bool shard_buckets = false);
 
 // ZeRO-2's hook (see the top of this file).
-class ZeroGradShardHook : public c10d::CommHookInterface, public GradientConsumer {
+class ZeroGradShardHook : public BucketHook, public GradientConsumer {
  public:
   // REQUIRES: zero built with ZeroOptions::shard_gradients over exactly ddp's parameters, on a
   // group with the same ranks as DDP's, no step taken yet. Lays ZeRO's parameters out by DDP
@@ -117,7 +118,6 @@ class ZeroGradShardHook : public c10d::CommHookInterface, public GradientConsume
   ZeroGradShardHook(const DistributedDataParallel& ddp, optim::ZeroRedundancyOptimizer& zero);
   // Starts bucket b's reduce-scatter (after finishing bucket b-1's: at most two in flight).
   c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override;
-  at::Tensor parseHookResult(const c10::IValue& result) override;
   // Waits for the last reduce-scatters; the slices are ready for zero.step().
   void finish_backward() override;
 

@@ -84,8 +84,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       ck::testing::touch_all(info->param_groups);
       ck::testing::touch_all(info->extra);
     }
-    for (const std::map<int64_t, ck::ElementRange>& wanted :
-         {std::map<int64_t, ck::ElementRange>{{0, {0, 12}}, {1, {2, 7}}}, {{0, {5, 9}}, {1, {0, 10}}}, {{1, {3, 4}}}}) {
+    for (const std::map<int64_t, dtrain::partition::Range>& wanted :
+         {std::map<int64_t, dtrain::partition::Range>{{0, {0, 12}}, {1, {2, 7}}}, {{0, {5, 9}}, {1, {0, 10}}}, {{1, {3, 4}}}}) {
       absl::StatusOr<ck::ShardedState> got = ck::load_sharded(s.dir, wanted);
       if (!got.ok()) continue;
       for (const auto& [index, param] : got->params) {

@@ -313,7 +313,7 @@ void ZeroRedundancyOptimizer::load_local_state(const std::vector<checkpoint::Par
   stale_consolidation_ = false;
 }
 
-std::map<int64_t, checkpoint::ElementRange> ZeroRedundancyOptimizer::owned_ranges() const {
+std::map<int64_t, partition::Range> ZeroRedundancyOptimizer::owned_ranges() const {
   return internal::owned_ranges(layout_->entries());
 }
 
@@ -340,7 +340,7 @@ absl::StatusOr<c10::IValue> ZeroRedundancyOptimizer::load_sharded(const std::str
   if (!info.ok()) return info.status();
   absl::Status fits = internal::check_sharded_info(*info, dir, layout_->params(), layout_->group_counts());
   if (!fits.ok()) return fits;
-  std::map<int64_t, checkpoint::ElementRange> wanted;
+  std::map<int64_t, partition::Range> wanted;
   for (const auto& [param, range] : owned_ranges()) {
     if (info->shapes.count(param) > 0) wanted[param] = range;
   }

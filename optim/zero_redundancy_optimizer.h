@@ -182,7 +182,7 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public comm::Joi
   // (param groups included on every rank), the pieces it owns (global index -> element range),
   // and loading a state holding exactly those pieces (a piece may be missing: no state yet).
   checkpoint::ShardedState sharded_state();
-  std::map<int64_t, checkpoint::ElementRange> owned_ranges() const;
+  std::map<int64_t, partition::Range> owned_ranges() const;
   void load_sharded_state(const checkpoint::ShardedState& state);
 
   // comm::Joinable (PyTorch's _ZeROJoinHook): a rank out of inputs keeps calling step() in the

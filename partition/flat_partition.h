@@ -18,7 +18,8 @@
 
 namespace dtrain::partition {
 
-// Half-open element range [begin, end) of the flat buffer.
+// Half-open element range [begin, end): of the flat buffer here; of one flattened (row-major)
+// parameter in checkpoint/sharded.h and ZeRO's state pieces.
 struct Range {
   int64_t begin = 0;
   int64_t end = 0;

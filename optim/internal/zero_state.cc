@@ -137,8 +137,8 @@ std::vector<ParamGroup> local_param_groups(const std::vector<ParamGroup>& groups
   return local_groups;
 }
 
-std::map<int64_t, checkpoint::ElementRange> owned_ranges(const std::vector<LocalEntry>& entries) {
-  std::map<int64_t, checkpoint::ElementRange> out;
+std::map<int64_t, partition::Range> owned_ranges(const std::vector<LocalEntry>& entries) {
+  std::map<int64_t, partition::Range> out;
   for (const LocalEntry& e : entries) {
     if (e.range.size() > 0) out[e.param] = e.range;
   }
@@ -180,7 +180,7 @@ IndexedState local_state_from_sharded(const checkpoint::ShardedState& state, con
   IndexedState local_state;
   for (size_t k = 0; k < entries.size(); ++k) {
     const LocalEntry& e = entries[k];
-    const checkpoint::ElementRange& range = e.range;
+    const partition::Range& range = e.range;
     auto it = state.params.find(e.param);
     if (it == state.params.end()) continue;  // no state for it yet (never stepped)
     const checkpoint::ShardedState::Param& saved = it->second;

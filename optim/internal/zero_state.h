@@ -33,7 +33,7 @@ namespace dtrain::optim::internal {
 // Local index k of the local optimizer: (a piece of) a parameter.
 struct LocalEntry {
   int64_t param = 0;               // global parameter index
-  checkpoint::ElementRange range;  // elements of the flattened parameter it covers
+  partition::Range range;  // elements of the flattened parameter it covers
   size_t group = 0;                // parameter group
   // The local tensor is a 1-D slice of the parameter (kFlat), not the parameter itself: its
   // state tensors are 1-D slices too, even when the range is the whole parameter.
@@ -69,7 +69,7 @@ std::vector<checkpoint::ParamGroup> local_param_groups(const std::vector<checkpo
                                                        const std::vector<size_t>& group_counts);
 
 // The pieces this rank owns (global index -> element range), empty ranges left out.
-std::map<int64_t, checkpoint::ElementRange> owned_ranges(const std::vector<LocalEntry>& entries);
+std::map<int64_t, partition::Range> owned_ranges(const std::vector<LocalEntry>& entries);
 // Local -> sharded: a whole parameter's state full-shaped, a slice's 1-D; global param groups.
 checkpoint::ShardedState sharded_from_local(const c10::IValue& local_state_dict, const std::vector<LocalEntry>& entries,
                                             const std::vector<at::Tensor>& params,
