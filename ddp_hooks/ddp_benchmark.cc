@@ -1,12 +1,13 @@
 // ./bazelw run -c opt //ddp_hooks:ddp_benchmark
 // DDP at world 2 (two benchmark threads with their own Gloo groups over loopback) on a
 // parameter-heavy, FLOP-light MLP: 8 Linear(1024, 1024) layers (8.4M parameters, 32 MiB of
-// gradients), batch 2 per rank. Rows (read the per-rank `ms` counter; the Time column of a
-// threaded benchmark divides by both threads' iterations):
+// gradients), batch 2 per rank. Rows (read the per-rank `ms` counter: the Time column of a
+// threaded benchmark is counted differently by Debian 12's and Debian 13's Google Benchmark):
 //   BM_DDPIteration   zero_grad + forward + backward through DDP (gradients averaged)
+//   BM_DDPIterationZeroGrad  the same with zero_grad(set_to_none = 0 or 1) named
 //   BM_Backward       the same without DDP (compute only)
-//   BM_BackwardZeroGrad  backward alone after zero_grad(set_to_none = 0 or 1): the cost of
-//                     allocating the gradients afresh each iteration (2.x's default zero_grad())
+//   BM_BackwardZeroGrad  backward alone after zero_grad(set_to_none = 0 or 1): what allocating
+//                     the gradients afresh each iteration costs (2.x's default zero_grad())
 //   BM_AllReduce      all-reduce of the same gradient bytes in 25 MiB buckets (communication only)
 //   BM_Overlap        backward alone, communication alone and the DDP iteration timed in turn in
 //                     every iteration; overlap = ddp / max(backward, comm). link_ms = 0: Gloo;
@@ -53,7 +54,8 @@ double elapsed_ms(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 }
 
-void BM_DDPIteration(benchmark::State& state) {
+// zero_grad() with the LibTorch's own default (set_to_none < 0; 2.x: true, 1.13: false), or as named.
+void ddp_iteration(benchmark::State& state, int set_to_none) {
   comm::Group& g = comm::thread_world_rank(state.thread_index(), kWorld);
   auto mlp = benchmark_mlp();
   DDPOptions o;
@@ -63,7 +65,11 @@ void BM_DDPIteration(benchmark::State& state) {
   DistributedDataParallel ddp(mlp.ptr(), o);
   const torch::Tensor x = torch::randn({2, 1024});
   auto iteration = [&] {
-    mlp->zero_grad();
+    if (set_to_none < 0) {
+      mlp->zero_grad();
+    } else {
+      mlp->zero_grad(set_to_none != 0);
+    }
     ddp.forward([&] { return mlp->forward(x).sum(); }).backward();
   };
   iteration();
@@ -71,7 +77,11 @@ void BM_DDPIteration(benchmark::State& state) {
   for (auto _ : state) iteration();
   state.counters["ms"] = elapsed_ms(start) / state.iterations() / kWorld;
 }
+void BM_DDPIteration(benchmark::State& state) { ddp_iteration(state, -1); }
 BENCHMARK(BM_DDPIteration)->ArgNames({"bucket_view", "cap_mb"})->Args({0, 25})->Args({1, 25})->Args({1, 4})->Threads(kWorld)->UseRealTime()->Unit(benchmark::kMillisecond);
+// The same with zero_grad(set_to_none) named: 1 allocates every gradient afresh in each backward.
+void BM_DDPIterationZeroGrad(benchmark::State& state) { ddp_iteration(state, static_cast<int>(state.range(2))); }
+BENCHMARK(BM_DDPIterationZeroGrad)->ArgNames({"bucket_view", "cap_mb", "set_to_none"})->Args({0, 25, 0})->Args({0, 25, 1})->Args({1, 25, 0})->Args({1, 25, 1})->Threads(kWorld)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 void BM_Backward(benchmark::State& state) {
   auto mlp = benchmark_mlp();
@@ -89,9 +99,10 @@ BENCHMARK(BM_Backward)->Threads(kWorld)->UseRealTime()->Unit(benchmark::kMillise
 
 // Backward alone with the two kinds of zero_grad: set_to_none=1 frees every .grad, so each
 // backward allocates the gradients again (LibTorch 2.x's default for Module::zero_grad()); 0 zeroes
-// them in place (1.13's default). The difference is the cost of new memory (page faults on first
-// touch: glibc maps large blocks afresh and trims freed ones); it explains why rows that call
-// zero_grad() are slower on 2.x than on 1.13 on this machine.
+// them in place (1.13's default). On this machine the two are within noise of each other: fresh
+// gradients alone do not make an iteration slower. What does is glibc returning freed blocks to
+// the kernel while DDP copies gradients into buckets (README, "Performance": the copy-to-buckets
+// row with and without MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_).
 void BM_BackwardZeroGrad(benchmark::State& state) {
   const bool set_to_none = state.range(0) != 0;
   auto mlp = benchmark_mlp();
