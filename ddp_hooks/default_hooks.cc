@@ -27,9 +27,37 @@ CompressHook::CompressHook(comm::Group group, at::ScalarType dtype) : group_(std
               dtype);
 }
 
+int64_t CompressHook::buffers_allocated() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return allocated_;
+}
+
+CompressHook::Kept CompressHook::acquire(const at::Tensor& buffer, size_t index) {
+  auto fresh = [&] {
+    ++allocated_;
+    return Kept{at::empty(buffer.sizes(), buffer.options().dtype(dtype_)), std::make_shared<std::atomic<bool>>(false)};
+  };
+  std::lock_guard<std::mutex> lock(mu_);
+  Kept kept;
+  if (!buffer.device().is_cpu()) {
+    kept = fresh();  // device allocators cache memory themselves
+  } else {
+    if (kept_.size() <= index) kept_.resize(index + 1);
+    Kept& mine = kept_[index];
+    if (mine.tensor.defined() && mine.done->load() && mine.tensor.sizes().equals(buffer.sizes())) {
+      mine.done = std::make_shared<std::atomic<bool>>(false);
+    } else {
+      mine = fresh();
+    }
+    kept = mine;
+  }
+  return kept;
+}
+
 c10::intrusive_ptr<c10::ivalue::Future> CompressHook::runHook(c10d::GradBucket& bucket) {
   at::Tensor buffer = bucket.getBufferRef();
-  at::Tensor compressed = buffer.to(dtype_).div_(group_.size());
+  Kept kept = acquire(buffer, bucket.getIndex());
+  at::Tensor compressed = kept.tensor.copy_(buffer).div_(group_.size());
   if (dtype_ == at::kBFloat16 && group_.backend() == "gloo" && !comm::kGlooReducesBFloat16) {
     // Gloo in LibTorch 1.13 cannot reduce bfloat16: gather the bfloat16 bytes (half the fp32
     // traffic, as with a bf16 all-reduce) and sum them in fp32 here. 2.x reduces them itself.
@@ -39,7 +67,8 @@ c10::intrusive_ptr<c10::ivalue::Future> CompressHook::runHook(c10d::GradBucket& 
     for (int r = 0; r < n; ++r) all[0].push_back(at::empty_like(mine[0]));
     auto fut = group_->allgather(all, mine)->getFuture();
     return fut->then(
-        [buffer, parts = all[0]](c10::ivalue::Future&) {
+        [buffer, parts = all[0], done = kept.done](c10::ivalue::Future&) {
+          done->store(true);  // the gather has read `compressed`; only `parts` are used below
           buffer.zero_();
           for (const auto& p : parts) buffer.add_(p.view(at::kBFloat16).to(at::kFloat));
           return c10::IValue(buffer);
@@ -50,8 +79,9 @@ c10::intrusive_ptr<c10::ivalue::Future> CompressHook::runHook(c10d::GradBucket& 
   auto fut = group_->allreduce(t)->getFuture();
   // Decompress into the bucket in place, as PyTorch's hook does.
   return fut->then(
-      [buffer, compressed](c10::ivalue::Future&) {
+      [buffer, compressed, done = kept.done](c10::ivalue::Future&) {
         buffer.copy_(compressed);
+        done->store(true);
         return c10::IValue(buffer);
       },
       c10::TensorType::get());

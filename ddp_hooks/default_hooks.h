@@ -8,7 +8,11 @@
 #ifndef DTRAIN_DDP_HOOKS_DEFAULT_HOOKS_H_
 #define DTRAIN_DDP_HOOKS_DEFAULT_HOOKS_H_
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
+#include <mutex>
+#include <vector>
 
 #include <torch/csrc/distributed/c10d/comm.hpp>
 
@@ -29,14 +33,37 @@ class AllReduceHook : public BucketHook {
 
 // PyTorch's fp16_compress_hook / bf16_compress_hook: cast the bucket to `dtype` (kHalf or
 // kBFloat16), divide, all-reduce, and cast back into the bucket in place.
+//
+// On CPU the compressed copy of each bucket is kept between iterations and written again in
+// place (PyTorch allocates a fresh one per call): a fresh 10+ MiB tensor per bucket per
+// iteration is memory glibc may hand back to the kernel and fault in again, which made the bf16
+// hook slower than PyTorch's in some runs of //ddp_hooks:hooks_benchmark. A kept copy is reused
+// only once the previous call's all-reduce and decompression are done; otherwise (a call for the
+// same bucket while the last one is still in flight) a new one is made. The values are the same
+// either way (copy_ into bf16 is the cast `to` does).
 class CompressHook : public BucketHook {
  public:
   CompressHook(comm::Group group, at::ScalarType dtype);
   c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override;
 
+  // How many compressed buffers this hook has allocated so far (observability and tests): on
+  // CPU, one per bucket over any number of iterations while bucket sizes stay the same.
+  int64_t buffers_allocated() const;
+
  private:
+  struct Kept {
+    at::Tensor tensor;
+    std::shared_ptr<std::atomic<bool>> done;  // set once the call that used `tensor` is finished
+  };
+  // A dtype_ tensor of `buffer`'s shape for bucket `index` (the kept one when idle), with the
+  // flag the caller sets once it no longer uses it.
+  Kept acquire(const at::Tensor& buffer, size_t index);
+
   comm::Group group_;
   at::ScalarType dtype_;
+  mutable std::mutex mu_;
+  std::vector<Kept> kept_;  // by bucket index; CPU only
+  int64_t allocated_ = 0;
 };
 
 // PyTorch's fp16_compress_wrapper / bf16_compress_wrapper: runs `inner` on a copy of the bucket

@@ -1,5 +1,7 @@
 #include "ddp_hooks/default_hooks.h"
 
+#include <future>
+
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -54,6 +56,51 @@ TEST(DefaultHooksTest, CompressHooks) {
       }
     }
   });
+}
+
+TEST(DefaultHooksTest, CompressHookReusesItsBufferAndGivesAFreshHooksValues) {
+  // Three iterations on two buckets with new gradients each time: bit for bit what a new hook
+  // gives, and one compressed buffer per bucket, not one per call. A call while the same
+  // bucket's last call is still in flight must not share its buffer.
+  for (at::ScalarType dtype : {at::kHalf, at::kBFloat16}) {
+    std::promise<void> rank0_called_promise;
+    std::shared_future<void> rank0_called = rank0_called_promise.get_future().share();
+    run_ranks_as_threads(2, [&](comm::Group& g) {
+      CompressHook kept(g, dtype);
+      for (int it = 0; it < 3; ++it) {
+        for (int64_t index = 0; index < 2; ++index) {
+          const at::Tensor values = values_for(g.rank()) * (it + 1) + static_cast<double>(index);
+          OneBucket a(values), b(values);
+          CompressHook fresh(g, dtype);
+          c10d::GradBucket ga = make_grad_bucket(index, 2, a.buffer, {0, 24}, {24, 3}, a.sizes, a.params);
+          c10d::GradBucket gb = make_grad_bucket(index, 2, b.buffer, {0, 24}, {24, 3}, b.sizes, b.params);
+          auto fa = kept.runHook(ga);
+          fa->wait();
+          auto fb = fresh.runHook(gb);
+          fb->wait();
+          EXPECT_TRUE(kept.parseHookResult(fa->value()).equal(fresh.parseHookResult(fb->value())))
+              << dtype << " iteration " << it << " bucket " << index;
+        }
+      }
+      EXPECT_EQ(kept.buffers_allocated(), 2) << dtype;
+
+      // Rank 0 makes two calls for bucket 0 before rank 1 makes any, so neither of rank 0's can
+      // have finished when its second starts: the second must get its own buffer.
+      OneBucket a(values_for(g.rank())), b(values_for(g.rank()) * 3);
+      c10d::GradBucket ga = make_grad_bucket(0, 2, a.buffer, {0, 24}, {24, 3}, a.sizes, a.params);
+      c10d::GradBucket gb = make_grad_bucket(0, 2, b.buffer, {0, 24}, {24, 3}, b.sizes, b.params);
+      if (g.rank() == 1) rank0_called.wait();
+      auto fa = kept.runHook(ga);
+      auto fb = kept.runHook(gb);
+      if (g.rank() == 0) EXPECT_EQ(kept.buffers_allocated(), 3) << dtype;
+      if (g.rank() == 0) rank0_called_promise.set_value();
+      fa->wait();
+      fb->wait();
+      const at::Tensor want = (values_for(0) + values_for(1)) / 2;
+      EXPECT_TRUE(a.buffer.allclose(want, 0, 2e-2)) << dtype;
+      EXPECT_TRUE(b.buffer.allclose(want * 3, 0, 6e-2)) << dtype;
+    });
+  }
 }
 
 TEST(DefaultHooksTest, CompressWrapperAroundAllReduce) {
