@@ -92,8 +92,10 @@ TEST(DefaultHooksTest, CompressHookReusesItsBufferAndGivesAFreshHooksValues) {
       if (g.rank() == 1) rank0_called.wait();
       auto fa = kept.runHook(ga);
       auto fb = kept.runHook(gb);
-      if (g.rank() == 0) EXPECT_EQ(kept.buffers_allocated(), 3) << dtype;
-      if (g.rank() == 0) rank0_called_promise.set_value();
+      if (g.rank() == 0) {
+        EXPECT_EQ(kept.buffers_allocated(), 3) << dtype;
+        rank0_called_promise.set_value();
+      }
       fa->wait();
       fb->wait();
       const at::Tensor want = (values_for(0) + values_for(1)) / 2;
