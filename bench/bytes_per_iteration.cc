@@ -52,15 +52,13 @@ Result measure(int world, Mode mode) {
         ddp_hooks::DDPOptions d;
         d.group = g;
         ddp_hooks::DistributedDataParallel ddp(mlp.ptr(), d);
-        optim::OptionsDict adam = optim::new_options_dict();
-        adam.insert("lr", 1e-4);
         std::unique_ptr<optim::ZeroRedundancyOptimizer> zero;
         if (mode != kDDP) {
           optim::ZeroOptions zo;
           zo.group = g;
           zo.shard_gradients = mode == kZero2;
           zero = std::make_unique<optim::ZeroRedundancyOptimizer>(
-              mlp->parameters(), optim::local_optimizer<optim::FunctionalOptimizerAdapter>("Adam", adam), zo);
+              mlp->parameters(), optim::local_optimizer<optim::FunctionalOptimizerAdapter>("Adam", {{"lr", 1e-4}}), zo);
           if (mode == kZero2) ddp.register_comm_hook(ddp_hooks::hook_with_zero2(ddp, *zero));
         }
         const at::Tensor x = at::ones({2, 1024});

@@ -60,14 +60,12 @@ std::pair<int64_t, int64_t> measure(int world, optim::PartitionStrategy strategy
           p.mutable_grad() = at::zeros(shape);
           params.push_back(p);
         }
-        optim::OptionsDict adam = optim::new_options_dict();
-        adam.insert("lr", 1e-3);
         optim::ZeroOptions zo;
         zo.group = g;
         zo.strategy = strategy;
         zo.parameters_as_bucket_view = true;
         optim::ZeroRedundancyOptimizer zero(
-            params, optim::local_optimizer<optim::FunctionalOptimizerAdapter>("Adam", adam), zo);
+            params, optim::local_optimizer<optim::FunctionalOptimizerAdapter>("Adam", {{"lr", 1e-3}}), zo);
         zero.step();
         bytes[g.rank()] = zero.local_state_bytes();
       },
@@ -96,13 +94,12 @@ Zero2Bytes measure_zero2(int world) {
         ddp_hooks::DDPOptions d;
         d.group = g;
         ddp_hooks::DistributedDataParallel ddp(module, d);
-        optim::OptionsDict adam = optim::new_options_dict();
-        adam.insert("lr", 1e-3);
         optim::ZeroOptions zo;
         zo.group = g;
         zo.shard_gradients = true;
-        optim::ZeroRedundancyOptimizer zero(
-            module->parameters(), optim::local_optimizer<optim::FunctionalOptimizerAdapter>("Adam", adam), zo);
+        optim::ZeroRedundancyOptimizer zero(module->parameters(),
+                                            optim::local_optimizer<optim::FunctionalOptimizerAdapter>("Adam", {{"lr", 1e-3}}),
+                                            zo);
         ddp.register_comm_hook(ddp_hooks::hook_with_zero2(ddp, zero));
         at::Tensor loss = ddp.forward([&] {
           at::Tensor sum = at::zeros({});

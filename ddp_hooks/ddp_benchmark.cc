@@ -279,15 +279,13 @@ void BM_DDPZeroStep(benchmark::State& state) {
   o.gradient_as_bucket_view = !zero2;
   o.bucket_cap_mb = 4;
   DistributedDataParallel ddp(mlp.ptr(), o);
-  optim::OptionsDict adam = optim::new_options_dict();
-  adam.insert("lr", 1e-4);
   optim::ZeroOptions zo;
   zo.group = g;
   zo.parameters_as_bucket_view = true;
   zo.overlap_with_ddp = overlap;
   zo.shard_gradients = zero2;
   optim::ZeroRedundancyOptimizer zero(
-      mlp->parameters(), optim::local_optimizer<optim::FunctionalOptimizerAdapter>("Adam", adam), zo);
+      mlp->parameters(), optim::local_optimizer<optim::FunctionalOptimizerAdapter>("Adam", {{"lr", 1e-4}}), zo);
   if (state.range(0) == 1) ddp.register_comm_hook(hook_with_zero_step(std::make_unique<AllReduceHook>(g), ddp, zero));
   if (state.range(0) == 2) {
     ddp.register_comm_hook(hook_with_zero_step_interleaved(std::make_unique<AllReduceHook>(g), ddp, zero));

@@ -26,12 +26,10 @@ int main() {
   ddp_hooks::DistributedDataParallel ddp(model.ptr(), ddp_options);   // broadcasts rank 0's weights
   ddp.register_comm_hook(std::make_unique<ddp_hooks::CompressHook>(world, at::kHalf));   // optional: fp16
 
-  optim::OptionsDict adam = optim::new_options_dict();
-  adam.insert("lr", 1e-3);
   optim::ZeroOptions zero_options;
   zero_options.group = world;
   optim::ZeroRedundancyOptimizer opt(model->parameters(),
-      optim::local_optimizer<optim::FunctionalOptimizerAdapter>("Adam", adam), zero_options);
+      optim::local_optimizer<optim::FunctionalOptimizerAdapter>("Adam", {{"lr", 1e-3}}), zero_options);
 
   for (auto& [x, y] : batches) {
     opt.zero_grad();

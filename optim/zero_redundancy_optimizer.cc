@@ -1,6 +1,5 @@
 #include "optim/zero_redundancy_optimizer.h"
 
-#include <cmath>
 #include <map>
 #include <random>
 
@@ -76,34 +75,10 @@ void ZeroRedundancyOptimizer::init(std::vector<torch::optim::OptimizerParamGroup
   }
   for (const auto& g : param_groups) torch::optim::Optimizer::add_param_group(g);
   validate_params();
-  const bool flat = options_.strategy == PartitionStrategy::kFlat;
-  if (!options_.params_per_rank.empty()) {
-    TORCH_CHECK(!flat, "`params_per_rank` is a manual whole-parameter partition: use it with the sorted_greedy "
-                "strategy, not kFlat");
-    TORCH_CHECK(param_groups_.size() == 1, "Specifying `params_per_rank` only supports a single parameter group");
-  }
-  if (options_.overlap_with_ddp) {
-    TORCH_CHECK(!flat, "overlap_with_ddp partitions whole parameters by DDP bucket: use the sorted_greedy strategy, "
-                "not kFlat");
-    TORCH_CHECK(param_groups_.size() == 1, "overlap_with_ddp supports a single parameter group, got ",
-                param_groups_.size());
-  }
-  if (options_.shard_gradients) {
-    TORCH_CHECK(!options_.overlap_with_ddp, "shard_gradients and overlap_with_ddp are two ways of running ZeRO with "
-                "DDP: choose one (ZeRO-2's hook is hook_with_zero2, ZeRO-1's hook_with_zero_step)");
-    TORCH_CHECK(options_.params_per_rank.empty(), "shard_gradients partitions every DDP bucket by element ranges: "
-                "leave params_per_rank empty");
-    TORCH_CHECK(param_groups_.size() == 1, "shard_gradients supports a single parameter group, got ",
-                param_groups_.size());
-  }
-  TORCH_CHECK(options_.flat_alignment >= 1, "flat_alignment must be at least 1 element, got ", options_.flat_alignment);
+  check_zero_options(options_, param_groups_.size());
   // One name per instance for control-plane keys (rank 0's), and a check that every rank built
   // the same optimizer: mismatched settings would otherwise pair unrelated collectives.
-  std::string fingerprint = absl::StrCat("strategy=", static_cast<int>(options_.strategy), " alignment=",
-                                         options_.flat_alignment, " bucket_view=", options_.parameters_as_bucket_view,
-                                         " overlap=", options_.overlap_with_ddp, " shard_gradients=",
-                                         options_.shard_gradients, " groups=", param_groups_.size(),
-                                         " params_per_rank=", options_.params_per_rank.size(),
+  std::string fingerprint = absl::StrCat(zero_options_fingerprint(options_), " groups=", param_groups_.size(),
                                          " sizes=");
   for (const auto& g : param_groups_) {
     for (const auto& p : g.params()) absl::StrAppend(&fingerprint, p.numel(), ",");
@@ -391,31 +366,7 @@ int64_t ZeroRedundancyOptimizer::local_state_bytes() {
 }
 
 at::Tensor ZeroRedundancyOptimizer::clip_grad_norm_(double max_norm, double norm_type, bool error_if_nonfinite) {
-  TORCH_CHECK(norm_type > 0, "clip_grad_norm_: norm_type must be positive or infinity, got ", norm_type);
-  const bool inf = std::isinf(norm_type);
-  const std::vector<at::Tensor> grads = layout_->gradients();
-  c10::NoGradGuard no_grad;
-  // In double, so the sum over ranks does not lose what fp32 per-tensor norms keep.
-  at::Tensor local = at::zeros({1}, at::kDouble);
-  for (const at::Tensor& g : grads) {
-    at::Tensor norm = at::linalg_vector_norm(g, norm_type, c10::nullopt, false, at::kDouble);
-    local = inf ? at::maximum(local, norm.reshape({1})) : local + norm.pow(norm_type).reshape({1});
-  }
-  if (layout_->gradients_sharded() && world_size() > 1) {
-    std::vector<at::Tensor> t = {local};
-    c10d::AllreduceOptions o;
-    o.reduceOp = inf ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
-    options_.group->allreduce(t, o)->wait();
-  }
-  const at::ScalarType dtype = layout_->params().at(0).scalar_type();
-  at::Tensor total = (inf ? local : local.pow(1.0 / norm_type)).reshape({}).to(dtype);
-  const double value = total.item<double>();
-  TORCH_CHECK(!error_if_nonfinite || std::isfinite(value), "The total norm of order ", norm_type, " for gradients "
-              "from `parameters` is non-finite, so it cannot be clipped. To disable this error and scale the "
-              "gradients by the non-finite norm anyway, set `error_if_nonfinite=False`");
-  at::Tensor coef = at::clamp(max_norm / (total + 1e-6), c10::nullopt, 1.0);
-  for (const at::Tensor& g : grads) g.mul_(coef);
-  return total;
+  return layout_->clip_grad_norm_(max_norm, norm_type, error_if_nonfinite);
 }
 
 int64_t ZeroRedundancyOptimizer::gradient_bytes() const { return layout_->gradient_bytes(); }

@@ -92,6 +92,15 @@ TEST(ZeroRedundancyOptimizerTest, FunctionalLocalOptimizerThroughTheAdapter) {
   }
 }
 
+TEST(ZeroRedundancyOptimizerTest, LocalOptimizerOptionsWrittenInPlace) {
+  // Every option reaches the adapter (with the defaults, lr alone would already differ).
+  parity(2, false, [](std::vector<at::Tensor>& ref) {
+    return std::make_pair(
+        local_optimizer<FunctionalOptimizerAdapter>("Adam", {{"lr", 0.02}, {"amsgrad", true}, {"weight_decay", 0.1}}),
+        std::make_unique<torch::optim::Adam>(ref, torch::optim::AdamOptions(0.02).amsgrad(true).weight_decay(0.1)));
+  });
+}
+
 TEST(ZeroRedundancyOptimizerTest, FlatStrategyMatchesUnsharded) {
   for (int world : {2, 3}) {
     SCOPED_TRACE(world);

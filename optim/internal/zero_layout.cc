@@ -1,5 +1,8 @@
 #include "optim/internal/zero_layout.h"
 
+#include <cmath>
+
+#include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
 namespace dtrain::optim::internal {
@@ -37,6 +40,34 @@ int64_t ZeroLayout::gradient_bytes() const {
   int64_t bytes = 0;
   for (const at::Tensor& g : gradients()) bytes += g.numel() * g.element_size();
   return bytes;
+}
+
+at::Tensor ZeroLayout::clip_grad_norm_(double max_norm, double norm_type, bool error_if_nonfinite) {
+  TORCH_CHECK(norm_type > 0, "clip_grad_norm_: norm_type must be positive or infinity, got ", norm_type);
+  const bool inf = std::isinf(norm_type);
+  const std::vector<at::Tensor> grads = gradients();
+  c10::NoGradGuard no_grad;
+  // In double, so the sum over ranks does not lose what fp32 per-tensor norms keep.
+  at::Tensor local = at::zeros({1}, at::kDouble);
+  for (const at::Tensor& g : grads) {
+    at::Tensor norm = at::linalg_vector_norm(g, norm_type, c10::nullopt, false, at::kDouble);
+    local = inf ? at::maximum(local, norm.reshape({1})) : local + norm.pow(norm_type).reshape({1});
+  }
+  if (gradients_sharded() && world_size() > 1) {
+    std::vector<at::Tensor> t = {local};
+    c10d::AllreduceOptions o;
+    o.reduceOp = inf ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
+    group_->allreduce(t, o)->wait();
+  }
+  const at::ScalarType dtype = params().at(0).scalar_type();
+  at::Tensor total = (inf ? local : local.pow(1.0 / norm_type)).reshape({}).to(dtype);
+  const double value = total.item<double>();
+  TORCH_CHECK(!error_if_nonfinite || std::isfinite(value), "The total norm of order ", norm_type, " for gradients "
+              "from `parameters` is non-finite, so it cannot be clipped. To disable this error and scale the "
+              "gradients by the non-finite norm anyway, set `error_if_nonfinite=False`");
+  at::Tensor coef = at::clamp(max_norm / (total + 1e-6), c10::nullopt, 1.0);
+  for (const at::Tensor& g : grads) g.mul_(coef);
+  return total;
 }
 
 std::vector<size_t> ZeroLayout::group_counts() const {

@@ -75,6 +75,9 @@ class ZeroLayout {
   virtual bool gradients_sharded() const { return false; }
   // Bytes of gradients this rank holds for the step (of gradients()' tensors, or their buffer).
   virtual int64_t gradient_bytes() const;
+  // ZeroRedundancyOptimizer::clip_grad_norm_ (its contract) over gradients(): with sharded
+  // gradients the norm is reduced across the ranks (collective), otherwise nothing is sent.
+  at::Tensor clip_grad_norm_(double max_norm, double norm_type, bool error_if_nonfinite);
 
  protected:
   ZeroLayout(const std::vector<std::vector<at::Tensor>>& groups, comm::Group group);
