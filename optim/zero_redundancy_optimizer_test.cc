@@ -291,6 +291,14 @@ TEST(ZeroRedundancyOptimizerTest, MismatchedConstructionIsAnErrorNotAHang) {
       ZeroRedundancyOptimizer(make_params(kSizes), local_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(0.1)),
                               zero_options(g, g.rank() == 1));
     }, "ZeroRedundancyOptimizer was built differently on different ranks (fingerprint 0 is ");
+    // The same number of manual shards, different owners: each rank would broadcast what it
+    // thinks it owns, pairing unrelated collectives.
+    expect_error([&] {
+      ZeroOptions o = zero_options(g, false);
+      o.params_per_rank = g.rank() == 0 ? std::vector<std::vector<int64_t>>{{0, 1, 2, 3}, {4, 5, 6}}
+                                        : std::vector<std::vector<int64_t>>{{0, 1, 2}, {3, 4, 5, 6}};
+      ZeroRedundancyOptimizer(make_params(kSizes), local_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(0.1)), o);
+    }, "ZeroRedundancyOptimizer was built differently on different ranks (fingerprint 0 is ");
   });
 }
 
