@@ -87,11 +87,16 @@ LocalOptimizer local_optimizer(const std::string& name, const OptionsDict& defau
 
 // The same with the options written in place, as Python's keyword arguments:
 // local_optimizer<FunctionalOptimizerAdapter>("Adam", {{"lr", 1e-3}, {"betas", betas}}).
+// A key given twice is an error (c10::Error), as a repeated keyword argument is in Python.
 template <typename Adapter>
 LocalOptimizer local_optimizer(const std::string& name,
                                std::initializer_list<std::pair<std::string, c10::IValue>> options) {
   OptionsDict defaults = new_options_dict();
-  for (const auto& [key, value] : options) defaults.insert_or_assign(key, value);
+  for (const auto& [key, value] : options) {
+    TORCH_CHECK(!defaults.contains(key), "local_optimizer(\"", name, "\", ...): option '", key,
+                "' is given twice; give each option once");
+    defaults.insert(key, value);
+  }
   return local_optimizer<Adapter>(name, defaults);
 }
 

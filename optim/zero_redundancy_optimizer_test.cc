@@ -99,6 +99,9 @@ TEST(ZeroRedundancyOptimizerTest, LocalOptimizerOptionsWrittenInPlace) {
         local_optimizer<FunctionalOptimizerAdapter>("Adam", {{"lr", 0.02}, {"amsgrad", true}, {"weight_decay", 0.1}}),
         std::make_unique<torch::optim::Adam>(ref, torch::optim::AdamOptions(0.02).amsgrad(true).weight_decay(0.1)));
   });
+  // A repeated key is a mistake (Python rejects a repeated keyword argument), not "the last wins".
+  expect_error([] { local_optimizer<FunctionalOptimizerAdapter>("Adam", {{"lr", 0.02}, {"lr", 0.5}}); },
+               "local_optimizer(\"Adam\", ...): option 'lr' is given twice");
 }
 
 TEST(ZeroRedundancyOptimizerTest, FlatStrategyMatchesUnsharded) {
