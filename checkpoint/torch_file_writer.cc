@@ -19,6 +19,7 @@
 #include <c10/util/StringUtil.h>
 
 #include "absl/strings/str_cat.h"
+#include "checkpoint/libtorch_compat.h"
 #include "checkpoint/stored_zip.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -313,7 +314,7 @@ class Pickler {
     }
     if (cls == nullptr) return error(absl::StrCat("dtype ", c10::toString(t.scalar_type()), " has no storage class"));
     if (t.is_conj() || t.is_neg()) return error("the tensor has its conj/neg bit set; call resolve_conj()/resolve_neg()");
-    if (t.has_names()) return error("named tensors cannot be saved (torch.save refuses them too); rename(None)");
+    if (has_dimension_names(t)) return error("named tensors cannot be saved (torch.save refuses them too); rename(None)");
     if (!t.has_storage()) return error("the tensor has no storage (a wrapper or functional tensor)");
     const c10::Storage& storage = t.storage();
     const size_t nbytes = storage.nbytes();

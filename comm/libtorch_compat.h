@@ -1,12 +1,11 @@
 // comm/'s LibTorch version layer: the one file in comm/ (and in its users) that tests LibTorch's
-// version. dtrain builds against LibTorch 1.13 and 2.x (README, "Supported LibTorch").
+// version. dtrain builds against LibTorch 2.x (README, "Supported LibTorch"; 1.13 was retired
+// after commit d5a9c1f).
 //
-// Since LibTorch 2.0, c10d::ProcessGroupGloo / ProcessGroupNCCL derive from c10d::Backend, and
-// c10d::ProcessGroup is a front end that routes each collective through the dispatcher to a
-// Backend per device type. In 1.13 they derive from c10d::ProcessGroup itself. Both bases offer
-// the same virtual collectives (allreduce, broadcast, allgather, barrier, getRank, getSize, ...),
-// so dtrain holds the backend object directly as `comm::C10dGroup`: no dispatcher hop per call,
-// and one spelling for every caller.
+// c10d::ProcessGroupGloo / ProcessGroupNCCL derive from c10d::Backend, and c10d::ProcessGroup is
+// a front end that routes each collective through the dispatcher to a Backend per device type.
+// dtrain holds the backend object directly as `comm::C10dGroup`: no dispatcher hop per call, and
+// one spelling for every caller.
 //
 //   dtrain::comm::C10dGroup& pg = *group.pg();
 //   pg.allreduce(tensors)->wait();
@@ -17,38 +16,22 @@
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#if TORCH_VERSION_MAJOR >= 2
 #include <torch/csrc/distributed/c10d/Backend.hpp>
-#else
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-#endif
 
 namespace dtrain::comm {
 
-#if TORCH_VERSION_MAJOR >= 2
 using C10dGroup = c10d::Backend;
-// LibTorch 2.x Gloo has reduce_scatter_tensor (_reduce_scatter_base; SUM), 1.13's has none: there
-// both it and the list form throw "does not support" (the list form throws in 2.6 too). 2.x Gloo
-// implements it as an all-reduce of a copy of the input followed by a local copy of this rank's
-// chunk (twice the bytes per rank of a ring reduce-scatter; its Work's isCompleted() stays false
-// even after wait()), so comm/reduce_scatter.h uses an all-to-all on Gloo on both versions.
-inline constexpr bool kGlooHasReduceScatter = true;
-// LibTorch 2.x Gloo reduces bfloat16 tensors; 1.13's fails with "Invalid scalar type".
-inline constexpr bool kGlooReducesBFloat16 = true;
-#else
-using C10dGroup = c10d::ProcessGroup;
-inline constexpr bool kGlooHasReduceScatter = false;
-inline constexpr bool kGlooReducesBFloat16 = false;
-#endif
+// Gloo's reduce_scatter_tensor (_reduce_scatter_base; SUM) is an all-reduce of a copy of the input
+// followed by a local copy of this rank's chunk (twice the bytes per rank of a ring reduce-scatter;
+// its Work's isCompleted() stays false even after wait()), and the list form throws "does not
+// support", so comm/reduce_scatter.h uses an all-to-all on Gloo.
 
 // TCPStore options with the classic (non-libuv) server. LibTorch 2.4+ defaults to the libuv
 // server, which distribution builds (Debian's among them) leave out ("use_libuv was requested but
 // PyTorch was build without libuv support"); the classic one exists in every version.
 inline c10d::TCPStoreOptions tcp_store_options() {
   c10d::TCPStoreOptions o;
-#if TORCH_VERSION_MAJOR >= 2
   o.useLibUV = false;
-#endif
   return o;
 }
 

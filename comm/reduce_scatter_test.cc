@@ -134,24 +134,14 @@ TEST(ReduceScatterTest, MisuseIsAClearError) {
   });
 }
 
-// What this LibTorch's Gloo offers natively. The list form, reduce_scatter, throws "does not
-// support" in 1.13 and 2.6 alike. _reduce_scatter_base is the base class's "does not support" in
-// 1.13 (hence the alltoall emulation) and sums in 2.x (reduce_scatter_tensor uses it there).
-TEST(ReduceScatterTest, GlooNativeReduceScatterMatchesCompatFlag) {
+// What this LibTorch's Gloo offers natively: _reduce_scatter_base sums (as an all-reduce
+// underneath, see comm/reduce_scatter.h); the list form, reduce_scatter, throws "does not support".
+TEST(ReduceScatterTest, GlooNativeReduceScatter) {
   run_ranks_as_threads(2, [](Group& g) {
     at::Tensor in = rank_input(g.rank(), 6, at::kFloat);
     at::Tensor out = at::zeros({3});
-    if (kGlooHasReduceScatter) {
-      g->_reduce_scatter_base(out, in)->wait();
-      EXPECT_TRUE(out.equal(expected_chunk(2, g.rank(), 3, at::kFloat)));
-    } else {
-      try {
-        g->_reduce_scatter_base(out, in);
-        ADD_FAILURE() << "1.13 Gloo _reduce_scatter_base unexpectedly worked";
-      } catch (const c10::Error& e) {
-        EXPECT_THAT(message(e), HasSubstr("does not support _reduce_scatter_base"));
-      }
-    }
+    g->_reduce_scatter_base(out, in)->wait();
+    EXPECT_TRUE(out.equal(expected_chunk(2, g.rank(), 3, at::kFloat)));
     std::vector<at::Tensor> outs = {at::zeros({3})};
     std::vector<std::vector<at::Tensor>> ins = {{in.narrow(0, 0, 3), in.narrow(0, 3, 3)}};
     try {

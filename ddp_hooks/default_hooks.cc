@@ -58,23 +58,6 @@ c10::intrusive_ptr<c10::ivalue::Future> CompressHook::runHook(c10d::GradBucket& 
   at::Tensor buffer = bucket.getBufferRef();
   Kept kept = acquire(buffer, bucket.getIndex());
   at::Tensor compressed = kept.tensor.copy_(buffer).div_(group_.size());
-  if (dtype_ == at::kBFloat16 && group_.backend() == "gloo" && !comm::kGlooReducesBFloat16) {
-    // Gloo in LibTorch 1.13 cannot reduce bfloat16: gather the bfloat16 bytes (half the fp32
-    // traffic, as with a bf16 all-reduce) and sum them in fp32 here. 2.x reduces them itself.
-    const int n = group_.size();
-    std::vector<at::Tensor> mine = {compressed.view(at::kByte)};
-    std::vector<std::vector<at::Tensor>> all(1);
-    for (int r = 0; r < n; ++r) all[0].push_back(at::empty_like(mine[0]));
-    auto fut = group_->allgather(all, mine)->getFuture();
-    return fut->then(
-        [buffer, parts = all[0], done = kept.done](c10::ivalue::Future&) {
-          done->store(true);  // the gather has read `compressed`; only `parts` are used below
-          buffer.zero_();
-          for (const auto& p : parts) buffer.add_(p.view(at::kBFloat16).to(at::kFloat));
-          return c10::IValue(buffer);
-        },
-        c10::TensorType::get());
-  }
   std::vector<at::Tensor> t = {compressed};
   auto fut = group_->allreduce(t)->getFuture();
   // Decompress into the bucket in place, as PyTorch's hook does.

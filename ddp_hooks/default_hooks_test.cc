@@ -48,10 +48,9 @@ TEST(DefaultHooksTest, CompressHooks) {
       EXPECT_TRUE(out.allclose(want, 0, dtype == at::kHalf ? 2e-3 : 2e-2)) << dtype;
       EXPECT_FALSE(out.equal(want)) << "values went through " << dtype;
       if (dtype == at::kBFloat16) {
-        // Bit for bit: LibTorch 2.x's Gloo sums the bf16 halves in bf16, as PyTorch's bf16 hook
-        // does; 1.13's cannot, so dtrain sums the gathered bf16 halves in fp32.
+        // Bit for bit: Gloo sums the bf16 halves in bf16, as PyTorch's bf16 hook does.
         const at::Tensor h0 = values_for(0).to(dtype).div_(2), h1 = values_for(1).to(dtype).div_(2);
-        const at::Tensor exact = comm::kGlooReducesBFloat16 ? (h0 + h1).to(at::kFloat) : h0.to(at::kFloat) + h1.to(at::kFloat);
+        const at::Tensor exact = (h0 + h1).to(at::kFloat);
         EXPECT_TRUE(out.equal(exact));
       }
     }
@@ -107,8 +106,7 @@ TEST(DefaultHooksTest, CompressHookReusesItsBufferAndGivesAFreshHooksValues) {
 
 TEST(DefaultHooksTest, CompressWrapperAroundAllReduce) {
   run_ranks_as_threads(2, [](comm::Group& g) {
-    std::vector<at::ScalarType> dtypes = {at::kHalf};
-    if (comm::kGlooReducesBFloat16) dtypes.push_back(at::kBFloat16);  // 1.13's Gloo cannot all-reduce bf16
+    std::vector<at::ScalarType> dtypes = {at::kHalf, at::kBFloat16};
     for (at::ScalarType dtype : dtypes) {
       CompressWrapper hook(std::make_unique<AllReduceHook>(g), dtype);
       OneBucket b(values_for(g.rank()));

@@ -38,7 +38,7 @@ struct DistributedDataParallel::State {
   std::vector<at::Tensor> buffers;
   std::vector<Bucket> buckets;
   std::vector<std::pair<size_t, size_t>> where;  // param -> (bucket, position)
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+  std::vector<GradAccumulatorPtr> accumulators;
   std::unique_ptr<c10d::CommHookInterface> hook;
   GradientConsumer* consumer = nullptr;  // `hook`, when it takes the gradients over
   bool custom_hook = false;

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -438,6 +439,7 @@ int train(const Config& c) {
   if (rank == 0) {
     std::printf("\n| run | %d ranks, hook %s, zero %s%s, bucket_view %s |\n|---|---|\n", world_size, c.hook.c_str(),
                 c.zero.c_str(), c.zero_overlap ? " (overlapped with DDP)" : "", c.bucket_view ? "on" : "off");
+    std::printf("| LibTorch | %s |\n", TORCH_VERSION);
     std::printf("| loss | %.6f at step %d -> final loss %.6f at step %d |\n", first_loss, start + 1, last_loss, c.steps);
     std::printf("| time | %.2f s for %d steps (%.1f steps/s) |\n", seconds, c.steps - start, (c.steps - start) / seconds);
     for (int r = 0; r < world_size; ++r) {

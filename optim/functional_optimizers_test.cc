@@ -98,9 +98,9 @@ TEST(FunctionalOptimizersTest, StateDictMatchesPyTorchState) {
       auto state = sd.at("state").toGenericDict();
       size_t entries = 0;
       for (const auto& kv : state) entries += kv.value().toGenericDict().size();
-      // A None entry (1.13's SGD momentum_buffer) is absent from state dicts on LibTorch 2.x, as
-      // in PyTorch 2.x; the checked-in 1.13 references still carry it.
-      auto absent = [](const at::Tensor& want) { return !want.defined() && !kSgdStateKeepsNoneMomentumBuffer; };
+      // A None entry (1.13's SGD momentum_buffer, in references PyTorch 1.13 wrote) is absent from
+      // state dicts, as in PyTorch 2.x.
+      auto absent = [](const at::Tensor& want) { return !want.defined(); };
       size_t expected = 0;
       for (const auto& entry : c.final_state) expected += absent(entry.second) ? 0 : 1;
       EXPECT_EQ(entries, expected) << "number of (param, key) state entries";

@@ -23,8 +23,8 @@ struct Descriptor<SGDOptions> : DescriptorDefaults {
   }
   static constexpr StepKind kStep = StepKind::kNone;
   static constexpr std::array<const char*, 4> kSlots = {"momentum_buffer", "", "", ""};
-  // SGD keeps momentum_buffer=None for parameters without a buffer in PyTorch 1.13, no entry in 2.x.
-  static constexpr bool kNoneForUndefinedSlots = kSgdStateKeepsNoneMomentumBuffer;
+  // PyTorch 2.x keeps no momentum_buffer entry for parameters without a buffer (1.13 kept None).
+  static constexpr bool kNoneForUndefinedSlots = false;
 
   // Returns true when the momentum buffer is new: the first update copies d_p into it. Momentum
   // switched on later starts a buffer the same way, as in PyTorch (its buffer is None until then).

@@ -7,7 +7,8 @@ prefix such as /usr/include as -isystem would break libstdc++'s #include_next wr
 Targets:
   @libtorch//:torch     LibTorch + c10d (Gloo; NCCL when CUDA is present)
   @libtorch//:tensorpipe_agent   adds USE_TENSORPIPE for the RPC agent headers
-  @libtorch//:config.bzl  HAS_CUDA, LIBTORCH_HOME for BUILD files that branch on the backend
+  @libtorch//:config.bzl  HAS_CUDA, HAS_TENSORPIPE_AGENT, TORCH_VERSION, LIBTORCH_HOME for BUILD
+                          files that branch on what the LibTorch found has
 """
 
 _TORCH_INCLUDE_DIRS = ["ATen", "c10", "caffe2", "torch", "TH", "THCUDA", "c10d", "gloo", "tensorpipe", "pybind11", "kineto", "fmt"]
@@ -33,6 +34,16 @@ def _libtorch_repository_impl(ctx):
         if p.exists:
             ctx.symlink(p, "include/" + d)
     has_cuda = ctx.path(libdir + "/libtorch_cuda.so").exists
+
+    # The RPC agent (torch::distributed::rpc::TensorPipeAgent) is compiled into libtorch_cpu only
+    # when LibTorch was built with USE_TENSORPIPE: pytorch.org's builds and Debian 13's 2.6 are,
+    # Debian sid's 2.14 is not (its headers are there, the agent is not). rpc/ builds what needs it
+    # only where it is.
+    grep = ctx.execute(["grep", "-c", "TensorPipeAgent", libdir + "/libtorch_cpu.so"])
+    has_tensorpipe_agent = grep.return_code == 0 and grep.stdout.strip() not in ["", "0"]
+    version = ctx.execute(["sh", "-c", "sed -n 's/^#define TORCH_VERSION_\\(MAJOR\\|MINOR\\|PATCH\\) \\([0-9]*\\).*/\\2/p' " +
+                                     inc + "/torch/headeronly/version.h " + inc + "/torch/csrc/api/include/torch/version.h 2>/dev/null | head -3 | paste -sd."])
+    torch_version = version.stdout.strip()
 
     defines = ["USE_C10D_GLOO", "DTRAIN_HAS_NCCL=%d" % (1 if has_cuda else 0)]
     libs = ["-ltorch", "-ltorch_cpu", "-lc10"]
@@ -61,8 +72,10 @@ cc_library(
 
 exports_files(["config.bzl"])
 """.format(defines = repr(defines), linkopts = repr(linkopts)))
-    ctx.file("config.bzl", "HAS_CUDA = {}\nLIBTORCH_HOME = {}\nLIBTORCH_LIBDIR = {}\n".format(
+    ctx.file("config.bzl", "HAS_CUDA = {}\nHAS_TENSORPIPE_AGENT = {}\nTORCH_VERSION = {}\nLIBTORCH_HOME = {}\nLIBTORCH_LIBDIR = {}\n".format(
         "True" if has_cuda else "False",
+        "True" if has_tensorpipe_agent else "False",
+        repr(torch_version),
         repr(home),
         repr(libdir),
     ))
