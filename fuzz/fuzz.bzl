@@ -1,5 +1,7 @@
 """dtrain_fuzz_target: one fuzz target (fuzz/fuzz_target.h), two runners."""
 
+load("@rules_cc//cc:defs.bzl", "cc_binary", "cc_library", "cc_test")
+
 def dtrain_fuzz_target(name, srcs, deps, size = "small"):
     """Defines NAME_test (mutation driver, in the suite) and NAME_libfuzzer (manual; clang only).
 
@@ -9,14 +11,14 @@ def dtrain_fuzz_target(name, srcs, deps, size = "small"):
       deps: what it fuzzes.
       size: the test's size.
     """
-    native.cc_library(
+    cc_library(
         name = name + "_target",
         testonly = True,
         srcs = srcs,
         deps = deps + [":fuzz_target"],
         alwayslink = True,
     )
-    native.cc_test(
+    cc_test(
         name = name + "_test",
         size = size,
         srcs = ["mutation_driver.cc"],
@@ -24,7 +26,7 @@ def dtrain_fuzz_target(name, srcs, deps, size = "small"):
     )
 
     # Coverage-guided: fuzz/run_libfuzzer NAME SECONDS builds this with clang (--config=libfuzzer).
-    native.cc_binary(
+    cc_binary(
         name = name + "_libfuzzer",
         testonly = True,
         linkopts = ["-fsanitize=fuzzer"],
