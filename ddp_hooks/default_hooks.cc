@@ -1,8 +1,11 @@
 #include "ddp_hooks/default_hooks.h"
 
 #include <cstdlib>
+#include <map>
+#include <mutex>
 
 #include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 namespace dtrain::ddp_hooks {
 namespace {
@@ -13,13 +16,60 @@ c10::intrusive_ptr<c10::ivalue::Future> ready_future(const at::Tensor& t) {
   return fut;
 }
 
+bool probe_gloo_reduces(at::ScalarType dtype) {
+  comm::InitOptions o;
+  o.store = c10::make_intrusive<c10d::HashStore>();
+  o.rank = 0;
+  o.world_size = 1;
+  o.gloo_threads = 1;
+  absl::StatusOr<comm::Group> alone = comm::init_process_group(o);
+  if (!alone.ok()) return false;
+  std::vector<at::Tensor> t = {at::ones({1}, at::TensorOptions().dtype(dtype))};
+  try {
+    (*alone)->allreduce(t)->wait();
+    return true;
+  } catch (const std::exception&) {
+    return false;  // "Invalid scalar type"
+  }
+}
+
 }  // namespace
+
+bool gloo_reduces(at::ScalarType dtype) {
+  static std::mutex mu;
+  static std::map<at::ScalarType, bool> known;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = known.find(dtype);
+  if (it == known.end()) it = known.emplace(dtype, probe_gloo_reduces(dtype)).first;
+  return it->second;
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> allreduce_sum(const comm::Group& group, const at::Tensor& t) {
+  if (group.backend() != "gloo" || gloo_reduces(t.scalar_type())) {
+    std::vector<at::Tensor> in = {t};
+    return group->allreduce(in)->getFuture();
+  }
+  // Gather every rank's bytes (the same traffic as a ring all-reduce's for 2 ranks) and sum the
+  // n parts here in float32, rounding once into t's dtype.
+  std::vector<at::Tensor> mine = {t.view(at::kByte)};
+  std::vector<std::vector<at::Tensor>> all(1);
+  for (int r = 0; r < group.size(); ++r) all[0].push_back(at::empty_like(mine[0]));
+  auto fut = group->allgather(all, mine)->getFuture();
+  return fut->then(
+      [t, parts = all[0]](c10::ivalue::Future& gathered) {
+        gathered.value();  // rethrows the gather's error
+        at::Tensor sum = at::zeros(t.sizes(), t.options().dtype(at::kFloat));
+        for (const auto& p : parts) sum.add_(p.view(t.scalar_type()).view(t.sizes()).to(at::kFloat));
+        t.copy_(sum);
+        return c10::IValue(t);
+      },
+      c10::TensorType::get());
+}
 
 c10::intrusive_ptr<c10::ivalue::Future> AllReduceHook::runHook(c10d::GradBucket& bucket) {
   at::Tensor& buffer = bucket.getBufferRef();
   buffer.div_(group_.size());
-  std::vector<at::Tensor> t = {buffer};
-  return group_->allreduce(t)->getFuture();
+  return allreduce_sum(group_, buffer);
 }
 
 CompressHook::CompressHook(comm::Group group, at::ScalarType dtype) : group_(std::move(group)), dtype_(dtype) {
@@ -58,11 +108,16 @@ c10::intrusive_ptr<c10::ivalue::Future> CompressHook::runHook(c10d::GradBucket& 
   at::Tensor buffer = bucket.getBufferRef();
   Kept kept = acquire(buffer, bucket.getIndex());
   at::Tensor compressed = kept.tensor.copy_(buffer).div_(group_.size());
-  std::vector<at::Tensor> t = {compressed};
-  auto fut = group_->allreduce(t)->getFuture();
+  auto fut = allreduce_sum(group_, compressed);
   // Decompress into the bucket in place, as PyTorch's hook does.
   return fut->then(
-      [buffer, compressed, done = kept.done](c10::ivalue::Future&) {
+      [buffer, compressed, done = kept.done](c10::ivalue::Future& reduced) {
+        try {
+          reduced.value();  // rethrows the all-reduce's error: a failed collective is never a result
+        } catch (...) {
+          done->store(true);
+          throw;
+        }
         buffer.copy_(compressed);
         done->store(true);
         return c10::IValue(buffer);

@@ -21,6 +21,17 @@
 
 namespace dtrain::ddp_hooks {
 
+// Whether this process's Gloo all-reduces tensors of `dtype`. Debian sid's LibTorch 2.14 Gloo
+// reduces neither float16 nor bfloat16 ("Invalid scalar type"; PyTorch's fp16 hook fails there
+// too); 2.6's and pytorch.org's do. Probed once per dtype on a private one-rank Gloo group, so no
+// rank waits for another.
+bool gloo_reduces(at::ScalarType dtype);
+
+// The sum of `t` over `group`, in place in t: an all-reduce, or where Gloo cannot reduce t's dtype
+// (gloo_reduces), an all-gather of every rank's values summed here in float32 and rounded once
+// into t's dtype. The future's value holds t; its error is the collective's.
+c10::intrusive_ptr<c10::ivalue::Future> allreduce_sum(const comm::Group& group, const at::Tensor& t);
+
 // PyTorch's allreduce_hook: divide by the world size, then all-reduce (sum).
 class AllReduceHook : public BucketHook {
  public:

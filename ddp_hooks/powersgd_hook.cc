@@ -5,6 +5,8 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
+#include "ddp_hooks/default_hooks.h"
+
 namespace dtrain::ddp_hooks {
 namespace {
 
@@ -30,8 +32,7 @@ void bmm_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
 
 void allreduce(const comm::Group& group, at::Tensor& t) {
   if (t.numel() == 0) return;
-  std::vector<at::Tensor> v = {t};
-  group->allreduce(v)->wait();
+  allreduce_sum(group, t)->waitAndThrow();  // float16 on a Gloo that cannot reduce it: gathered
 }
 
 }  // namespace
