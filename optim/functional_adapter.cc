@@ -16,10 +16,24 @@ double DictOptions::get_lr() const {
 
 void DictOptions::set_lr(const double lr) { options_.insert_or_assign("lr", lr); }
 
+FunctionalOptimizerAdapter::GivenOptions FunctionalOptimizerAdapter::given_options(
+    const std::vector<torch::optim::OptimizerParamGroup>& groups) {
+  GivenOptions given;
+  for (const auto& g : groups) given.push_back(g.has_options() ? g.options().clone() : nullptr);
+  return given;
+}
+
 FunctionalOptimizerAdapter::FunctionalOptimizerAdapter(
     std::vector<torch::optim::OptimizerParamGroup> param_groups, std::string name, OptionsDict defaults)
+    : FunctionalOptimizerAdapter(param_groups, given_options(param_groups), std::move(name), std::move(defaults)) {}
+
+FunctionalOptimizerAdapter::FunctionalOptimizerAdapter(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+                                                       GivenOptions given, std::string name, OptionsDict defaults)
     : torch::optim::Optimizer(std::move(param_groups), std::make_unique<DictOptions>(std::move(defaults))),
       name_(std::move(name)) {
+  for (size_t g = 0; g < given.size() && g < param_groups_.size(); ++g) {
+    if (given[g] != nullptr) param_groups_[g].set_options(std::move(given[g]));
+  }
   TORCH_CHECK(FunctionalRegistry::global().contains(name_), "FunctionalOptimizerAdapter: no functional "
               "optimizer named '", name_, "' is registered");
   sync_groups();  // validates the options now, not at the first step

@@ -67,6 +67,14 @@ class FunctionalOptimizerAdapter : public torch::optim::Optimizer {
   FunctionalOptimizer& functional(size_t group);
 
  private:
+  // The options each given group carried (null where none), kept before LibTorch takes the groups:
+  // LibTorch 2.14's add_param_group replaces options of a type it does not know (DictOptions)
+  // with the defaults, so the constructor puts the given ones back.
+  using GivenOptions = std::vector<std::unique_ptr<torch::optim::OptimizerOptions>>;
+  static GivenOptions given_options(const std::vector<torch::optim::OptimizerParamGroup>& groups);
+  FunctionalOptimizerAdapter(std::vector<torch::optim::OptimizerParamGroup> param_groups, GivenOptions given,
+                             std::string name, OptionsDict defaults);
+
   OptionsDict group_options(size_t group) const;
   void sync_groups();
 
