@@ -3,6 +3,7 @@
 // 0 when the step moved it as Adam's first step does (every element by lr).
 #include <cmath>
 #include <cstdio>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -24,7 +25,7 @@ int main() {
   dtrain::optim::ZeroOptions options;
   options.group = *world;
   dtrain::optim::ZeroRedundancyOptimizer opt(
-      {p}, dtrain::optim::local_optimizer<dtrain::optim::FunctionalOptimizerAdapter>("Adam", {{"lr", 0.1}}),
+      std::vector<at::Tensor>{p}, dtrain::optim::local_optimizer<dtrain::optim::FunctionalOptimizerAdapter>("Adam", {{"lr", 0.1}}),
       options);
   p.mutable_grad() = at::full({4, 3}, 2.0);
   opt.step();
