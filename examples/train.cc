@@ -25,8 +25,7 @@
 #include <string>
 #include <vector>
 
-#include <torch/torch.h>
-#include <torch/version.h>
+#include <torch/torch.h>  // and torch/version.h (TORCH_VERSION)
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
