@@ -436,9 +436,8 @@ int train(const Config& c) {
   for (const auto& t : all[0]) total += t.item<int64_t>();
   const int64_t unsharded = c.zero == "off" ? all[0][0].item<int64_t>() : total;
   if (rank == 0) {
-    std::printf("\n| run | %d ranks, hook %s, zero %s%s, bucket_view %s |\n|---|---|\n", world_size, c.hook.c_str(),
-                c.zero.c_str(), c.zero_overlap ? " (overlapped with DDP)" : "", c.bucket_view ? "on" : "off");
-    std::printf("| LibTorch | %s |\n", TORCH_VERSION);
+    std::printf("\n| run | %d ranks, hook %s, zero %s%s, bucket_view %s |\n|---|---|\n| LibTorch | %s |\n", world_size,
+                c.hook.c_str(), c.zero.c_str(), c.zero_overlap ? " (overlapped with DDP)" : "", c.bucket_view ? "on" : "off", TORCH_VERSION);
     std::printf("| loss | %.6f at step %d -> final loss %.6f at step %d |\n", first_loss, start + 1, last_loss, c.steps);
     std::printf("| time | %.2f s for %d steps (%.1f steps/s) |\n", seconds, c.steps - start, (c.steps - start) / seconds);
     for (int r = 0; r < world_size; ++r) {
