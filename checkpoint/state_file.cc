@@ -19,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "checkpoint/container_types.h"
 #include "checkpoint/stored_zip.h"
 #include "checkpoint/torch_file_reader.h"
 #include "checkpoint/torch_file_writer.h"
@@ -294,7 +295,9 @@ absl::StatusOr<c10::IValue> load_state(const std::string& path) {
       options.verify_entry_crcs = false;  // the whole file's CRC-32 just covered every entry
       break;
   }
-  return read_torch_file(all, name, options);
+  absl::StatusOr<c10::IValue> state = read_torch_file(all, name, options);
+  if (state.ok()) type_homogeneous_containers(*state);
+  return state;
 }
 
 }  // namespace dtrain::checkpoint

@@ -52,8 +52,9 @@ struct SaveOptions {
 absl::Status save_state(const std::string& path, const c10::IValue& state, const SaveOptions& options = {});
 
 // Reads a file written by save_state or by PyTorch's torch.save (see above), every byte verified
-// by a checksum before it is decoded. Dicts come back as c10::impl::GenericDict (Any keys and
-// values), lists as c10::impl::GenericList (Any), tensors on the CPU. Errors: NotFound (no such
+// by a checksum before it is decoded. Dicts and lists come back typed where their contents say
+// so (a non-empty c10::List<at::Tensor> saved comes back as one, a Dict[str, Tensor] likewise:
+// checkpoint/container_types.h), Any where mixed or empty; tensors on the CPU. Errors: NotFound (no such
 // file), PermissionDenied/Unavailable (I/O), DataLoss (truncated, bytes appended, corrupted, a
 // damaged trailer: names the file and what is wrong), InvalidArgument (a file dtrain does not
 // read: the list above). Never a crash on any bytes. Thread safety: safe to call concurrently.

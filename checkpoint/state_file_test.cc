@@ -17,6 +17,7 @@
 #include <torch/csrc/jit/serialization/pickle.h>
 
 #include "absl/strings/str_cat.h"
+#include "checkpoint/container_types.h"
 #include "checkpoint/python_test_files.h"
 
 namespace dtrain::checkpoint {
@@ -139,16 +140,57 @@ TEST(StateFileTest, RoundTripsEveryKindOfValueWithLibTorchsTypes) {
   std::ifstream in(path, std::ios::binary);
   const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), {});
   const c10::IValue libtorch = torch::jit::pickle_load(bytes);
+  type_homogeneous_containers(libtorch);  // load_state types what is homogeneous (next test)
   std::vector<std::string> ours_types, libtorch_types;
   for (const auto& [v, out] : {std::make_pair(*back, &ours_types), std::make_pair(libtorch, &libtorch_types)}) {
     for (const auto& kv : v.toGenericDict()) out->push_back(kv.key().toStringRef() + ": " + kv.value().type()->str());
     out->push_back(v.type()->str());
   }
   EXPECT_EQ(ours_types, libtorch_types);
-  EXPECT_EQ(back->type()->str(), "Dict(Any, Any)");
+  EXPECT_EQ(back->type()->str(), "Dict(str, Any)");
   const Dict d = back->toGenericDict();
   EXPECT_TRUE(d.at("slice").toTensor().storage().is_alias_of(d.at("transposed").toTensor().storage()));
   EXPECT_FALSE(d.at("transposed").toTensor().is_contiguous());
+}
+
+// Typed C++ containers come back typed where their contents say so (a pickle records no element
+// types); mixed and empty ones as Any.
+TEST(StateFileTest, TypedContainersComeBackTyped) {
+  const std::string path = temp_dir() + "/typed.pt";
+  Dict d(c10::StringType::get(), c10::AnyType::get());
+  d.insert("tensors", c10::List<at::Tensor>({at::ones({2}), at::arange(3, at::kDouble)}));
+  c10::Dict<std::string, at::Tensor> named;
+  named.insert("w", at::zeros({2, 2}));
+  d.insert("named", named);
+  d.insert("ints", c10::List<int64_t>({1, 2, 3}));
+  d.insert("floats", c10::List<double>({0.5, 1.5}));
+  d.insert("flags", c10::List<bool>({true, false}));
+  d.insert("words", c10::List<std::string>({"a", "b"}));
+  c10::impl::GenericList mixed(c10::AnyType::get());
+  mixed.push_back(int64_t{1});
+  mixed.push_back(std::string("a"));
+  d.insert("mixed", mixed);
+  d.insert("empty", c10::List<at::Tensor>());
+  c10::impl::GenericList nested(c10::AnyType::get());
+  nested.push_back(c10::List<at::Tensor>({at::ones({1})}));
+  d.insert("nested", nested);
+  ASSERT_TRUE(save_state(path, d).ok());
+  auto back = load_state(path);
+  ASSERT_TRUE(back.ok()) << back.status();
+  const Dict b = back->toGenericDict();
+  const std::vector<at::Tensor> tensors = b.at("tensors").toTensorVector();
+  ASSERT_EQ(tensors.size(), 2u);
+  EXPECT_TRUE(tensors[1].equal(at::arange(3, at::kDouble)));
+  EXPECT_EQ(b.at("named").type()->str(), "Dict(str, Tensor)");
+  EXPECT_TRUE(b.at("named").toGenericDict().at("w").toTensor().equal(at::zeros({2, 2})));
+  EXPECT_EQ(b.at("ints").toIntVector(), (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(b.at("floats").toDoubleVector(), (std::vector<double>{0.5, 1.5}));
+  EXPECT_EQ(b.at("flags").type()->str(), "bool[]");
+  EXPECT_EQ(b.at("words").type()->str(), "str[]");
+  EXPECT_EQ(b.at("mixed").type()->str(), "Any[]");
+  EXPECT_EQ(b.at("empty").type()->str(), "Any[]");  // the file cannot say what an empty list held
+  EXPECT_EQ(b.at("nested").type()->str(), "Any[]");
+  EXPECT_EQ(b.at("nested").toListRef()[0].toTensorVector().size(), 1u);
 }
 
 TEST(StateFileTest, PythonTorchLoadReadsTheSameDict) {
