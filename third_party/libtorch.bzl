@@ -33,7 +33,22 @@ def _libtorch_repository_impl(ctx):
         p = ctx.path(inc + "/" + d)
         if p.exists:
             ctx.symlink(p, "include/" + d)
-    has_cuda = ctx.path(libdir + "/libtorch_cuda.so").exists
+
+    # A pip wheel's torch/include has no Gloo headers (c10d's ProcessGroupGloo.hpp includes them):
+    # Debian's libgloo-dev (in the root) provides them.
+    if not ctx.path(inc + "/gloo").exists and ctx.path("/usr/include/gloo").exists:
+        ctx.symlink("/usr/include/gloo", "include/gloo")
+    has_cuda = ctx.path(libdir + "/libtorch_cuda.so").exists and not ctx.os.environ.get("DTRAIN_LIBTORCH_CPU_ONLY")
+
+    # A CUDA LibTorch's c10d headers (ProcessGroupNCCL.hpp) include the CUDA runtime's and NCCL's:
+    # CUDA_HOME (default /usr/local/cuda; ./bazelw mounts it into the root) provides them.
+    cuda_home = ctx.os.environ.get("CUDA_HOME", "/usr/local/cuda").rstrip("/")
+    if has_cuda:
+        if not ctx.path(cuda_home + "/include/cuda_runtime.h").exists:
+            fail("LIBTORCH_HOME=%s is a CUDA LibTorch (it has libtorch_cuda.so) but %s/include has no " % (home, cuda_home) +
+                 "cuda_runtime.h: install the CUDA toolkit with NCCL, set CUDA_HOME to it, or set " +
+                 "DTRAIN_LIBTORCH_CPU_ONLY=1 to build against its CPU libraries only.")
+        ctx.symlink(cuda_home + "/include", "cuda_include")
 
     # The RPC agent (torch::distributed::rpc::TensorPipeAgent) is compiled into libtorch_cpu only
     # when LibTorch was built with USE_TENSORPIPE: pytorch.org's builds and Debian 13's 2.6 are,
@@ -52,14 +67,20 @@ def _libtorch_repository_impl(ctx):
         libs = ["-ltorch", "-ltorch_cuda", "-ltorch_cpu", "-lc10_cuda", "-lc10"]
     system_lib = libdir in ["/usr/lib", "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64"]
     linkopts = ([] if system_lib else ["-L" + libdir, "-Wl,-rpath," + libdir]) + libs + ["-pthread"]
+    if not system_lib:
+        # A wheel's libraries need CUDA's (libcudart, libcupti even for libtorch_cpu; cuDNN,
+        # cuSPARSELt, NVSHMEM... for libtorch_cuda), found at run time from the wheel's
+        # nvidia-* packages or CUDA_HOME; the link does not insist on finding them all here.
+        linkopts += ["-Wl,-rpath," + cuda_home + "/lib64", "-Wl,--allow-shlib-undefined"]
 
     ctx.file("BUILD.bazel", """
 package(default_visibility = ["//visibility:public"])
 
 cc_library(
     name = "torch",
-    hdrs = glob(["include/**/*.h", "include/**/*.hpp", "include/**/*.cuh"], allow_empty = True),
-    includes = ["include", "include/torch/csrc/api/include"],
+    hdrs = glob(["include/**/*.h", "include/**/*.hpp", "include/**/*.cuh", "cuda_include/**/*.h",
+                 "cuda_include/**/*.hpp"], allow_empty = True),
+    includes = ["include", "include/torch/csrc/api/include"] + {cuda_includes},
     defines = {defines},
     linkopts = {linkopts},
 )
@@ -71,7 +92,7 @@ cc_library(
 )
 
 exports_files(["config.bzl"])
-""".format(defines = repr(defines), linkopts = repr(linkopts)))
+""".format(defines = repr(defines), linkopts = repr(linkopts), cuda_includes = repr(["cuda_include"] if has_cuda else [])))
     ctx.file("config.bzl", "HAS_CUDA = {}\nHAS_TENSORPIPE_AGENT = {}\nTORCH_VERSION = {}\nLIBTORCH_HOME = {}\nLIBTORCH_LIBDIR = {}\n".format(
         "True" if has_cuda else "False",
         "True" if has_tensorpipe_agent else "False",
@@ -82,6 +103,6 @@ exports_files(["config.bzl"])
 
 libtorch_repository = repository_rule(
     implementation = _libtorch_repository_impl,
-    environ = ["LIBTORCH_HOME"],
+    environ = ["LIBTORCH_HOME", "CUDA_HOME", "DTRAIN_LIBTORCH_CPU_ONLY"],
     local = True,
 )
