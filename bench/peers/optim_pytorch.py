@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """PyTorch's own optimizers on //optim:functional_benchmark's shapes: 16M fp32 parameters as one
 tensor and as 64 tensors, PyTorch's default thread settings, each implementation PyTorch has on
-CPU: the default (for-loop), foreach=True and fused=True (PyTorch 2.4+ on CPU).
+CPU: the default (for-loop), foreach=True, fused=True (PyTorch 2.4+ on CPU) and a torch.compile'd
+step (PyTorch's recommended fast path; compiled by the untimed first two steps).
     /usr/bin/python3 bench/peers/optim_pytorch.py
 Prints "<optimizer>_<tensors>_<impl>_ms <mean ms per step>" lines, or "... error <why>" where this
 PyTorch lacks the implementation; "<optimizer>_<tensors>_ms" is the default one (older readers)."""
@@ -16,14 +17,19 @@ OPTIMIZERS = (("adam", lambda ps, **kw: torch.optim.Adam(ps, lr=1e-3, **kw)),
               ("adamw", lambda ps, **kw: torch.optim.AdamW(ps, lr=1e-3, **kw)),
               ("sgd_momentum", lambda ps, **kw: torch.optim.SGD(ps, lr=1e-3, momentum=0.9, **kw)),
               ("adagrad", lambda ps, **kw: torch.optim.Adagrad(ps, lr=1e-3, **kw)))
-IMPLS = (("default", {"foreach": False}), ("foreach", {"foreach": True}), ("fused", {"fused": True}))
+IMPLS = (("default", {"foreach": False}), ("foreach", {"foreach": True}), ("fused", {"fused": True}),
+         ("compiled", {"foreach": False}))
 
 
-def timed(opt):
-    opt.step()
+def timed(opt, compiled=False):
+    step = opt.step
+    if compiled:
+        step = torch.compile(opt.step)
+        step()  # the first step makes the state (a second graph), the next ones reuse it
+    step()
     t0 = time.perf_counter()
     for _ in range(STEPS):
-        opt.step()
+        step()
     return (time.perf_counter() - t0) / STEPS * 1e3
 
 
@@ -37,8 +43,8 @@ def main():
             for impl, kwargs in IMPLS:
                 key = "%s_%d_%s_ms" % (name, tensors, impl)
                 try:
-                    ms = timed(make(params, **kwargs))
-                except (RuntimeError, TypeError, ValueError) as e:
+                    ms = timed(make(params, **kwargs), compiled=impl == "compiled")
+                except Exception as e:  # noqa: BLE001 -- any failure of an implementation is a row's note
                     print("%s error %s" % (key, str(e).splitlines()[0][:80]), flush=True)
                     continue
                 print("%s %.1f" % (key, ms), flush=True)
