@@ -231,7 +231,10 @@ TEST(LaunchTest, BadUsageIsAOneLineError) {
 // --rdzv_id reaches every rank, in every attempt, as TORCHELASTIC_RUN_ID; without it each launch
 // draws its own id, the same for all its ranks.
 TEST(LaunchTest, RdzvIdIsTheRunId) {
-  const char* script = "echo id=$TORCHELASTIC_RUN_ID; if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ] && [ \"$RANK\" = 1 ]; then exit 3; fi";
+  // Rank 1 fails the first attempt a second after printing, so that rank 0 has printed too before
+  // the launcher stops it (on a loaded machine it sometimes had not: 3 lines instead of 4).
+  const char* script =
+      "echo id=$TORCHELASTIC_RUN_ID; if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ] && [ \"$RANK\" = 1 ]; then sleep 1; exit 3; fi";
   Result given = run_launch({"--nproc_per_node=2", "--max_restarts=1", "--rdzv_id=job-7.a_b", "--", "/bin/sh", "-c", script});
   EXPECT_EQ(given.code, 0) << given.output;
   EXPECT_EQ(count(given.output, "] id=job-7.a_b\n"), 4) << given.output;  // 2 ranks x 2 attempts
