@@ -12,7 +12,7 @@ struct Descriptor<AdadeltaOptions> : DescriptorDefaults {
         .option(DTRAIN_OPTION(rho), in_unit_interval("Invalid rho value"))
         .eps().weight_decay().maximize().foreach();
   }
-  static constexpr StepKind kStep = StepKind::kInt;
+  static constexpr StepKind kStep = StepKind::kFloatTensor;
   static constexpr std::array<const char*, 4> kSlots = {"square_avg", "acc_delta", "", ""};
 
   static bool prepare(ParamState& s, const at::Tensor& p, const at::Tensor&, const AdadeltaOptions&) {

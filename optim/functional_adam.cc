@@ -20,7 +20,8 @@ struct AdamDescriptor : DescriptorDefaults {
   static constexpr StepKind kStep = StepKind::kFloatTensor;
   static constexpr std::array<const char*, 4> kSlots = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq", ""};
 
-  static void require_state(const std::string& name, const ParamState& s, size_t index, const Options& o) {
+  static void require_state(const std::string& name, const ParamState& s, const at::Tensor&, size_t index,
+                            const Options& o) {
     if (o.amsgrad()) require_slot(s, 2, index, name, "amsgrad=True", "max_exp_avg_sq");
   }
   static bool prepare(ParamState& s, const at::Tensor& p, const at::Tensor&, const Options& o) {

@@ -173,5 +173,31 @@ TEST(FunctionalAdapterTest, UnknownParamGroupKeysAreKept) {
   }
 }
 
+// torch.optim's newer optimizers through the adapter, as a LibTorch loop uses them: SparseAdam on
+// a sparse embedding (its .grad() is sparse COO; rows no batch touches stay as they were), Muon on
+// the 2-D weight of the layer after it, NAdam on that layer's bias.
+TEST(FunctionalAdapterTest, SparseEmbeddingWithSparseAdamAndMuonAndNAdam) {
+  torch::manual_seed(0);
+  torch::nn::Embedding embedding(torch::nn::EmbeddingOptions(10, 4).sparse(true));
+  torch::nn::Linear linear(4, 3);
+  FunctionalOptimizerAdapter sparse_adam(embedding->parameters(), "SparseAdam", opts({{"lr", 0.05}}));
+  FunctionalOptimizerAdapter muon({linear->weight}, "Muon", opts({{"lr", 0.05}}));
+  FunctionalOptimizerAdapter nadam({linear->bias}, "NAdam", opts({{"lr", 0.05}}));
+  const at::Tensor ids = torch::tensor({1, 3, 3, 7}, torch::kLong);
+  const at::Tensor target = torch::randn({4, 3});
+  const at::Tensor untouched = embedding->weight.detach().index_select(0, torch::tensor({0, 2, 9})).clone();
+  double first = 0, last = 0;
+  for (int step = 0; step < 30; ++step) {
+    for (auto* opt : {&sparse_adam, &muon, &nadam}) opt->zero_grad();
+    at::Tensor loss = torch::mse_loss(linear(embedding(ids)), target);
+    loss.backward();
+    ASSERT_TRUE(embedding->weight.grad().is_sparse());
+    for (auto* opt : {&sparse_adam, &muon, &nadam}) opt->step();
+    (step == 0 ? first : last) = loss.item<double>();
+  }
+  EXPECT_LT(last, first * 0.5);
+  EXPECT_TRUE(embedding->weight.detach().index_select(0, torch::tensor({0, 2, 9})).equal(untouched));
+}
+
 }  // namespace
 }  // namespace dtrain::optim

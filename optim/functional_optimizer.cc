@@ -27,8 +27,14 @@ FunctionalOptimizer::~FunctionalOptimizer() = default;
 
 void FunctionalOptimizer::check_grad(size_t index, const at::Tensor& grad) const {
   const at::Tensor& p = params_[index];
-  TORCH_CHECK(grad.layout() == at::kStrided, name(), ": gradient ", index,
-              " is sparse; this optimizer does not support sparse gradients");
+  if (takes_sparse_gradients()) {
+    // PyTorch's message, then what dtrain expects instead.
+    TORCH_CHECK(grad.is_sparse(), name(), " does not support dense gradients, please consider Adam instead (gradient ",
+                index, " is dense; pass a sparse COO gradient, such as nn.Embedding(sparse=True) produces)");
+  } else {
+    TORCH_CHECK(grad.layout() == at::kStrided, name(), ": gradient ", index,
+                " is sparse; this optimizer does not support sparse gradients");
+  }
   TORCH_CHECK(grad.sizes() == p.sizes(), name(), ": gradient ", index, " has shape ", grad.sizes(),
               " but its parameter has shape ", p.sizes());
   TORCH_CHECK(grad.scalar_type() == p.scalar_type(), name(), ": gradient ", index, " is ",
@@ -186,10 +192,19 @@ void FunctionalOptimizer::load_state_dict(const c10::IValue& state_dict) {
       TORCH_CHECK(v.isTensor(), name(), ".load_state_dict: state '", k, "' of parameter ", i,
                   " is not a tensor");
       const at::Tensor& t = v.toTensor();
-      TORCH_CHECK(t.sizes() == params_[i].sizes(), name(), ".load_state_dict: state '", k,
-                  "' of parameter ", i, " has shape ", t.sizes(), ", the parameter has shape ",
-                  params_[i].sizes());
-      s.slots[slot] = at::empty_like(params_[i]).copy_(t);
+      const std::vector<int64_t> shape = slot_shape(slot, params_[i]);
+      if (params_[i].sizes().equals(shape)) {
+        TORCH_CHECK(t.sizes() == params_[i].sizes(), name(), ".load_state_dict: state '", k,
+                    "' of parameter ", i, " has shape ", t.sizes(), ", the parameter has shape ",
+                    params_[i].sizes());
+        s.slots[slot] = at::empty_like(params_[i]).copy_(t);
+      } else {
+        TORCH_CHECK(t.sizes().equals(shape), name(), ".load_state_dict: state '", k, "' of parameter ", i,
+                    " has shape ", t.sizes(), ", ", name(), " keeps it with shape ", c10::IntArrayRef(shape),
+                    " for a parameter of shape ", params_[i].sizes(), "; load a state dict saved for these parameters");
+        // PyTorch casts every state tensor but "step" to its parameter's dtype and device.
+        s.slots[slot] = at::empty(shape, params_[i].options()).copy_(t);
+      }
     }
   }
   set_options(options);

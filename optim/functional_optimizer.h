@@ -33,6 +33,8 @@ OptionsDict new_options_dict();
 
 // Per-parameter state, kept generically so state_dict/load_state_dict live in one place: a step
 // counter and up to four tensors named by the optimizer's slot_names() (PyTorch's state keys).
+// A slot has its parameter's shape unless slot_shape() says otherwise (NAdam's 0-dim mu_product,
+// Adafactor's row_var and col_var).
 struct ParamState {
   bool initialized = false;
   int64_t step = 0;
@@ -54,7 +56,9 @@ class FunctionalOptimizer {
 
   // One update. gradients.size() must equal params().size() (TORCH_CHECK naming both lengths);
   // an undefined entry skips that parameter and its state. Each gradient must match its
-  // parameter's shape, dtype and device. Runs without autograd recording.
+  // parameter's shape, dtype and device, and be dense (sparse COO for an optimizer whose
+  // takes_sparse_gradients(), SparseAdam). Every gradient is checked before anything changes.
+  // Runs without autograd recording.
   void step(const std::vector<at::Tensor>& gradients);
 
   // Updates one parameter (one of params(), by identity) with `grad`.
@@ -79,8 +83,9 @@ class FunctionalOptimizer {
   // one param group {options..., params: [0..n-1]}.
   c10::IValue state_dict() const;
   // Loads a state_dict of the format above (from dtrain, or converted from PyTorch/LibTorch):
-  // exactly one param group whose "params" has params().size() entries; state tensors must match
-  // their parameter's shape (cast to its dtype/device). Errors name the index and key.
+  // exactly one param group whose "params" has params().size() entries; state tensors must have
+  // their slot_shape() (normally the parameter's) and are cast to the parameter's dtype and device.
+  // Errors name the index and key.
   // Param-group keys this optimizer does not use (an LR scheduler's "initial_lr", PyTorch 2.x's
   // "foreach"/"maximize"/..., a user's own) are kept and handed back by state_dict(), as PyTorch
   // keeps them; set_options() still refuses an unknown key (a typo there is an error).
@@ -92,9 +97,12 @@ class FunctionalOptimizer {
   // How "step" appears in PyTorch's state dict (see step_kind()).
   enum class StepKind {
     kNone,         // no "step" entry (SGD)
-    kInt,          // Python int (Adadelta, RMSprop, Rprop)
-    kFloatTensor,  // 0-dim float32 tensor (Adam, AdamW, Adamax, Adagrad)
+    kInt,          // Python int (SparseAdam)
+    kFloatTensor,  // 0-dim float32 tensor (the others: PyTorch 2.x's format)
   };
+
+  // Whether step() takes sparse COO gradients (and only those: SparseAdam) instead of dense ones.
+  virtual bool takes_sparse_gradients() const { return false; }
 
  protected:
   // Updates params()[index] with a checked gradient. Called with autograd off.
@@ -111,6 +119,9 @@ class FunctionalOptimizer {
   // state dict, unless none_for_undefined_slots() (SGD writes momentum_buffer=None).
   virtual std::array<const char*, 4> slot_names() const = 0;
   virtual bool none_for_undefined_slots() const { return false; }
+  // The shape of slot `slot` for `param`; load_state_dict() checks loaded tensors against it and
+  // casts them to the parameter's dtype and device, as PyTorch's Optimizer.load_state_dict does.
+  virtual std::vector<int64_t> slot_shape(size_t slot, const at::Tensor& param) const { return param.sizes().vec(); }
 
   std::vector<at::Tensor> params_;
   std::vector<ParamState> state_;

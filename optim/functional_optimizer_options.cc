@@ -34,8 +34,10 @@ bool option_value(const OptionsDict& d, const std::string& key, bool*) {
   return v.toBool();
 }
 
-DoublePair option_value(const OptionsDict& d, const std::string& key, DoublePair*) {
-  const c10::IValue& v = d.at(key);
+namespace {
+
+// The items of a tuple or list value (empty for anything else).
+std::vector<c10::IValue> sequence_items(const c10::IValue& v) {
   std::vector<c10::IValue> items;
   if (v.isTuple()) {
     for (const auto& e : v.toTupleRef().elements()) items.push_back(e);
@@ -44,16 +46,60 @@ DoublePair option_value(const OptionsDict& d, const std::string& key, DoublePair
   } else if (v.isDoubleList()) {
     for (double e : v.toDoubleVector()) items.emplace_back(e);
   }
-  TORCH_CHECK(items.size() == 2 && (items[0].isDouble() || items[0].isInt()) &&
-                  (items[1].isDouble() || items[1].isInt()),
+  return items;
+}
+bool is_number(const c10::IValue& e) { return e.isDouble() || e.isInt(); }
+double number(const c10::IValue& e) { return e.isDouble() ? e.toDouble() : static_cast<double>(e.toInt()); }
+
+}  // namespace
+
+DoublePair option_value(const OptionsDict& d, const std::string& key, DoublePair*) {
+  const std::vector<c10::IValue> items = sequence_items(d.at(key));
+  TORCH_CHECK(items.size() == 2 && is_number(items[0]) && is_number(items[1]),
               "option '", key, "' must be a pair of numbers");
-  auto num = [](const c10::IValue& e) { return e.isDouble() ? e.toDouble() : static_cast<double>(e.toInt()); };
-  return {num(items[0]), num(items[1])};
+  return {number(items[0]), number(items[1])};
+}
+
+int64_t option_value(const OptionsDict& d, const std::string& key, int64_t*) {
+  const c10::IValue& v = d.at(key);
+  if (v.isInt()) return v.toInt();
+  TORCH_CHECK(v.isDouble() && std::nearbyint(v.toDouble()) == v.toDouble() && std::abs(v.toDouble()) < 9e15,
+              "option '", key, "' must be an int, got ", v.isDouble() ? python_float_repr(v.toDouble()) : v.tagKind());
+  return static_cast<int64_t>(v.toDouble());
+}
+
+OptionalDoublePair option_value(const OptionsDict& d, const std::string& key, OptionalDoublePair*) {
+  const std::vector<c10::IValue> items = sequence_items(d.at(key));
+  TORCH_CHECK(items.size() == 2 && (items[0].isNone() || is_number(items[0])) && is_number(items[1]),
+              "option '", key, "' must be a pair (number or None, number)");
+  return {items[0].isNone() ? std::nullopt : std::optional<double>(number(items[0])), number(items[1])};
+}
+
+DoubleTriple option_value(const OptionsDict& d, const std::string& key, DoubleTriple*) {
+  const std::vector<c10::IValue> items = sequence_items(d.at(key));
+  TORCH_CHECK(items.size() == 3 && is_number(items[0]) && is_number(items[1]) && is_number(items[2]),
+              "option '", key, "' must be a tuple of exactly 3 numbers");
+  return {number(items[0]), number(items[1]), number(items[2])};
+}
+
+OptionalString option_value(const OptionsDict& d, const std::string& key, OptionalString*) {
+  const c10::IValue& v = d.at(key);
+  TORCH_CHECK(v.isNone() || v.isString(), "option '", key, "' must be a string or None, got ", v.tagKind());
+  return v.isNone() ? std::nullopt : OptionalString(v.toStringRef());
 }
 
 c10::IValue option_ivalue(double v) { return v; }
 c10::IValue option_ivalue(bool v) { return v; }
 c10::IValue option_ivalue(const DoublePair& v) { return c10::ivalue::Tuple::create({std::get<0>(v), std::get<1>(v)}); }
+c10::IValue option_ivalue(int64_t v) { return v; }
+c10::IValue option_ivalue(const OptionalDoublePair& v) {
+  const std::optional<double>& first = std::get<0>(v);
+  return c10::ivalue::Tuple::create({first ? c10::IValue(*first) : c10::IValue(), std::get<1>(v)});
+}
+c10::IValue option_ivalue(const DoubleTriple& v) {
+  return c10::ivalue::Tuple::create({std::get<0>(v), std::get<1>(v), std::get<2>(v)});
+}
+c10::IValue option_ivalue(const OptionalString& v) { return v ? c10::IValue(*v) : c10::IValue(); }
 
 OptionRule<double> non_negative(const char* what) {
   return [what](const double& v) { TORCH_CHECK(v >= 0.0, what, ": ", python_float_repr(v)); };

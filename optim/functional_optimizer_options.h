@@ -19,6 +19,7 @@
 #define DTRAIN_OPTIM_FUNCTIONAL_OPTIMIZER_OPTIONS_H_
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -33,6 +34,12 @@ namespace dtrain::optim {
 
 // (first, second) option pairs: betas, etas, step_sizes.
 using DoublePair = std::tuple<double, double>;
+// Adafactor's eps: (eps1 or None, eps2).
+using OptionalDoublePair = std::tuple<std::optional<double>, double>;
+// Muon's ns_coefficients (a, b, c).
+using DoubleTriple = std::tuple<double, double, double>;
+// A string or None (Muon's adjust_lr_fn).
+using OptionalString = std::optional<std::string>;
 
 // Python's repr of a float, for PyTorch's error messages ("Invalid learning rate: -0.1").
 std::string python_float_repr(double v);
@@ -42,9 +49,17 @@ std::string python_float_repr(double v);
 double option_value(const OptionsDict& d, const std::string& key, double*);
 bool option_value(const OptionsDict& d, const std::string& key, bool*);
 DoublePair option_value(const OptionsDict& d, const std::string& key, DoublePair*);
+int64_t option_value(const OptionsDict& d, const std::string& key, int64_t*);  // an int (or an integral float)
+OptionalDoublePair option_value(const OptionsDict& d, const std::string& key, OptionalDoublePair*);
+DoubleTriple option_value(const OptionsDict& d, const std::string& key, DoubleTriple*);
+OptionalString option_value(const OptionsDict& d, const std::string& key, OptionalString*);
 c10::IValue option_ivalue(double v);
 c10::IValue option_ivalue(bool v);
 c10::IValue option_ivalue(const DoublePair& v);
+c10::IValue option_ivalue(int64_t v);
+c10::IValue option_ivalue(const OptionalDoublePair& v);
+c10::IValue option_ivalue(const DoubleTriple& v);
+c10::IValue option_ivalue(const OptionalString& v);
 
 // PyTorch's check of one value: returns, or throws c10::Error with PyTorch's message.
 template <typename T>
@@ -216,6 +231,8 @@ class TypedFunctionalOptimizer : public FunctionalOptimizer {
   StepKind step_kind() const override;
   std::array<const char*, 4> slot_names() const override;
   bool none_for_undefined_slots() const override;
+  std::vector<int64_t> slot_shape(size_t slot, const at::Tensor& param) const override;
+  bool takes_sparse_gradients() const override;
 
   Options options_;
 };

@@ -1,5 +1,7 @@
-// The eight functional optimizers of torch.distributed.optim, numerically PyTorch's
-// single-tensor implementations: SGD, Adam, AdamW, Adagrad, Adadelta, Adamax, RMSprop, Rprop.
+// Functional optimizers, numerically PyTorch's single-tensor implementations: the eight of
+// torch.distributed.optim (SGD, Adam, AdamW, Adagrad, Adadelta, Adamax, RMSprop, Rprop) and
+// torch.optim's NAdam, RAdam, ASGD, Adafactor, SparseAdam (sparse gradients) and Muon (2-D
+// parameters).
 // Options mirror PyTorch's keyword arguments and defaults, in LibTorch's chainable style.
 //
 //   using namespace dtrain::optim;
@@ -13,22 +15,31 @@
 // checks, the registry's defaults), its state layout and its kernels. An empty parameter list is
 // an error unless the constructor's allow_empty_param_list (PyTorch's _allow_empty_param_list).
 //
-// Contiguous float32/float64 parameters take a fused path: one multi-threaded pass per element
-// over parameter, gradient and state for all parameters at once; other layouts and dtypes run
-// the same math as ATen operations.
+// Contiguous float32/float64 parameters take a fused path where the update is elementwise (all
+// but Adafactor, SparseAdam and Muon): one multi-threaded pass per element over parameter,
+// gradient and state for all parameters at once; other layouts and dtypes, and those three, run
+// PyTorch's sequence of ATen operations.
 //
 // Adding an optimizer: functional_<name>.{h,cc} (copy functional_adamax.*), its name in
-// optim/BUILD.bazel's _BUILTIN_OPTIMIZERS, an include here, and one line in registry.cc.
+// optim/BUILD.bazel's _BUILTIN_OPTIMIZERS, an include here, and one line in registry.cc; its
+// cases in testdata/make_reference.py, the regenerated .ref, and the file's name in
+// _REFERENCE_NAMES (BUILD) and kFiles (functional_optimizers_test.cc).
 #ifndef DTRAIN_OPTIM_FUNCTIONAL_OPTIMIZERS_H_
 #define DTRAIN_OPTIM_FUNCTIONAL_OPTIMIZERS_H_
 
 #include "optim/functional_adadelta.h"
+#include "optim/functional_adafactor.h"
 #include "optim/functional_adagrad.h"
 #include "optim/functional_adam.h"
 #include "optim/functional_adamax.h"
+#include "optim/functional_asgd.h"
+#include "optim/functional_muon.h"
+#include "optim/functional_nadam.h"
 #include "optim/functional_optimizer_options.h"
+#include "optim/functional_radam.h"
 #include "optim/functional_rmsprop.h"
 #include "optim/functional_rprop.h"
 #include "optim/functional_sgd.h"
+#include "optim/functional_sparse_adam.h"
 
 #endif  // DTRAIN_OPTIM_FUNCTIONAL_OPTIMIZERS_H_

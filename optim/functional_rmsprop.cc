@@ -16,10 +16,11 @@ struct Descriptor<RMSpropOptions> : DescriptorDefaults {
         .weight_decay().foreach().maximize().differentiable()
         .check_order({"lr", "eps", "momentum", "weight_decay", "alpha"});
   }
-  static constexpr StepKind kStep = StepKind::kInt;
+  static constexpr StepKind kStep = StepKind::kFloatTensor;
   static constexpr std::array<const char*, 4> kSlots = {"square_avg", "momentum_buffer", "grad_avg", ""};
 
-  static void require_state(const std::string& name, const ParamState& s, size_t index, const RMSpropOptions& o) {
+  static void require_state(const std::string& name, const ParamState& s, const at::Tensor&, size_t index,
+                            const RMSpropOptions& o) {
     if (o.momentum() > 0) require_slot(s, 1, index, name, "momentum > 0", "momentum_buffer");
     if (o.centered()) require_slot(s, 2, index, name, "centered=True", "grad_avg");
   }

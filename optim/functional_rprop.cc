@@ -17,7 +17,7 @@ struct Descriptor<RpropOptions> : DescriptorDefaults {
         .option(DTRAIN_OPTION(step_sizes))
         .foreach().maximize();
   }
-  static constexpr StepKind kStep = StepKind::kInt;
+  static constexpr StepKind kStep = StepKind::kFloatTensor;
   static constexpr std::array<const char*, 4> kSlots = {"prev", "step_size", "", ""};
 
   static bool prepare(ParamState& s, const at::Tensor& p, const at::Tensor& g, const RpropOptions& o) {

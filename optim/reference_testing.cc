@@ -17,9 +17,11 @@ c10::IValue parse_value(const std::string& text) {
   if (text.find(',') != std::string::npos) {
     std::vector<std::string> parts = absl::StrSplit(text, ',');
     std::vector<c10::IValue> items;
-    for (const auto& p : parts) items.emplace_back(std::stod(p));
+    for (const auto& p : parts) items.push_back(p == "none" ? c10::IValue() : c10::IValue(std::stod(p)));
     return c10::ivalue::Tuple::create(std::move(items));
   }
+  int64_t i = 0;
+  if (absl::SimpleAtoi(text, &i)) return i;  // an int option (Muon's ns_steps); floats carry '.' or 'e'
   double v = 0;
   if (absl::SimpleAtod(text, &v)) return v;
   return text;  // a string option (QHM's weight_decay_type)
@@ -34,7 +36,6 @@ std::vector<ReferenceCase> read_reference(const std::string& path) {
   std::getline(in, line);
   TORCH_CHECK(line == "dtrain-optim-reference 1", path, ": not a reference file (", line, ")");
   std::vector<ReferenceCase> cases;
-  std::vector<std::vector<std::pair<int, std::string>>> state_keys;
   std::vector<std::vector<int64_t>> state_sizes;
   while (std::getline(in, line) && line != "data") {
     std::istringstream ls(line);
@@ -44,7 +45,6 @@ std::vector<ReferenceCase> read_reference(const std::string& path) {
     if (tag == "case") {
       cases.emplace_back();
       ls >> cases.back().name;
-      state_keys.emplace_back();
       state_sizes.emplace_back();
       continue;
     }
@@ -62,6 +62,8 @@ std::vector<ReferenceCase> read_reference(const std::string& path) {
         for (absl::string_view d : absl::StrSplit(item, ',')) shape.push_back(std::stoll(std::string(d)));
         c.shapes.push_back(shape);
       }
+    } else if (tag == "sparse_grads") {
+      ls >> c.sparse_dim;
     } else if (tag == "steps") {
       ls >> c.steps;
       c.missing.assign(c.steps, std::vector<bool>(c.shapes.size(), false));
@@ -71,10 +73,10 @@ std::vector<ReferenceCase> read_reference(const std::string& path) {
         c.missing[std::stoi(item.substr(colon + 1))][std::stoi(item.substr(0, colon))] = true;
       }
     } else if (tag == "state") {
-      int param;
-      std::string key, numel;
-      ls >> param >> key >> numel;
-      state_keys.back().emplace_back(param, key);
+      StateValue v;
+      std::string numel;
+      ls >> v.param >> v.key >> numel >> v.kind;
+      c.final_state.push_back(v);
       state_sizes.back().push_back(numel == "none" ? -1 : std::stoll(numel));
     } else {
       TORCH_CHECK(false, path, ": unknown header line '", line, "'");
@@ -97,12 +99,27 @@ std::vector<ReferenceCase> read_reference(const std::string& path) {
       for (const auto& s : c.shapes) c.params64.back().push_back(read(s));
       for (const auto& s : c.shapes) c.params32.back().push_back(read(s));
     }
-    for (size_t k = 0; k < state_keys[ci].size(); ++k) {
+    for (size_t k = 0; k < c.final_state.size(); ++k) {
       const int64_t n = state_sizes[ci][k];
-      c.final_state.emplace_back(state_keys[ci][k], n < 0 ? at::Tensor() : read({n}));
+      if (n >= 0) c.final_state[k].value = read({n});
     }
   }
   return cases;
+}
+
+at::Tensor ReferenceCase::grad(int step, size_t param, at::ScalarType dtype) const {
+  if (missing[step][param]) return at::Tensor();
+  at::Tensor g = grads[step][param].to(dtype);
+  return sparse_dim > 0 ? g.to_sparse(sparse_dim) : g;
+}
+
+at::Tensor make_param(const at::Tensor& init, at::ScalarType dtype, Layout layout) {
+  if (layout == Layout::kContiguous) return init.to(dtype).clone();
+  std::vector<int64_t> shape = init.sizes().vec();
+  shape.push_back(2);
+  at::Tensor p = at::zeros(shape, dtype).select(-1, 0);
+  p.copy_(init);
+  return p;
 }
 
 double relative_error(const at::Tensor& a, const at::Tensor& b) {

@@ -41,6 +41,12 @@ FunctionalRegistry& FunctionalRegistry::global() {
     register_builtin<FunctionalAdamax>(*r);
     register_builtin<FunctionalRMSprop>(*r);
     register_builtin<FunctionalRprop>(*r);
+    register_builtin<FunctionalNAdam>(*r);
+    register_builtin<FunctionalRAdam>(*r);
+    register_builtin<FunctionalASGD>(*r);
+    register_builtin<FunctionalAdafactor>(*r);
+    register_builtin<FunctionalSparseAdam>(*r);
+    register_builtin<FunctionalMuon>(*r);
     // The LibTorch twins (optim/torch_twins.h) map to the built-ins of their name.
     for (const TorchTwin& twin : torch_twins()) r->register_type(twin.optimizer, twin.name);
     return r;

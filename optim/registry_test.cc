@@ -52,7 +52,8 @@ TEST(RegistryTest, UserQHMThroughTheRegistryMatchesPyTorch) {
 
 TEST(RegistryTest, BuiltinsAndTwins) {
   auto& r = FunctionalRegistry::global();
-  for (const char* name : {"SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "Adamax", "RMSprop", "Rprop"}) {
+  for (const char* name : {"SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "Adamax", "RMSprop", "Rprop", "NAdam",
+                           "RAdam", "ASGD", "Adafactor", "SparseAdam", "Muon"}) {
     EXPECT_TRUE(r.contains(name)) << name;
   }
   EXPECT_TRUE(r.has_twin<torch::optim::Adam>());
@@ -93,7 +94,8 @@ TEST(RegistryTest, EmptyParameterListNeedsAllowEmptyParamList) {
   FunctionalAdam empty({}, AdamOptions(), /*allow_empty_param_list=*/true);
   empty.step({});
   EXPECT_EQ(empty.state_dict().toGenericDict().at("state").toGenericDict().size(), 0u);
-  for (const char* name : {"SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "Adamax", "RMSprop", "Rprop"}) {
+  for (const char* name : {"SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "Adamax", "RMSprop", "Rprop", "NAdam",
+                           "RAdam", "ASGD", "Adafactor", "SparseAdam", "Muon"}) {
     SCOPED_TRACE(name);
     OptionsDict o = new_options_dict();
     o.insert("lr", 0.1);
@@ -107,7 +109,7 @@ TEST(RegistryTest, EmptyParameterListNeedsAllowEmptyParamList) {
     again.insert(kAllowEmptyParamList, true);
     expect_error([&] { opt->set_options(again); }, "got an unexpected option '_allow_empty_param_list'");
     // And it asks for nothing when there are parameters.
-    std::vector<at::Tensor> p = {at::zeros({2})};
+    std::vector<at::Tensor> p = {at::zeros({2, 2})};  // 2-D: Muon takes no other
     EXPECT_EQ(FunctionalRegistry::global().create(name, p, o)->params().size(), 1u);
   }
 }

@@ -46,6 +46,21 @@ void round_trip(const char* name, TorchOptions options) {
     functional->step(g);
   }
   for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(a[i].detach().allclose(b[i], 1e-5, 1e-6)) << "torch -> functional " << i;
+  // LibTorch's state, as a PyTorch state dict, has the functional optimizer's keys and types:
+  // "step" a 0-dim float32 tensor (PyTorch 2.x's; RMSprop's was an int).
+  auto entry = [](const c10::IValue& sd) { return sd.toGenericDict().at("state").toGenericDict().at(0).toGenericDict(); };
+  const auto theirs = entry(torch_optim_state_dict(torch_opt));
+  const auto ours = entry(functional->state_dict());
+  EXPECT_EQ(theirs.size(), ours.size());
+  for (const auto& kv : ours) {
+    const std::string& key = kv.key().toStringRef();
+    ASSERT_TRUE(theirs.contains(key)) << key;
+    EXPECT_EQ(theirs.at(key).tagKind(), kv.value().tagKind()) << key;
+    if (kv.value().isTensor()) {
+      EXPECT_EQ(theirs.at(key).toTensor().scalar_type(), kv.value().toTensor().scalar_type()) << key;
+      EXPECT_EQ(theirs.at(key).toTensor().sizes(), kv.value().toTensor().sizes()) << key;
+    }
+  }
 
   // functional -> torch: a fresh LibTorch optimizer continues from the functional state.
   std::vector<at::Tensor> c;

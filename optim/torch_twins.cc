@@ -158,7 +158,7 @@ std::unique_ptr<torch::optim::AdagradParamState> adagrad_state(const Entry& e, c
 
 Entry rmsprop_entry(const torch::optim::RMSpropParamState& s) {
   Entry e = new_entry();
-  e.insert("step", s.step());
+  e.insert("step", float_step(s.step()));  // PyTorch 2.x's RMSprop keeps a float32 tensor, as Adam does
   put(e, "square_avg", s.square_avg());
   put(e, "momentum_buffer", s.momentum_buffer());
   put(e, "grad_avg", s.grad_avg());

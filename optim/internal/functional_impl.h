@@ -14,6 +14,11 @@
 //     template <typename T> static void kernel(const FusedTensor<T>&, int64_t lo, int64_t hi, const Options&);
 //   };
 //   template class TypedFunctionalOptimizer<AdamaxOptions>;    // the class, with its descriptor
+// and, where DescriptorDefaults' do not fit: require_state (state the options need), kFused = false
+// (no kernel or scalars: the update is not elementwise -- Adafactor, SparseAdam, Muon), kScalarSlots
+// (0-dim slots the kernel does not see: NAdam's mu_product), slot_shape_of (Adafactor's row_var),
+// finish (state changed after the update: ASGD's eta and mu), check_params (Muon: 2-D only),
+// kSparseGradients (SparseAdam), kStateAtConstruction with init (Adagrad).
 #ifndef DTRAIN_OPTIM_INTERNAL_FUNCTIONAL_IMPL_H_
 #define DTRAIN_OPTIM_INTERNAL_FUNCTIONAL_IMPL_H_
 
@@ -41,9 +46,28 @@ struct DescriptorDefaults {
   static constexpr bool kNoneForUndefinedSlots = false;
   // State for every parameter at construction (PyTorch's Adagrad), by init(state, param, options).
   static constexpr bool kStateAtConstruction = false;
-  // Checks, before any update, that a parameter's existing state has what the options need.
+  // Checks, before any update, that a parameter's existing state has what the options (and the
+  // parameter, for Adafactor) need.
   template <typename Options>
-  static void require_state(const std::string& optimizer, const ParamState&, size_t index, const Options&) {}
+  static void require_state(const std::string& optimizer, const ParamState&, const at::Tensor& param, size_t index,
+                            const Options&) {}
+  // Whether the update is elementwise and has a fused kernel; false: aten() for every parameter.
+  static constexpr bool kFused = true;
+  // Slots that are 0-dim scalars (created float32 on the CPU, as PyTorch's), not elementwise state:
+  // left out of the kernel's pointers and of the fused path's layout checks.
+  static constexpr std::array<bool, 4> kScalarSlots = {false, false, false, false};
+  // A slot's shape (FunctionalOptimizer::slot_shape): the parameter's, or {} for a scalar slot.
+  template <typename Self>
+  static std::vector<int64_t> slot_shape_of(size_t slot, const at::Tensor& p) {
+    return Self::kScalarSlots[slot] ? std::vector<int64_t>{} : p.sizes().vec();
+  }
+  // Runs after every parameter of the step was updated (state that changes after the update).
+  template <typename Options>
+  static void finish(ParamState&, const Options&) {}
+  // Checks the parameter list at construction (Muon: 2-D only).
+  static void check_params(const std::string& optimizer, const std::vector<at::Tensor>&) {}
+  // Gradients are sparse COO tensors (SparseAdam), not dense ones.
+  static constexpr bool kSparseGradients = false;
 };
 
 inline at::Tensor zeros_like_param(const at::Tensor& p) { return at::zeros_like(p, at::MemoryFormat::Preserve); }
@@ -61,6 +85,13 @@ inline bool count_step(ParamState& s, const at::Tensor& p, std::array<bool, 4> z
   }
   s.step += 1;
   return fresh;
+}
+
+// at::lerp's formula (its scalar path): start + w * (end - start) for |w| < 0.5, else
+// end - (end - start) * (1 - w); PyTorch 2.x's exp_avg.lerp_(grad, 1 - beta1).
+template <typename T>
+inline T lerp(T start, T end, T w) {
+  return (w < T(0.5) && w > T(-0.5)) ? start + w * (end - start) : end - (end - start) * (T(1) - w);
 }
 
 // PyTorch reads state[key] unconditionally once a parameter has state, so switching `option` on
@@ -82,26 +113,29 @@ __attribute__((target("avx2"), flatten)) void kernel_avx2(const FusedTensor<T>& 
   Traits::template kernel<T>(t, lo, hi, o);
 }
 
-// Runs one optimizer's update over (index, gradient) pairs: Traits::require_state on each first
-// (nothing changes when one fails), then Traits::prepare (lazy state, step count), then the fused
-// kernel over all contiguous float/double tensors in one parallel pass, and Traits::aten (ATen
-// operations, PyTorch's exact sequence) over the rest.
+// The fused part of drive(): Traits::prepare on each, then the kernel over all contiguous
+// float/double tensors in one parallel pass, Traits::aten over the rest.
 template <typename Traits, typename Options>
-void drive(const std::string& name, std::vector<at::Tensor>& params, std::vector<ParamState>& state,
-           const Options& o, const std::vector<std::pair<size_t, at::Tensor>>& work) {
-  for (const auto& item : work) Traits::require_state(name, state[item.first], item.first, o);
+void drive_fused(std::vector<at::Tensor>& params, std::vector<ParamState>& state, const Options& o,
+                 const std::vector<std::pair<size_t, at::Tensor>>& work) {
   std::vector<FusedTensor<float>> f32;
   std::vector<FusedTensor<double>> f64;
   for (const auto& [i, g] : work) {
     ParamState& s = state[i];
     const bool first = Traits::prepare(s, params[i], g, o);
-    if (fusable(params[i], g, s.slots)) {
+    std::array<at::Tensor, 4> elementwise;  // the slots the kernel sees
+    for (size_t k = 0; k < 4; ++k) {
+      if (!Traits::kScalarSlots[k]) elementwise[k] = s.slots[k];
+    }
+    if (fusable(params[i], g, elementwise)) {
       auto fill = [&](auto& list, auto* tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
         FusedTensor<T> t;
         t.p = params[i].template data_ptr<T>();
         t.g = g.template data_ptr<T>();
-        for (size_t k = 0; k < 4; ++k) t.s[k] = s.slots[k].defined() ? s.slots[k].template data_ptr<T>() : nullptr;
+        for (size_t k = 0; k < 4; ++k) {
+          t.s[k] = elementwise[k].defined() ? elementwise[k].template data_ptr<T>() : nullptr;
+        }
         t.n = params[i].numel();
         t.first = first;
         Traits::scalars(t.c, s, o);
@@ -125,6 +159,26 @@ void drive(const std::string& name, std::vector<at::Tensor>& params, std::vector
   });
 }
 
+// Runs one optimizer's update over (index, gradient) pairs: Traits::require_state on each first
+// (nothing changes when one fails), then Traits::prepare (lazy state, step count) and the update:
+// the fused kernel over all contiguous float/double tensors in one parallel pass, Traits::aten
+// (ATen operations, PyTorch's exact sequence) over the rest, or over all when !Traits::kFused;
+// then Traits::finish on each.
+template <typename Traits, typename Options>
+void drive(const std::string& name, std::vector<at::Tensor>& params, std::vector<ParamState>& state,
+           const Options& o, const std::vector<std::pair<size_t, at::Tensor>>& work) {
+  for (const auto& [i, g] : work) Traits::require_state(name, state[i], params[i], i, o);
+  if constexpr (Traits::kFused) {
+    drive_fused<Traits>(params, state, o, work);
+  } else {
+    for (const auto& [i, g] : work) {
+      const bool first = Traits::prepare(state[i], params[i], g, o);
+      Traits::aten(state[i], params[i], g, o, first);
+    }
+  }
+  for (const auto& item : work) Traits::finish(state[item.first], o);
+}
+
 }  // namespace dtrain::optim::internal
 
 namespace dtrain::optim {
@@ -138,6 +192,7 @@ TypedFunctionalOptimizer<Options>::TypedFunctionalOptimizer(std::vector<at::Tens
               "(pass allow_empty_param_list = true, PyTorch's _allow_empty_param_list=True, where an empty "
               "list is expected, e.g. a ZeroRedundancyOptimizer rank that owns no parameter)");
   using D = internal::Descriptor<Options>;
+  D::check_params(name(), params_);
   if constexpr (D::kStateAtConstruction) {
     for (size_t i = 0; i < params_.size(); ++i) D::init(state_[i], params_[i], options_);
   }
@@ -176,6 +231,17 @@ std::array<const char*, 4> TypedFunctionalOptimizer<Options>::slot_names() const
 template <typename Options>
 bool TypedFunctionalOptimizer<Options>::none_for_undefined_slots() const {
   return internal::Descriptor<Options>::kNoneForUndefinedSlots;
+}
+
+template <typename Options>
+std::vector<int64_t> TypedFunctionalOptimizer<Options>::slot_shape(size_t slot, const at::Tensor& param) const {
+  using D = internal::Descriptor<Options>;
+  return D::template slot_shape_of<D>(slot, param);
+}
+
+template <typename Options>
+bool TypedFunctionalOptimizer<Options>::takes_sparse_gradients() const {
+  return internal::Descriptor<Options>::kSparseGradients;
 }
 
 }  // namespace dtrain::optim

@@ -54,6 +54,13 @@ CASES = {
     "adamax": ("Adamax", [dict(lr=0.02)], [[(4,), (2, 3)]], torch.float32, False),
     "adadelta": ("Adadelta", [dict(lr=1.0, rho=0.8)], [[(5,)]], torch.float32, False),
     "rprop": ("Rprop", [dict(lr=0.01)], [[(6,), (3,)]], torch.float32, False),
+    # torch.optim's elementwise ones beyond torch.distributed.optim's (float32: PyTorch's
+    # load_state_dict casts NAdam's and ASGD's float32 scalar state to the parameter's dtype, so a
+    # float64 run continued after loading differs from one that never stopped, in PyTorch too).
+    "nadam": ("NAdam", [dict(lr=0.01, weight_decay=0.1, decoupled_weight_decay=True)], [[(4,), (2, 3)]],
+              torch.float32, False),
+    "radam": ("RAdam", [dict(lr=0.01, weight_decay=0.05)], [[(5,), (3,)]], torch.float32, False),
+    "asgd": ("ASGD", [dict(lr=0.05, t0=1.0)], [[(6,), (2, 2)]], torch.float32, False),
 }
 
 

@@ -1,24 +1,32 @@
 #!/usr/bin/python3
 """Writes the reference trajectories the optim/ parity tests compare against.
 
-Regenerate (PyTorch 1.13 from Debian's python3-torch is the oracle):
-    /usr/bin/python3 optim/testdata/make_reference.py optim/testdata
+Regenerate the checked-in files (PyTorch 2.14 of the default Debian sid root is the oracle):
+    ./bazelw --exec /usr/bin/python3 optim/testdata/make_reference.py optim/testdata
+An optimizer the installed PyTorch lacks (Muon before 2.9) is skipped, with a line on stderr,
+and its file left alone.
 
 For each optimizer, cases covering every option that changes the math, three parameters of
-different shapes, 50 steps, and gradients missing on some steps (parameter 1 every 7th step,
-parameter 2 for the first 5: lazy state initialisation). Each case runs twice from the same
-inputs: in float64 (to see rounding) and float32 (what the C++ fp32 run must match).
+different shapes (2-D ones for Muon), 50 steps, and gradients missing on some steps (parameter 1
+every 7th step, parameter 2 for the first 5: lazy state initialisation). Each case runs twice from
+the same inputs: in float64 (to see rounding) and float32 (what the C++ fp32 run must match).
+SparseAdam's gradients have rows of zeros (parameter 1's are all zero every 5th step) and reach
+the optimizer as g.to_sparse(1), which drops those rows.
 
-File format (LibTorch 1.13 cannot unpickle Python's torch.save, so: text header + raw doubles):
+File format (text header + raw doubles, readable without an unpickler):
     dtrain-optim-reference 1
     optimizer NAME
     case NAME
-    options key=value ...        (floats, True/False, tuples as a,b; "none" for None)
+    options key=value ...        (floats, ints, True/False, strings, tuples as a,b(,c); "none"
+                                  for None, also inside a tuple)
     shapes 3,4 5 2,1,3
+    sparse_grads 1               (only where the gradients are given as g.to_sparse(1))
     steps 50
     missing PARAM:STEP ...
-    state PARAM KEY NUMEL        (one line per state entry after the last step, float64 run;
-                                  NUMEL "none" for a None value, which has no data)
+    state PARAM KEY NUMEL KIND   (one line per state entry after the last step, float64 run;
+                                  NUMEL "none" for a None value, which has no data; KIND the
+                                  value's type in PyTorch's state: a tensor's dtype (float32,
+                                  float64) or a Python type (int))
     end
     ... more cases ...
     data
@@ -26,13 +34,14 @@ then, little-endian float64, per case in order: the initial parameters (concaten
 the gradients (zeros where missing), the float64 parameters and the float32 parameters after the
 step, and finally the float64 run's state values in `state` line order.
 """
-import math
-import struct
+import inspect
 import sys
 
 import torch
 
 SHAPES = [(3, 4), (5,), (2, 1, 3)]
+SHAPES_FOR = {"Muon": [(3, 4), (5, 2), (4, 4)]}  # Muon takes 2-D parameters only
+SPARSE_GRADS = {"SparseAdam"}  # gradients passed as g.to_sparse(1)
 STEPS = 50
 
 
@@ -114,6 +123,38 @@ CASES = {
         dict(lr=0.02, etas=(0.3, 1.5), step_sizes=(1e-3, 0.1)),
         dict(lr=0.01, maximize=True),
     ],
+    "NAdam": [
+        dict(lr=0.01),
+        dict(lr=0.01, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.1, momentum_decay=0.01),
+        dict(lr=0.01, weight_decay=0.1, decoupled_weight_decay=True),
+        dict(lr=0.01, momentum_decay=0.0, maximize=True),
+    ],
+    "RAdam": [
+        dict(lr=0.01),
+        dict(lr=0.01, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.1),
+        dict(lr=0.01, weight_decay=0.1, decoupled_weight_decay=True),
+        dict(lr=0.01, betas=(0.5, 0.9), maximize=True),
+    ],
+    "ASGD": [
+        dict(lr=0.01),
+        dict(lr=0.05, lambd=0.01, alpha=0.5, t0=10.0, weight_decay=0.1),
+        dict(lr=0.02, t0=0.0, maximize=True),
+    ],
+    "Adafactor": [
+        dict(lr=0.01),
+        dict(lr=0.05, beta2_decay=-0.5, eps=(1e-4, 1e-2), d=2.0, weight_decay=0.1),
+        dict(lr=0.5, eps=(None, 1e-3), d=1.0, maximize=True),
+    ],
+    "SparseAdam": [
+        dict(lr=0.01),
+        dict(lr=0.01, betas=(0.8, 0.95), eps=1e-6, maximize=True),
+    ],
+    "Muon": [
+        dict(lr=0.02),
+        dict(lr=0.02, weight_decay=0.0, momentum=0.9, nesterov=False, adjust_lr_fn="match_rms_adamw"),
+        dict(lr=0.02, ns_coefficients=(3.0, -3.2, 1.2), eps=1e-5, ns_steps=3, adjust_lr_fn="spectral_unclamped"),
+        dict(lr=0.02, momentum=0.0, adjust_lr_fn="original"),
+    ],
     "QHM": [
         dict(lr=0.1, momentum=0.9, nu=0.7),
         dict(lr=0.1, momentum=0.9, nu=0.7, weight_decay=0.1, weight_decay_type="grad"),
@@ -125,20 +166,37 @@ CASES = {
 def make(name, options, params):
     if name == "QHM":
         return QHM(params, **options)
+    cls = getattr(torch.optim, name)
     kwargs = dict(options)
-    if name != "QHM":
-        kwargs["foreach"] = False
-    return getattr(torch.optim, name)(params, **kwargs)
+    if "foreach" in inspect.signature(cls).parameters:
+        kwargs["foreach"] = False  # the single-tensor implementation is the spec
+    return cls(params, **kwargs)
+
+
+def available(name):
+    return name == "QHM" or hasattr(torch.optim, name)
 
 
 def fmt(v):
+    if v is None:
+        return "none"
     if isinstance(v, bool):
         return "True" if v else "False"
     if isinstance(v, tuple):
-        return ",".join(repr(float(x)) for x in v)
+        return ",".join(fmt(float(x) if isinstance(x, int) else x) for x in v)
     if isinstance(v, str):
         return v
+    if isinstance(v, int):
+        return str(v)
     return repr(float(v))
+
+
+def sparse_mask(gen, shape, param, step):
+    """SparseAdam's gradients: zero rows (all of parameter 1 every 5th step: an empty gradient)."""
+    keep = (torch.rand(shape[0], generator=gen, dtype=torch.float64) < 0.6).double()
+    if param == 1 and step % 5 == 2:
+        keep.zero_()
+    return keep.reshape((shape[0],) + (1,) * (len(shape) - 1))
 
 
 def run(name, options, init, grads, dtype):
@@ -147,7 +205,10 @@ def run(name, options, init, grads, dtype):
     traj = []
     for step in range(STEPS):
         for i, p in enumerate(params):
-            p.grad = None if missing(i, step) else grads[step][i].to(dtype).clone()
+            g = None if missing(i, step) else grads[step][i].to(dtype).clone()
+            if g is not None and name in SPARSE_GRADS:
+                g = g.to_sparse(1)
+            p.grad = g
         opt.step()
         traj.append([p.detach().clone().double() for p in params])
     return traj, opt, params
@@ -156,21 +217,27 @@ def run(name, options, init, grads, dtype):
 def write(name, out_dir):
     header = ["dtrain-optim-reference 1", "optimizer " + name]
     blob = []
+    shapes = SHAPES_FOR.get(name, SHAPES)
     for ci, options in enumerate(CASES[name]):
         gen = torch.Generator().manual_seed(1000 + ci)
-        init = [torch.randn(s, generator=gen, dtype=torch.float64) for s in SHAPES]
+        init = [torch.randn(s, generator=gen, dtype=torch.float64) for s in shapes]
         # fp32-representable inputs, so both runs start from identical numbers.
         init = [t.float().double() for t in init]
-        grads = [[torch.randn(s, generator=gen, dtype=torch.float64).float().double() for s in SHAPES]
+        grads = [[torch.randn(s, generator=gen, dtype=torch.float64).float().double() for s in shapes]
                  for _ in range(STEPS)]
+        if name in SPARSE_GRADS:
+            grads = [[g * sparse_mask(gen, g.shape, i, step) for i, g in enumerate(row)]
+                     for step, row in enumerate(grads)]
         t64, opt64, params64 = run(name, options, init, grads, torch.float64)
         t32, _, _ = run(name, options, init, grads, torch.float32)
         header.append("case %s_%d" % (name, ci))
         header.append("options " + " ".join("%s=%s" % (k, fmt(v)) for k, v in options.items()))
-        header.append("shapes " + " ".join(",".join(str(d) for d in s) for s in SHAPES))
+        header.append("shapes " + " ".join(",".join(str(d) for d in s) for s in shapes))
+        if name in SPARSE_GRADS:
+            header.append("sparse_grads 1")
         header.append("steps %d" % STEPS)
         header.append("missing " + " ".join("%d:%d" % (i, s) for s in range(STEPS)
-                                            for i in range(len(SHAPES)) if missing(i, s)))
+                                            for i in range(len(shapes)) if missing(i, s)))
         state_values = []
         for i, p in enumerate(params64):
             for key in sorted(opt64.state[p].keys()):
@@ -179,14 +246,15 @@ def write(name, out_dir):
                     header.append("state %d %s none" % (i, key))
                     continue
                 t = v.detach().double().reshape(-1) if torch.is_tensor(v) else torch.tensor([float(v)], dtype=torch.float64)
-                header.append("state %d %s %d" % (i, key, t.numel()))
+                kind = str(v.dtype).replace("torch.", "") if torch.is_tensor(v) else type(v).__name__
+                header.append("state %d %s %d %s" % (i, key, t.numel(), kind))
                 state_values.append(t)
         header.append("end")
         for t in init:
             blob.append(t.reshape(-1))
         for s in range(STEPS):
-            for i in range(len(SHAPES)):
-                blob.append(torch.zeros(SHAPES[i], dtype=torch.float64).reshape(-1) if missing(i, s)
+            for i in range(len(shapes)):
+                blob.append(torch.zeros(shapes[i], dtype=torch.float64).reshape(-1) if missing(i, s)
                             else grads[s][i].reshape(-1))
             blob.extend(t.reshape(-1) for t in t64[s])
             blob.extend(t.reshape(-1) for t in t32[s])
@@ -201,5 +269,9 @@ def write(name, out_dir):
 if __name__ == "__main__":
     out = sys.argv[1] if len(sys.argv) > 1 else "."
     for name in CASES:
+        if not available(name):
+            print("skipped %s: PyTorch %s has no torch.optim.%s (no %s/%s.ref written)"
+                  % (name, torch.__version__, name, out, name.lower()), file=sys.stderr)
+            continue
         write(name, out)
         print("wrote %s/%s.ref" % (out, name.lower()))
