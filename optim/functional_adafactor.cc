@@ -39,6 +39,8 @@ std::vector<int64_t> with_one_at(const at::Tensor& p, int64_t dim) {
 
 template <>
 struct Descriptor<AdafactorOptions> : DescriptorDefaults {
+  // The second moment of a matrix is factored into row and column statistics: a slice is not.
+  static constexpr bool kWholeParameters = true;
   static OptionTable<AdafactorOptions> options() {
     return OptionTable<AdafactorOptions>("Adafactor", AdafactorOptions())
         .option(DTRAIN_OPTION(lr), at_least("Learning rate", 0.0, "0"))

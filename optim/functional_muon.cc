@@ -49,6 +49,8 @@ OptionRule<double> at_least_zero(const char* what) {
 
 template <>
 struct Descriptor<MuonOptions> : DescriptorDefaults {
+  // Newton-Schulz orthogonalises whole matrices.
+  static constexpr bool kWholeParameters = true;
   static OptionTable<MuonOptions> options() {
     return OptionTable<MuonOptions>("Muon", MuonOptions())
         .option(DTRAIN_OPTION(lr), at_least_zero("Learning rate"))

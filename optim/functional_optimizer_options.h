@@ -207,6 +207,9 @@ class TypedFunctionalOptimizer : public FunctionalOptimizer {
 
   // Name, keys, checks and registry defaults of this optimizer's options.
   static const OptionTable<Options>& option_table();
+  // Whether the update needs each parameter whole, in its shape (Adafactor, Muon): see
+  // FunctionalRegistry::needs_whole_parameters.
+  static bool needs_whole_parameters();
 
   const Options& options() const { return options_; }
   void set_options(const Options& options) {

@@ -26,6 +26,7 @@ void register_builtin(FunctionalRegistry& r) {
     return std::unique_ptr<FunctionalOptimizer>(
         std::make_unique<Functional>(std::move(params), table.resolve(rest), allow_empty));
   });
+  r.set_whole_parameters(table.name(), Functional::needs_whole_parameters());
 }
 
 }  // namespace
@@ -59,6 +60,7 @@ void FunctionalRegistry::register_optimizer(const std::string& name, FunctionalF
   TORCH_CHECK(factory != nullptr, "register_optimizer: null factory for '", name, "'");
   std::unique_lock<std::shared_mutex> lock(mu_);
   factories_[name] = std::move(factory);
+  whole_parameters_.erase(name);  // a replaced built-in's flag no longer applies
 }
 
 void FunctionalRegistry::register_type(std::type_index type, const std::string& name) {
@@ -78,6 +80,17 @@ std::optional<std::string> FunctionalRegistry::twin_name(std::type_index type) c
 bool FunctionalRegistry::contains(const std::string& name) const {
   std::shared_lock<std::shared_mutex> lock(mu_);
   return factories_.count(name) > 0;
+}
+
+bool FunctionalRegistry::needs_whole_parameters(const std::string& name) const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  auto it = whole_parameters_.find(name);
+  return it != whole_parameters_.end() && it->second;
+}
+
+void FunctionalRegistry::set_whole_parameters(const std::string& name, bool whole) {
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  whole_parameters_[name] = whole;
 }
 
 std::vector<std::string> FunctionalRegistry::names() const {

@@ -53,6 +53,14 @@ class FunctionalRegistry {
   }
 
   bool contains(const std::string& name) const;
+  // Whether the optimizer registered under `name` updates each parameter whole, in its shape
+  // (the built-in Adafactor and Muon): ZeroRedundancyOptimizer refuses to cut its parameters into
+  // element ranges. False for other names unless set_whole_parameters said so.
+  bool needs_whole_parameters(const std::string& name) const;
+  // Marks the optimizer registered under `name` as one that needs whole parameters (the built-ins
+  // do this for themselves; a caller registering such an optimizer can too). register_optimizer
+  // clears the mark.
+  void set_whole_parameters(const std::string& name, bool whole);
   template <typename TorchOptimizer>
   bool has_twin() const {
     return twin_name(std::type_index(typeid(TorchOptimizer))).has_value();
@@ -87,6 +95,7 @@ class FunctionalRegistry {
   mutable std::shared_mutex mu_;
   std::map<std::string, FunctionalFactory> factories_;
   std::map<std::type_index, std::string> twins_;
+  std::map<std::string, bool> whole_parameters_;
 };
 
 // PyTorch-named options (an OptionsDict) from LibTorch's options object for torch::optim::SGD,

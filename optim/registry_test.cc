@@ -172,5 +172,25 @@ TEST(RegistryTest, ClearErrors) {
   EXPECT_THAT(r.names(), Contains("Rprop"));
 }
 
+// Which optimizers need whole parameters is the optimizer's own fact (its descriptor), read
+// through the registry by ZeroRedundancyOptimizer; replacing a built-in clears it.
+TEST(RegistryTest, WholeParameterOptimizers) {
+  FunctionalRegistry& r = FunctionalRegistry::global();
+  for (const std::string& name : r.names()) {
+    EXPECT_EQ(r.needs_whole_parameters(name), name == "Adafactor" || name == "Muon") << name;
+  }
+  EXPECT_FALSE(r.needs_whole_parameters("NoSuchOptimizer"));
+  r.register_optimizer("WholeForTest", [](std::vector<at::Tensor>, const OptionsDict&) {
+    return std::unique_ptr<FunctionalOptimizer>();
+  });
+  EXPECT_FALSE(r.needs_whole_parameters("WholeForTest"));
+  r.set_whole_parameters("WholeForTest", true);
+  EXPECT_TRUE(r.needs_whole_parameters("WholeForTest"));
+  r.register_optimizer("WholeForTest", [](std::vector<at::Tensor>, const OptionsDict&) {
+    return std::unique_ptr<FunctionalOptimizer>();
+  });
+  EXPECT_FALSE(r.needs_whole_parameters("WholeForTest"));
+}
+
 }  // namespace
 }  // namespace dtrain::optim

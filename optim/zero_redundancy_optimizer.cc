@@ -13,6 +13,7 @@
 #include "comm/object_collectives.h"
 #include "optim/internal/zero_layout.h"
 #include "optim/internal/zero_state.h"
+#include "optim/registry.h"
 #include "optim/torch_state.h"
 #include "optim/torch_twins.h"
 
@@ -76,6 +77,12 @@ void ZeroRedundancyOptimizer::init(std::vector<torch::optim::OptimizerParamGroup
   for (const auto& g : param_groups) torch::optim::Optimizer::add_param_group(g);
   validate_params();
   check_zero_options(options_, param_groups_.size());
+  const bool element_ranges = options_.strategy == PartitionStrategy::kFlat || options_.shard_gradients;
+  TORCH_CHECK(!element_ranges || !FunctionalRegistry::global().needs_whole_parameters(local_factory_.functional_name),
+              "ZeroRedundancyOptimizer: ", local_factory_.functional_name, " updates each parameter whole, in its "
+              "shape, but ", options_.shard_gradients ? "shard_gradients" : "partition_strategy=kFlat",
+              " cuts parameters into element ranges, which would change its math; use "
+              "PartitionStrategy::kSortedGreedy (whole parameters per rank, PyTorch's) without shard_gradients");
   // One name per instance for control-plane keys (rank 0's), and a check that every rank built
   // the same optimizer: mismatched settings would otherwise pair unrelated collectives.
   std::string fingerprint = absl::StrCat(zero_options_fingerprint(options_), " groups=", param_groups_.size(),

@@ -60,6 +60,9 @@ class ZeroLayout;
 struct LocalOptimizer {
   std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::optim::OptimizerParamGroup>)> make;
   std::unique_ptr<torch::optim::OptimizerOptions> defaults;
+  // The functional optimizer's registry name (local_optimizer<Adapter>(name, ...)); empty for a
+  // LibTorch type. Lets the constructor refuse a partition the optimizer's math cannot take.
+  std::string functional_name;
 };
 
 // A LibTorch optimizer type as the local optimizer: local_optimizer<torch::optim::Adam>(AdamOptions(1e-3)).
@@ -79,6 +82,7 @@ template <typename Adapter>
 LocalOptimizer local_optimizer(const std::string& name, const OptionsDict& defaults) {
   LocalOptimizer l;
   l.defaults = std::make_unique<DictOptions>(defaults.copy());
+  l.functional_name = name;
   l.make = [name, defaults](std::vector<torch::optim::OptimizerParamGroup> groups) {
     return std::unique_ptr<torch::optim::Optimizer>(std::make_unique<Adapter>(std::move(groups), name, defaults.copy()));
   };

@@ -1,6 +1,7 @@
 // ZeroRedundancyOptimizer's semantics at the edges PyTorch users meet: a manual partition that
 // leaves parameters to no rank, state indices that do not exist, state_dict() after a later step,
-// what parameters_as_bucket_view does to parameter storage, and step(closure)'s loss and update.
+// what parameters_as_bucket_view does to parameter storage, step(closure)'s loss and update, and
+// optimizers that need whole parameters.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -169,6 +170,38 @@ TEST(ZeroSemanticsTest, StepWithClosureReturnsItsLossAndStepsOnce) {
       set_averaged_grads(g, ref, s);
       plain->step();
       for (size_t i = 0; i < p.size(); ++i) EXPECT_TRUE(p[i].allclose(ref[i], 1e-6, 1e-7)) << "step " << s << " param " << i;
+    }
+  });
+}
+
+// Adafactor and Muon update each parameter whole (a factored second moment, orthogonalised
+// matrices): ZeRO gives each to one rank whole (sorted-greedy, PyTorch's partition) and refuses a
+// partition that cuts parameters into element ranges, on every rank, before any collective.
+TEST(ZeroSemanticsTest, WholeParameterOptimizersRefuseTheFlatPartition) {
+  run_ranks_as_threads(2, [](comm::Group& g) {
+    for (const char* name : {"Adafactor", "Muon"}) {
+      SCOPED_TRACE(name);
+      std::vector<at::Tensor> p;  // the same on every rank
+      for (auto [r, c] : {std::pair{4, 3}, std::pair{5, 2}, std::pair{3, 3}}) {
+        p.push_back(at::cos(at::arange(r * c, at::kFloat) * 0.7 + r).view({r, c}).requires_grad_());
+      }
+      ZeroOptions flat = zero_options(g, false);
+      flat.strategy = PartitionStrategy::kFlat;
+      expect_error([&] { ZeroRedundancyOptimizer(p, local_optimizer<FunctionalOptimizerAdapter>(name, {{"lr", 0.01}}), flat); },
+                   std::string(name) + " updates each parameter whole, in its shape, but partition_strategy=kFlat");
+      // Whole parameters per rank: it trains, as the optimizer alone would on each parameter.
+      std::vector<at::Tensor> ref = clone_params(p);
+      ZeroRedundancyOptimizer zero(p, local_optimizer<FunctionalOptimizerAdapter>(name, {{"lr", 0.01}}),
+                                   zero_options(g, false));
+      std::unique_ptr<torch::optim::Optimizer> plain =
+          local_optimizer<FunctionalOptimizerAdapter>(name, {{"lr", 0.01}}).make({torch::optim::OptimizerParamGroup(ref)});
+      for (int s = 0; s < 2; ++s) {
+        set_averaged_grads(g, p, s);
+        set_averaged_grads(g, ref, s);
+        zero.step();
+        plain->step();
+      }
+      for (size_t i = 0; i < p.size(); ++i) EXPECT_TRUE(p[i].allclose(ref[i], 1e-6, 1e-7)) << "param " << i;
     }
   });
 }

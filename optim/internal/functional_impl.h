@@ -66,6 +66,10 @@ struct DescriptorDefaults {
   static void finish(ParamState&, const Options&) {}
   // Checks the parameter list at construction (Muon: 2-D only).
   static void check_params(const std::string& optimizer, const std::vector<at::Tensor>&) {}
+  // Whether the update needs each parameter whole, in its shape (Adafactor's factored second
+  // moment, Muon's orthogonalised matrices): then a ZeRO partition that cuts parameters into
+  // element ranges would change the math, and ZeroRedundancyOptimizer refuses it.
+  static constexpr bool kWholeParameters = false;
   // Gradients are sparse COO tensors (SparseAdam), not dense ones.
   static constexpr bool kSparseGradients = false;
 };
@@ -202,6 +206,11 @@ template <typename Options>
 const OptionTable<Options>& TypedFunctionalOptimizer<Options>::option_table() {
   static const OptionTable<Options>* table = new OptionTable<Options>(internal::Descriptor<Options>::options());
   return *table;
+}
+
+template <typename Options>
+bool TypedFunctionalOptimizer<Options>::needs_whole_parameters() {
+  return internal::Descriptor<Options>::kWholeParameters;
 }
 
 template <typename Options>
