@@ -160,6 +160,7 @@ absl::StatusOr<Outcome> run_attempt(const Job& job, int port, int attempt, const
           if (outcome.code == 0) outcome.code = 128 + sig;
           kill_at = std::chrono::steady_clock::now() + std::chrono::milliseconds(job.grace_ms);
         } else {
+          std::fprintf(stderr, "launch: got signal %d while stopping the ranks; killing them\n", sig);
           ranks.signal_all(SIGKILL);
         }
       }

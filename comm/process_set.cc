@@ -96,13 +96,25 @@ absl::Status ProcessSet::start(const ProcessSpec& spec) {
     return absl::InternalError(absl::StrCat("pipe: ", std::strerror(e)));
   }
   const pid_t parent = ::getpid();
+  // Signals stay blocked from before fork until the child has put their default actions back:
+  // otherwise a signal_all right after start could reach the child while it still runs the
+  // parent's handlers -- the launcher's writes the signal into the launcher's own wake-up pipe,
+  // so the launcher took its own SIGTERM to a rank for one sent to it (and stopped restarting).
+  sigset_t all, old;
+  ::sigfillset(&all);
+  ::pthread_sigmask(SIG_SETMASK, &all, &old);
   const pid_t pid = ::fork();
   if (pid < 0) {
     const int e = errno;
+    ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
     close_all();
     return absl::InternalError(absl::StrCat("fork: ", std::strerror(e)));
   }
   if (pid == 0) {
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) ::sigaction(sig, &dfl, nullptr);
+    ::pthread_sigmask(SIG_SETMASK, &old, nullptr);  // a signal that came meanwhile acts now, by default
     // Dies with its parent (kill -9 included); the check after prctl covers a parent that died
     // before it.
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -112,9 +124,6 @@ absl::Status ProcessSet::start(const ProcessSpec& spec) {
       ::dup2(out[1], 1);
       ::dup2(split ? err[1] : out[1], 2);  // dup2 clears O_CLOEXEC on the copies
     }
-    struct sigaction dfl {};
-    dfl.sa_handler = SIG_DFL;
-    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) ::sigaction(sig, &dfl, nullptr);
     ::execvpe(argv[0], argv.data(), envp.data());
     const char* why = std::strerror(errno);
     write_all(2, cannot_start);
@@ -123,6 +132,7 @@ absl::Status ProcessSet::start(const ProcessSpec& spec) {
     ::_exit(127);
   }
   ::setpgid(pid, pid);  // also here: no race with a signal_all right after start
+  ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
   Member m;
   m.pid = pid;
   if (piped) {

@@ -172,5 +172,44 @@ TEST(ProcessSetTest, SignalAllAndKillAll) {
   EXPECT_NE(free_port(), 0);
 }
 
+int g_wake[2] = {-1, -1};
+void write_wake(int sig) {
+  const char c = static_cast<char>(sig);
+  [[maybe_unused]] ssize_t n = ::write(g_wake[1], &c, 1);
+}
+
+// A signal sent to a child right after start must act on the child by default, never run this
+// process's handler in the child: the launcher's handler writes to its wake-up pipe, which the
+// child shares until exec, and the launcher once took its own SIGTERM to a rank for one sent to it.
+TEST(ProcessSetTest, ASignalRightAfterStartNeverRunsTheParentsHandler) {
+  ASSERT_EQ(::pipe(g_wake), 0);
+  struct sigaction sa {}, old {};
+  sa.sa_handler = write_wake;
+  ::sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGTERM, &sa, &old);
+  int killed_by_term = 0;
+  for (int i = 0; i < 200; ++i) {
+    ProcessSet set;
+    ProcessSpec spec;
+    spec.argv = {"/bin/sleep", "10"};
+    ASSERT_TRUE(set.start(spec).ok());
+    set.signal_all(SIGTERM);  // at once: the child may not have reached exec yet
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (!set.done() && std::chrono::steady_clock::now() < give_up) {
+      set.poll(std::chrono::milliseconds(20), [](int, Pipe, const char*, size_t) {});
+      for (int k : set.reap()) killed_by_term += set.exit_code(k) == 128 + SIGTERM ? 1 : 0;
+    }
+    if (!set.done()) break;  // the child survived its SIGTERM (the destructor kills it)
+  }
+  ::sigaction(SIGTERM, &old, nullptr);
+  ::close(g_wake[1]);
+  char c;
+  int handled = 0;
+  while (::read(g_wake[0], &c, 1) == 1) ++handled;
+  ::close(g_wake[0]);
+  EXPECT_EQ(handled, 0) << "the parent's SIGTERM handler ran (in a child) " << handled << " times";
+  EXPECT_EQ(killed_by_term, 200) << "children that survived a SIGTERM sent right after start";
+}
+
 }  // namespace
 }  // namespace dtrain::comm
