@@ -78,8 +78,7 @@ package(default_visibility = ["//visibility:public"])
 
 cc_library(
     name = "torch",
-    hdrs = glob(["include/**/*.h", "include/**/*.hpp", "include/**/*.cuh", "cuda_include/**/*.h",
-                 "cuda_include/**/*.hpp"], allow_empty = True),
+    hdrs = glob(["include/**/*.h", "include/**/*.hpp", "include/**/*.cuh", "cuda_include/**"], allow_empty = True),
     includes = ["include", "include/torch/csrc/api/include"] + {cuda_includes},
     defines = {defines},
     linkopts = {linkopts},
