@@ -20,19 +20,21 @@ absl::Status transport_error(const char* op) {
   return absl::DeadlineExceededError(absl::StrCat(s.message(), " (did every rank call ", op, "?)"));
 }
 
-absl::StatusOr<at::Tensor> serialize(const c10::IValue& obj, const char* op) {
+// The object's pickle as a byte tensor on `device` (the group's: NCCL refuses CPU tensors).
+absl::StatusOr<at::Tensor> serialize(const c10::IValue& obj, c10::Device device, const char* op) {
   try {
     std::vector<char> bytes = torch::jit::pickle_save(obj);
     at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
     std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
-    return t;
+    return t.to(device);
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat(op, ": cannot serialize the object: ", e.what()));
   }
 }
 
-absl::StatusOr<c10::IValue> deserialize(const at::Tensor& bytes, int64_t size, const char* op) {
+absl::StatusOr<c10::IValue> deserialize(const at::Tensor& device_bytes, int64_t size, const char* op) {
   try {
+    const at::Tensor bytes = device_bytes.cpu();
     const char* p = static_cast<const char*>(bytes.data_ptr());
     return torch::jit::pickle_load(std::vector<char>(p, p + size));
   } catch (const std::exception& e) {
@@ -57,10 +59,11 @@ absl::Status broadcast_object(const Group& group, c10::IValue& obj, int src) {
   constexpr const char* op = "broadcast_object";
   if (absl::Status s = check_root(group, src, "src", op); !s.ok()) return s;
   const bool me = group.rank() == src;
+  const c10::Device device = group.device();
   at::Tensor bytes;
-  at::Tensor size = at::zeros({1}, at::kLong);
+  at::Tensor size = at::zeros({1}, at::TensorOptions().dtype(at::kLong).device(device));
   if (me) {
-    auto t = serialize(obj, op);
+    auto t = serialize(obj, device, op);
     if (!t.ok()) return t.status();
     bytes = *std::move(t);
     size.fill_(bytes.numel());
@@ -70,7 +73,7 @@ absl::Status broadcast_object(const Group& group, c10::IValue& obj, int src) {
     bo.rootRank = src;
     std::vector<at::Tensor> sv = {size};
     group->broadcast(sv, bo)->wait();
-    if (!me) bytes = at::empty({size.item<int64_t>()}, at::kByte);
+    if (!me) bytes = at::empty({size.item<int64_t>()}, at::TensorOptions().dtype(at::kByte).device(device));
     std::vector<at::Tensor> bv = {bytes};
     group->broadcast(bv, bo)->wait();
   } catch (...) {
@@ -88,23 +91,26 @@ absl::StatusOr<std::vector<c10::IValue>> all_gather_object(const Group& group,
                                                            const c10::IValue& obj) {
   constexpr const char* op = "all_gather_object";
   if (absl::Status s = check_root(group, 0, "rank", op); !s.ok()) return s;
-  auto mine = serialize(obj, op);
+  const c10::Device device = group.device();
+  const at::TensorOptions longs = at::TensorOptions().dtype(at::kLong).device(device);
+  const at::TensorOptions bytes = at::TensorOptions().dtype(at::kByte).device(device);
+  auto mine = serialize(obj, device, op);
   if (!mine.ok()) return mine.status();
   const int n = group.size();
   std::vector<at::Tensor> padded(n);
-  at::Tensor sizes = at::empty({n}, at::kLong);
+  at::Tensor sizes = at::empty({n}, longs);
   try {
     // Sizes first, then one all-gather of buffers padded to the largest.
     std::vector<std::vector<at::Tensor>> out(1);
     for (int r = 0; r < n; ++r) out[0].push_back(sizes.narrow(0, r, 1));
-    std::vector<at::Tensor> in = {at::full({1}, mine->numel(), at::kLong)};
+    std::vector<at::Tensor> in = {at::full({1}, mine->numel(), longs)};
     group->allgather(out, in)->wait();
     const int64_t max_size = sizes.max().item<int64_t>();
-    at::Tensor send = at::zeros({max_size}, at::kByte);
+    at::Tensor send = at::zeros({max_size}, bytes);
     send.narrow(0, 0, mine->numel()).copy_(*mine);
     std::vector<std::vector<at::Tensor>> recv(1);
     for (int r = 0; r < n; ++r) {
-      padded[r] = at::empty({max_size}, at::kByte);
+      padded[r] = at::empty({max_size}, bytes);
       recv[0].push_back(padded[r]);
     }
     std::vector<at::Tensor> sendv = {send};
@@ -114,8 +120,9 @@ absl::StatusOr<std::vector<c10::IValue>> all_gather_object(const Group& group,
   }
   std::vector<c10::IValue> objects;
   objects.reserve(n);
+  const at::Tensor host_sizes = sizes.cpu();
   for (int r = 0; r < n; ++r) {
-    auto v = deserialize(padded[r], sizes[r].item<int64_t>(), op);
+    auto v = deserialize(padded[r], host_sizes[r].item<int64_t>(), op);
     if (!v.ok()) return v.status();
     objects.push_back(*std::move(v));
   }
@@ -126,18 +133,20 @@ absl::StatusOr<std::vector<c10::IValue>> gather_object(const Group& group, const
                                                        int dst) {
   constexpr const char* op = "gather_object";
   if (absl::Status s = check_root(group, dst, "dst", op); !s.ok()) return s;
-  auto mine = serialize(obj, op);
+  const c10::Device device = group.device();
+  const at::TensorOptions longs = at::TensorOptions().dtype(at::kLong).device(device);
+  auto mine = serialize(obj, device, op);
   if (!mine.ok()) return mine.status();
   const int n = group.size();
   const bool me = group.rank() == dst;
   // Sizes go to dst only; then every other rank sends exactly its bytes to dst, point to point,
   // so no rank but dst ever holds another rank's object (no padding, no all-gather).
-  at::Tensor sizes = at::empty({n}, at::kLong);
+  at::Tensor sizes = at::empty({n}, longs);
   std::vector<at::Tensor> received(n);
   try {
     c10d::GatherOptions go;
     go.rootRank = dst;
-    std::vector<at::Tensor> in = {at::full({1}, mine->numel(), at::kLong)};
+    std::vector<at::Tensor> in = {at::full({1}, mine->numel(), longs)};
     std::vector<std::vector<at::Tensor>> out;
     if (me) {
       out.resize(1);
@@ -147,9 +156,10 @@ absl::StatusOr<std::vector<c10::IValue>> gather_object(const Group& group, const
     constexpr int kTag = 0x0b1ec7;
     if (me) {
       std::vector<c10::intrusive_ptr<c10d::Work>> works;
+      const at::Tensor host_sizes = sizes.cpu();
       for (int r = 0; r < n; ++r) {
         if (r == dst) continue;
-        received[r] = at::empty({sizes[r].item<int64_t>()}, at::kByte);
+        received[r] = at::empty({host_sizes[r].item<int64_t>()}, at::TensorOptions().dtype(at::kByte).device(device));
         std::vector<at::Tensor> rv = {received[r]};
         works.push_back(group->recv(rv, r, kTag));
       }

@@ -8,7 +8,8 @@
 //   absl::StatusOr<std::vector<c10::IValue>> at0 = dtrain::comm::gather_object(group, mine, 0);
 //
 // All are collectives: every rank of `group` calls them, with the same src/dst. Tensors inside
-// objects travel through the pickler (copied); move large tensors with tensor collectives.
+// objects travel through the pickler (copied); move large tensors with tensor collectives. The
+// byte and size tensors live on group.device() (CUDA for NCCL, which refuses CPU tensors).
 // Errors: InvalidArgument for a bad src/dst; Internal when an object cannot be (de)serialized;
 // Unavailable/DeadlineExceeded when the transport fails or a peer does not arrive in time.
 #ifndef DTRAIN_COMM_OBJECT_COLLECTIVES_H_

@@ -12,6 +12,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #if DTRAIN_HAS_NCCL
+#include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
@@ -47,6 +48,7 @@ int Group::global_rank(int group_rank) const {
 int Group::world_rank() const { return state().world_rank; }
 int Group::local_rank() const { return state().local_rank; }
 const std::string& Group::backend() const { return state().backend; }
+c10::Device Group::device() const { return state().device; }
 std::chrono::milliseconds Group::timeout() const { return state().timeout; }
 const c10::intrusive_ptr<c10d::Store>& Group::store() const {
   pg();  // members only
@@ -59,7 +61,8 @@ namespace {
 
 absl::StatusOr<c10::intrusive_ptr<C10dGroup>> make_pg(
     const std::string& backend, const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-    std::chrono::milliseconds timeout, const std::string& bind_host, int threads) {
+    std::chrono::milliseconds timeout, const std::string& bind_host, int threads,
+    bool blocking_wait = true) {
   if (backend == "gloo") {
     auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
     try {
@@ -90,6 +93,11 @@ absl::StatusOr<c10::intrusive_ptr<C10dGroup>> make_pg(
 #if DTRAIN_HAS_NCCL
     auto opts = c10d::ProcessGroupNCCL::Options::create();
     opts->timeout = timeout;
+    // TORCH_NCCL_BLOCKING_WAIT is read when the group is made: a timed-out collective then throws
+    // from wait() (naming it) instead of the watchdog tearing the process down.
+    if (blocking_wait && std::getenv("TORCH_NCCL_BLOCKING_WAIT") == nullptr) {
+      ::setenv("TORCH_NCCL_BLOCKING_WAIT", "1", 0);
+    }
     try {
       return c10::intrusive_ptr<C10dGroup>(
           c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, opts));
@@ -105,6 +113,25 @@ absl::StatusOr<c10::intrusive_ptr<C10dGroup>> make_pg(
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown backend \"", backend, "\": use \"gloo\" or \"nccl\""));
+}
+
+// The device of an NCCL group: `device_id`, else LOCAL_RANK; made current, as PyTorch's
+// init_process_group(device_id=...) does. Gloo groups keep their own tensors on the CPU.
+absl::StatusOr<c10::Device> group_device(const std::string& backend, int device_id, int local_rank) {
+  if (backend != "nccl") return c10::Device(c10::kCPU);
+  const int index = device_id >= 0 ? device_id : local_rank;
+#if DTRAIN_HAS_NCCL
+  const int count = static_cast<int>(c10::cuda::device_count());
+  if (index >= count) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "backend \"nccl\": this rank's CUDA device is ", index,
+        device_id >= 0 ? " (InitOptions::device_id)" : " (LOCAL_RANK)", " but ", count,
+        " GPU(s) are visible; run at most one rank per GPU on each host, or set device_id or "
+        "CUDA_VISIBLE_DEVICES"));
+  }
+  c10::cuda::set_device(static_cast<c10::DeviceIndex>(index));
+#endif
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
 }
 
 }  // namespace
@@ -149,10 +176,14 @@ absl::StatusOr<Group> init_process_group(const InitOptions& options) {
     if (!local.ok()) return local.status();
     state->local_rank = *local;
   }
+  absl::StatusOr<c10::Device> device = group_device(options.backend, options.device_id, state->local_rank);
+  if (!device.ok()) return device.status();
+  state->device = *device;
+  state->nccl_blocking_wait = options.nccl_blocking_wait;
   auto pg = make_pg(options.backend,
                     c10::make_intrusive<c10d::PrefixStore>(state->prefix + "/pg", rv->store),
                     rv->rank, rv->world_size, options.timeout, state->gloo_hostname,
-                    options.gloo_threads);
+                    options.gloo_threads, options.nccl_blocking_wait);
   if (!pg.ok()) return pg.status();
   state->pg = *pg;
   Group g;
@@ -192,6 +223,8 @@ absl::StatusOr<Group> new_group(const Group& parent, std::vector<int> ranks) {
   state->timeout = ps.timeout;
   state->gloo_hostname = ps.gloo_hostname;
   state->gloo_threads = ps.gloo_threads;
+  state->device = ps.device;
+  state->nccl_blocking_wait = ps.nccl_blocking_wait;
   for (int r : ranks) state->global_ranks.push_back(ps.global_ranks[r]);
   Group g;
   const int me = parent.rank();
@@ -203,7 +236,7 @@ absl::StatusOr<Group> new_group(const Group& parent, std::vector<int> ranks) {
   state->store = c10::make_intrusive<c10d::PrefixStore>(state->prefix, ps.root_store);
   auto pg = make_pg(ps.backend, c10::make_intrusive<c10d::PrefixStore>(state->prefix + "/pg", ps.root_store),
                     static_cast<int>(it - ranks.begin()), static_cast<int>(ranks.size()),
-                    ps.timeout, ps.gloo_hostname, ps.gloo_threads);
+                    ps.timeout, ps.gloo_hostname, ps.gloo_threads, ps.nccl_blocking_wait);
   if (!pg.ok()) {
     return absl::Status(pg.status().code(),
                         absl::StrCat("new_group(", absl::StrJoin(ranks, ","), "): ", pg.status().message()));

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include <c10/core/Device.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "absl/status/statusor.h"
@@ -52,6 +53,16 @@ struct InitOptions {
   std::string gloo_hostname;
   // Gloo worker threads: how many collectives of this group can progress at once.
   int gloo_threads = 2;
+  // The CUDA device of this rank (PyTorch's init_process_group(device_id=...)): the device an NCCL
+  // group runs on and puts the tensors dtrain makes itself (object collectives, flags, sizes) on.
+  // -1: LOCAL_RANK (as torchrun sets it; 0 when unset). init_process_group makes it the current
+  // CUDA device. Ignored by Gloo groups, whose own tensors stay on the CPU (Gloo also reduces CUDA
+  // tensors a caller passes). An index >= the number of visible GPUs is InvalidArgument.
+  int device_id = -1;
+  // NCCL only: a collective that has not finished within `timeout` makes Work::wait() throw an
+  // error naming it (PyTorch's TORCH_NCCL_BLOCKING_WAIT=1) instead of NCCL's watchdog aborting the
+  // process. An explicit TORCH_NCCL_BLOCKING_WAIT in the environment wins.
+  bool nccl_blocking_wait = true;
 };
 
 // A c10d process group with what torch.distributed keeps beside it: the store it rendezvoused on,
@@ -81,6 +92,10 @@ class Group {
   int local_rank() const;
 
   const std::string& backend() const;
+  // Where this group's collectives want the tensors dtrain creates for them (sizes, flags, object
+  // bytes, norms): cuda:<device_id> for an NCCL group, the CPU otherwise. PyTorch's
+  // _get_pg_default_device. Valid on non-members too.
+  c10::Device device() const;
   std::chrono::milliseconds timeout() const;
   // This group's own namespace of the rendezvous store (for control-plane exchanges that must not
   // collide with other groups').
@@ -101,6 +116,8 @@ class Group {
     std::chrono::milliseconds timeout{0};
     std::string gloo_hostname;
     int gloo_threads = 2;
+    c10::Device device = c10::Device(c10::kCPU);
+    bool nccl_blocking_wait = true;
     int64_t children = 0;  // subgroups created from this group (names them)
   };
   std::shared_ptr<State> state_;

@@ -64,7 +64,10 @@ def _libtorch_repository_impl(ctx):
     libs = ["-ltorch", "-ltorch_cpu", "-lc10"]
     if has_cuda:
         defines.append("USE_C10D_NCCL")
-        libs = ["-ltorch", "-ltorch_cuda", "-ltorch_cpu", "-lc10_cuda", "-lc10"]
+        # --no-as-needed: nothing of dtrain's calls into libtorch_cuda directly, yet it must be
+        # loaded for LibTorch to register its CUDA hooks (torch::cuda::is_available() is false
+        # without it, and every CUDA tensor op fails).
+        libs = ["-ltorch", "-Wl,--no-as-needed", "-ltorch_cuda", "-lc10_cuda", "-Wl,--as-needed", "-ltorch_cpu", "-lc10"]
     system_lib = libdir in ["/usr/lib", "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64"]
     linkopts = ([] if system_lib else ["-L" + libdir, "-Wl,-rpath," + libdir]) + libs + ["-pthread"]
     if not system_lib:

@@ -1,0 +1,126 @@
+// comm/ on a GPU (tags = ["gpu"]; comm/gpu_testing.h): NCCL at world size 1 through every
+// collective path dtrain uses, Gloo with CUDA tensors on two ranks sharing the GPU, and stream
+// order: a collective issued right after a long kernel still sees that kernel's result.
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "comm/agreement.h"
+#include "comm/coalesced.h"
+#include "comm/gpu_testing.h"
+#include "comm/object_collectives.h"
+#include "comm/process_group.h"
+#include "comm/reduce_scatter.h"
+#include "comm/test_harness.h"
+
+namespace dtrain::comm {
+namespace {
+
+using testing::HarnessOptions;
+using testing::run_ranks_as_threads;
+
+HarnessOptions nccl() {
+  HarnessOptions o;
+  o.backend = "nccl";
+  o.timeout = std::chrono::seconds(60);
+  return o;
+}
+
+at::TensorOptions on(const Group& g) { return at::TensorOptions().device(g.device()); }
+
+TEST(NcclWorldOfOneTest, GroupDeviceIsTheCurrentGpu) {
+  DTRAIN_GPU_TEST_OR_SKIP();
+  run_ranks_as_threads(1, [](Group& g) {
+    EXPECT_EQ(g.backend(), "nccl");
+    EXPECT_TRUE(g.device().is_cuda()) << g.device();
+    EXPECT_EQ(g.device().index(), 0);
+  }, nccl());
+}
+
+TEST(NcclWorldOfOneTest, TensorCollectives) {
+  DTRAIN_GPU_TEST_OR_SKIP();
+  run_ranks_as_threads(1, [](Group& g) {
+    std::vector<at::Tensor> t = {at::arange(8, on(g).dtype(at::kFloat))};
+    g->allreduce(t)->wait();
+    EXPECT_TRUE(t[0].cpu().equal(at::arange(8, at::kFloat)));
+    c10d::BroadcastOptions bo;
+    g->broadcast(t, bo)->wait();
+    std::vector<std::vector<at::Tensor>> out = {{at::empty({8}, on(g))}};
+    g->allgather(out, t)->wait();
+    EXPECT_TRUE(out[0][0].cpu().equal(at::arange(8, at::kFloat)));
+    at::Tensor shard = at::empty({8}, on(g));
+    reduce_scatter_tensor(g, shard, t[0]).wait();
+    EXPECT_TRUE(shard.cpu().equal(at::arange(8, at::kFloat)));
+    g->barrier()->wait();
+  }, nccl());
+}
+
+TEST(NcclWorldOfOneTest, ObjectCollectivesAndAgreement) {
+  DTRAIN_GPU_TEST_OR_SKIP();
+  run_ranks_as_threads(1, [](Group& g) {
+    c10::IValue obj(std::string("hello"));
+    ASSERT_TRUE(broadcast_object(g, obj, 0).ok());
+    EXPECT_EQ(obj.toStringRef(), "hello");
+    auto all = all_gather_object(g, c10::IValue(int64_t{7}));
+    ASSERT_TRUE(all.ok()) << all.status();
+    EXPECT_EQ((*all)[0].toInt(), 7);
+    auto at0 = gather_object(g, c10::IValue(int64_t{9}), 0);
+    ASSERT_TRUE(at0.ok()) << at0.status();
+    EXPECT_EQ((*at0)[0].toInt(), 9);
+    EXPECT_TRUE(check_identical(g, {"a", "b"}, "item").ok());
+    absl::Status v = share_verdict(g, absl::InvalidArgumentError("bad"), 0);
+    EXPECT_EQ(v.code(), absl::StatusCode::kInvalidArgument);
+    absl::StatusOr<Group> sub = new_group(g, {0});
+    ASSERT_TRUE(sub.ok()) << sub.status();
+    EXPECT_EQ(sub->device(), g.device());
+  }, nccl());
+}
+
+TEST(NcclWorldOfOneTest, CoalescedCollectives) {
+  DTRAIN_GPU_TEST_OR_SKIP();
+  run_ranks_as_threads(1, [](Group& g) {
+    std::vector<at::Tensor> ts = {at::ones({3}, on(g)), at::full({5}, 2.0, on(g).dtype(at::kHalf))};
+    all_reduce_coalesced(g, ts).wait();
+    broadcast_coalesced(g, ts, 0).wait();
+    EXPECT_TRUE(ts[0].cpu().equal(at::ones({3})));
+    EXPECT_TRUE(ts[1].cpu().equal(at::full({5}, 2.0, at::kHalf)));
+  }, nccl());
+}
+
+// Gloo reduces CUDA tensors too (staging through the host): two ranks sharing one GPU.
+TEST(GlooCudaTensorsTest, TwoRanksShareTheGpu) {
+  DTRAIN_GPU_TEST_OR_SKIP();
+  run_ranks_as_threads(2, [](Group& g) {
+    const at::Device cuda(at::kCUDA, 0);
+    std::vector<at::Tensor> t = {at::full({16}, g.rank() + 1.0, cuda)};
+    g->allreduce(t)->wait();
+    EXPECT_TRUE(t[0].cpu().equal(at::full({16}, 3.0)));
+    std::vector<at::Tensor> ts = {at::full({4}, g.rank() + 0.0, cuda)};
+    broadcast_coalesced(g, ts, 1).wait();
+    EXPECT_TRUE(ts[0].cpu().equal(at::ones({4})));
+    auto all = all_gather_object(g, c10::IValue(int64_t{g.rank()}));
+    ASSERT_TRUE(all.ok()) << all.status();
+    EXPECT_EQ((*all)[1].toInt(), 1);
+  });
+}
+
+// The input is written by a kernel queued behind ~100 ms of matrix products; the all-reduce is
+// issued at once. A collective that did not order itself after the current stream would reduce
+// the stale zeros.
+TEST(StreamOrderTest, CollectiveSeesTheKernelQueuedBeforeIt) {
+  DTRAIN_GPU_TEST_OR_SKIP();
+  run_ranks_as_threads(1, [](Group& g) {
+    at::Tensor a = at::randn({2048, 2048}, on(g));
+    at::Tensor input = at::zeros({1 << 20}, on(g));
+    for (int i = 0; i < 40; ++i) a = at::mm(a, a).div_(a.norm());
+    input.add_(a.sum().gt(-1.0).to(at::kFloat));  // 1 everywhere, once the products are done
+    std::vector<at::Tensor> t = {input};
+    g->allreduce(t)->wait();
+    EXPECT_EQ(t[0].min().item<float>(), 1.0f);
+  }, nccl());
+}
+
+}  // namespace
+}  // namespace dtrain::comm
