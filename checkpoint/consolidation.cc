@@ -15,6 +15,8 @@ namespace dtrain::checkpoint {
 namespace {
 
 constexpr int kTag = 0x5ca1ab;
+// Most bytes the target holds in device buffers at once when receiving on a GPU (NCCL).
+constexpr int64_t kDeviceStagingBytes = int64_t{64} << 20;
 
 absl::Status malformed(const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("consolidate_state_dict: ", what));
@@ -78,8 +80,9 @@ struct RankPart {
 };
 
 // This rank's descriptions (index order, so the target merges in order) and the tensors whose
-// data follows, in entry order.
-RankPart describe(const OptimizerStateDict& sd, std::vector<at::Tensor>& tensors) {
+// data follows, in entry order: contiguous, on the CPU for the target (they are its result),
+// where they are for the others (sent piece by piece through the group's device).
+RankPart describe(const OptimizerStateDict& sd, bool target, std::vector<at::Tensor>& tensors) {
   RankPart part;
   part.groups = sd.param_groups;
   for (const auto& [index, entry] : sd.state) {
@@ -93,7 +96,8 @@ RankPart describe(const OptimizerStateDict& sd, std::vector<at::Tensor>& tensors
         d.tensor = true;
         d.dtype = t.scalar_type();
         d.shape = t.sizes().vec();
-        tensors.push_back(t.device().is_cpu() ? t.contiguous() : t.to(at::kCPU).contiguous());
+        const at::Tensor plain = t.detach().resolve_conj().resolve_neg();
+        tensors.push_back(target ? plain.to(at::kCPU).contiguous() : plain.contiguous());
       } else {
         d.value = v;
       }
@@ -101,6 +105,53 @@ RankPart describe(const OptimizerStateDict& sd, std::vector<at::Tensor>& tensors
     }
   }
   return part;
+}
+
+// A piece's bytes, as they travel: every dtype is bytes to the transport (NCCL has no complex).
+at::Tensor bytes_of(const at::Tensor& piece) { return piece.view(at::kByte); }
+
+// Receives each rank's pieces, in the order it sends them, into CPU tensors. On a CPU group
+// straight into them, all ranks at once; on a GPU group (NCCL sends only device tensors) through
+// device buffers of at most kDeviceStagingBytes, a piece from every rank in turn so that no sender
+// waits for all the others, each copied to its CPU tensor once received.
+void receive_all(const comm::Group& group, const std::vector<std::vector<at::Tensor>>& pieces) {
+  const c10::Device device = group.device();
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  if (device.is_cpu()) {
+    for (size_t r = 0; r < pieces.size(); ++r) {
+      for (const at::Tensor& piece : pieces[r]) {
+        std::vector<at::Tensor> v = {bytes_of(piece)};
+        works.push_back(group->recv(v, static_cast<int>(r), kTag));
+      }
+    }
+    for (auto& w : works) w->wait();
+    return;
+  }
+  std::vector<std::pair<at::Tensor, at::Tensor>> staged;  // (device buffer, CPU destination)
+  int64_t staged_bytes = 0;
+  auto drain = [&] {
+    for (auto& w : works) w->wait();
+    for (auto& [buffer, destination] : staged) destination.copy_(buffer);  // synchronous
+    works.clear();
+    staged.clear();
+    staged_bytes = 0;
+  };
+  for (size_t k = 0, left = 1; left > 0; ++k) {
+    left = 0;
+    for (size_t r = 0; r < pieces.size(); ++r) {
+      if (k >= pieces[r].size()) continue;
+      ++left;
+      const at::Tensor destination = bytes_of(pieces[r][k]);
+      const auto nbytes = static_cast<int64_t>(destination.numel());
+      if (!staged.empty() && staged_bytes + nbytes > kDeviceStagingBytes) drain();
+      at::Tensor buffer = at::empty({nbytes}, at::TensorOptions().dtype(at::kByte).device(device));
+      std::vector<at::Tensor> v = {buffer};
+      works.push_back(group->recv(v, static_cast<int>(r), kTag));
+      staged.emplace_back(std::move(buffer), destination);
+      staged_bytes += nbytes;
+    }
+  }
+  drain();
 }
 
 }  // namespace
@@ -117,14 +168,14 @@ absl::StatusOr<c10::IValue> consolidate_state_dict(const comm::Group& group, con
   if (options.chunk_bytes < 1) return malformed("chunk_bytes must be positive");
   absl::StatusOr<OptimizerStateDict> sd = parse_optimizer_state_dict(local_state_dict, "the local state dict");
   if (!sd.ok()) return malformed(std::string(sd.status().message()));
+  const bool target = group.rank() == to;
   std::vector<at::Tensor> my_tensors;
-  const RankPart mine = describe(*sd, my_tensors);
+  const RankPart mine = describe(*sd, target, my_tensors);
 
   // 1. Descriptions (small, pickled) to the target.
   absl::StatusOr<std::vector<c10::IValue>> all = comm::gather_object(group, mine.encode(), to);
   if (!all.ok()) return all.status();
 
-  const bool target = group.rank() == to;
   const int n = group.size();
   // 2. The target checks the descriptions and tells every rank before any data moves, so a bad
   // input fails on all ranks at once instead of leaving senders blocked.
@@ -168,10 +219,12 @@ absl::StatusOr<c10::IValue> consolidate_state_dict(const comm::Group& group, con
   };
   try {
     if (!target) {
-      // 3a. Send this rank's tensors in order, chunk by chunk, straight from their storage.
+      // 3a. Send this rank's tensors in order, chunk by chunk: straight from their storage where
+      // they are on the group's device, else through a copy of one chunk there.
+      const c10::Device device = group.device();
       for (const at::Tensor& t : my_tensors) {
         chunks(t, [&](at::Tensor piece) {
-          std::vector<at::Tensor> v = {piece};
+          std::vector<at::Tensor> v = {bytes_of(piece.to(device))};
           group->send(v, to, kTag)->wait();
         });
       }
@@ -181,9 +234,9 @@ absl::StatusOr<c10::IValue> consolidate_state_dict(const comm::Group& group, con
     return absl::UnavailableError(absl::StrCat("consolidate_state_dict: sending to rank ", to, ": ", e.what()));
   }
 
-  // 3b. Target: allocate every final tensor, then receive into it (all ranks concurrently).
+  // 3b. Target: allocate every final tensor on the CPU, then receive into it.
   std::vector<OptimizerStateDict> received(n);
-  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  std::vector<std::vector<at::Tensor>> pieces(n);  // each rank's, in the order it sends them
   try {
     for (int r = 0; r < n; ++r) {
       received[r].param_groups = parts[r].groups;
@@ -197,18 +250,15 @@ absl::StatusOr<c10::IValue> consolidate_state_dict(const comm::Group& group, con
         }
         at::Tensor t;
         if (r == to) {
-          t = my_tensors[next_local++];  // our own: no copy
+          t = my_tensors[next_local++];  // our own, already on the CPU (describe)
         } else {
           t = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
-          chunks(t, [&](at::Tensor piece) {
-            std::vector<at::Tensor> v = {piece};
-            works.push_back(group->recv(v, r, kTag));
-          });
+          chunks(t, [&](at::Tensor piece) { pieces[r].push_back(piece); });
         }
         it->second.insert(e.key, t);
       }
     }
-    for (auto& w : works) w->wait();
+    receive_all(group, pieces);
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat("consolidate_state_dict: receiving on rank ", to, ": ", e.what()));
   }

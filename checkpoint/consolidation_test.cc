@@ -109,6 +109,40 @@ void check_world(int world, int64_t chunk_bytes) {
 TEST(ConsolidationTest, EqualsUnshardedStateWorld2) { check_world(2, int64_t{16} << 20); }
 TEST(ConsolidationTest, EqualsUnshardedStateWorld3SmallChunks) { check_world(3, 100); }
 
+// State as a model may hold it: complex with its conjugate bit set (its values are not its
+// memory), transposed, requiring grad, bool, half. The target gets plain CPU tensors equal to it.
+TEST(ConsolidationTest, ConjugatedTransposedAndOtherDtypes) {
+  at::manual_seed(3);
+  Dict entry = new_dict(c10::StringType::get());
+  entry.insert("conj", at::randn({3, 4}, at::kComplexFloat).conj());
+  entry.insert("transposed", at::randn({4, 5}).t());
+  entry.insert("grad", at::randn({5}).requires_grad_());
+  entry.insert("mask", at::rand({6}).gt(0.5));
+  entry.insert("half", at::randn({7}).to(at::kHalf));
+  comm::testing::run_ranks_as_threads(2, [=](comm::Group& g) {
+    Dict state = new_dict(c10::IntType::get());
+    if (g.rank() == 1) state.insert(int64_t{0}, entry);  // sent to rank 0
+    c10::impl::GenericList groups(c10::AnyType::get());
+    groups.push_back(groups_dict(g.rank() == 1 ? std::vector<int64_t>{0} : std::vector<int64_t>{}, 0.1));
+    Dict sd = new_dict(c10::StringType::get());
+    sd.insert("state", state);
+    sd.insert("param_groups", groups);
+    ConsolidateOptions o;
+    o.chunk_bytes = 12;  // several pieces per tensor
+    auto full = consolidate_state_dict(g, sd, 0, o);
+    ASSERT_TRUE(full.ok()) << full.status();
+    if (g.rank() != 0) return;
+    const Dict got = full->toGenericDict().at("state").toGenericDict().at(int64_t{0}).toGenericDict();
+    for (const auto& kv : entry) {
+      const at::Tensor want = kv.value().toTensor().detach().resolve_conj();
+      const at::Tensor t = got.at(kv.key()).toTensor();
+      EXPECT_TRUE(t.device().is_cpu() && !t.is_conj()) << kv.key().toStringRef();
+      EXPECT_EQ(t.scalar_type(), want.scalar_type()) << kv.key().toStringRef();
+      EXPECT_TRUE(t.equal(want)) << kv.key().toStringRef();
+    }
+  });
+}
+
 TEST(ConsolidationTest, DuplicateStateFailsOnEveryRank) {
   const Dict global = global_state();
   comm::testing::run_ranks_as_threads(2, [=](comm::Group& g) {

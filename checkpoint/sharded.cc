@@ -408,13 +408,37 @@ absl::StatusOr<ShardedState> load_checked(const std::string& dir, const std::map
 
 }  // namespace
 
-absl::StatusOr<ShardedState> load_sharded(const std::string& dir, const std::map<int64_t, partition::Range>& wanted) {
+absl::StatusOr<ShardedState> load_sharded(const std::string& dir, const std::map<int64_t, partition::Range>& wanted,
+                                          const LoadOptions& options) {
+  absl::StatusOr<ShardedState> out = absl::UnknownError("not loaded");
   try {
-    return load_checked(dir, wanted);
+    out = load_checked(dir, wanted);
   } catch (const std::exception& e) {  // a backstop: every check above should have caught it first
     return absl::DataLossError(absl::StrCat("checkpoint ", dir, " cannot be loaded: ",
                                             std::string(e.what()).substr(0, 300)));
   }
+  if (!out.ok() || options.map_location.is_cpu()) return out;
+  const c10::Device device = options.map_location;
+  try {  // torch.load's map_location, on what was asked for only (each tensor its own storage)
+    for (auto& param : out->params) {
+      Dict& entries = param.second.entries;
+      std::vector<std::pair<c10::IValue, at::Tensor>> moved;
+      for (const auto& kv : entries) {
+        if (kv.value().isTensor()) moved.emplace_back(kv.key(), kv.value().toTensor().to(device));
+      }
+      for (auto& [key, t] : moved) entries.insert_or_assign(key, std::move(t));
+    }
+  } catch (const c10::OutOfMemoryError& e) {
+    return absl::ResourceExhaustedError(absl::StrCat("checkpoint ", dir, ": out of memory on ", device.str(),
+                                                     " (map_location): ", std::string(e.what()).substr(0, 300),
+                                                     "; load fewer parameters at once, or onto the CPU"));
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", dir, ": cannot move the loaded state to ",
+                                                    device.str(), " (map_location): ",
+                                                    std::string(e.what()).substr(0, 300),
+                                                    "; pass a device this process has, or the CPU (the default)"));
+  }
+  return out;
 }
 
 }  // namespace dtrain::checkpoint

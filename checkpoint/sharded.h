@@ -24,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "checkpoint/state_file.h"
 #include "comm/process_group.h"
 #include "partition/flat_partition.h"
 
@@ -57,6 +58,8 @@ struct ShardedInfo {
 // Collective over `group`. Writes dir/shard-<id>-<rank>.pt on every rank, then (only if every
 // rank succeeded) dir/metadata.pt on rank 0, then removes shards of earlier saves in `dir`. The
 // directory must exist. `strategy` is recorded for the reader ("sorted_greedy", "flat", ...).
+// Tensors may live on a GPU (the files record them as on the CPU: checkpoint/torch_file_writer.h);
+// the only collectives are object collectives, which run on the group's device.
 // Errors: the first failing rank's I/O error, on every rank; InvalidArgument for a range that
 // does not fit its shape or tensors that do not match their range.
 absl::Status save_sharded(const comm::Group& group, const std::string& dir, const ShardedState& mine,
@@ -67,9 +70,12 @@ absl::Status save_sharded(const comm::Group& group, const std::string& dir, cons
 absl::StatusOr<ShardedInfo> read_sharded_info(const std::string& dir);
 
 // The requested pieces (parameter index -> element range), assembled from the overlapping
-// shards only. Errors: those of read_sharded_info; InvalidArgument for an unknown parameter or
-// a range outside it; DataLoss when a shard is corrupt or the shards do not cover a range.
-absl::StatusOr<ShardedState> load_sharded(const std::string& dir, const std::map<int64_t, partition::Range>& wanted);
+// shards only, on the CPU, then every tensor moved to options.map_location (default: the CPU).
+// Errors: those of read_sharded_info; InvalidArgument for an unknown parameter or a range
+// outside it, or a map_location this process cannot use; DataLoss when a shard is corrupt or the
+// shards do not cover a range; ResourceExhausted when map_location runs out of memory.
+absl::StatusOr<ShardedState> load_sharded(const std::string& dir, const std::map<int64_t, partition::Range>& wanted,
+                                          const LoadOptions& options = {});
 
 }  // namespace dtrain::checkpoint
 

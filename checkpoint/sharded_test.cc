@@ -11,6 +11,9 @@
 #include <gtest/gtest.h>
 
 #include "checkpoint/state_file.h"
+#include "checkpoint/stored_zip.h"
+#include "checkpoint/test_zip.h"
+#include "checkpoint/torch_file_writer.h"
 #include "comm/test_harness.h"
 #include "partition/flat_partition.h"
 #include "partition/sorted_greedy.h"
@@ -234,6 +237,132 @@ TEST(ShardedTest, BadRequests) {
   save_at(dir, "sorted_greedy", 2);
   EXPECT_THAT(std::string(load_sharded(dir, {{9, {0, 1}}}).status().message()), HasSubstr("no state for parameter 9"));
   EXPECT_THAT(std::string(load_sharded(dir, {{0, {0, 41}}}).status().message()), HasSubstr("outside its 40 elements"));
+}
+
+// load_sharded's map_location, on the meta device (no GPU needed): every tensor moves, the rest
+// stays as it is.
+TEST(ShardedTest, MapLocationMovesWhatIsLoaded) {
+  const std::string dir = temp_dir();
+  save_at(dir, "flat", 2);
+  LoadOptions meta;
+  meta.map_location = c10::Device(c10::kMeta);
+  absl::StatusOr<ShardedState> on_cpu = load_sharded(dir, owned("sorted_greedy", 1, 0));
+  absl::StatusOr<ShardedState> moved = load_sharded(dir, owned("sorted_greedy", 1, 0), meta);
+  ASSERT_TRUE(on_cpu.ok()) << on_cpu.status();
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  ASSERT_EQ(moved->params.size(), kShapes.size());
+  for (const auto& [i, p] : on_cpu->params) {
+    for (const auto& kv : p.entries) {
+      const c10::IValue& m = moved->params.at(i).entries.at(kv.key());
+      if (!kv.value().isTensor()) {
+        EXPECT_EQ(m, kv.value());
+        continue;
+      }
+      const at::Tensor& want = kv.value().toTensor();
+      EXPECT_TRUE(want.device().is_cpu());
+      EXPECT_TRUE(m.toTensor().is_meta()) << i << " " << kv.key().toStringRef();
+      EXPECT_EQ(m.toTensor().sizes().vec(), want.sizes().vec());
+      EXPECT_EQ(m.toTensor().scalar_type(), want.scalar_type());
+    }
+  }
+}
+
+// load_state's map_location (checkpoint/state_file.h; here for want of room in state_file_test),
+// on the meta device: each storage moves once, so views keep sharing theirs, a tensor reached
+// twice stays one tensor, requires_grad is kept, and tensors in tuples, lists and keys move too.
+TEST(LoadMapLocationTest, MovesStorageByStorage) {
+  const at::Tensor base = at::arange(24, at::kFloat);
+  Dict d(c10::StringType::get(), c10::AnyType::get());
+  d.insert("base", base);
+  d.insert("row", base.narrow(0, 4, 4));
+  d.insert("transposed", base.view({4, 6}).t());
+  d.insert("again", base);
+  d.insert("grad", at::ones({2}).requires_grad_());
+  d.insert("tuple", c10::ivalue::Tuple::create({c10::IValue(base.narrow(0, 1, 2)), c10::IValue(int64_t{7})}));
+  d.insert("list", c10::List<at::Tensor>({at::zeros({3}, at::kLong)}));
+  Dict keyed(c10::AnyType::get(), c10::AnyType::get());
+  keyed.insert(at::ones({1}), std::string("tensor key"));
+  d.insert("keyed", keyed);
+  const std::string path = temp_dir() + "/moved.pt";
+  ASSERT_TRUE(save_state(path, d).ok());
+  LoadOptions meta;
+  meta.map_location = c10::Device(c10::kMeta);
+  absl::StatusOr<c10::IValue> back = load_state(path, meta);
+  ASSERT_TRUE(back.ok()) << back.status();
+  const Dict b = back->toGenericDict();
+  auto tensor = [&](const char* key) { return b.at(key).toTensor(); };
+  for (const char* key : {"base", "row", "transposed", "again", "grad"}) {
+    const at::Tensor want = d.at(key).toTensor();
+    EXPECT_TRUE(tensor(key).is_meta()) << key;
+    EXPECT_EQ(tensor(key).sizes().vec(), want.sizes().vec()) << key;
+    EXPECT_EQ(tensor(key).strides().vec(), want.strides().vec()) << key;
+    EXPECT_EQ(tensor(key).storage_offset(), want.storage_offset()) << key;
+  }
+  const void* shared = tensor("base").storage().unsafeGetStorageImpl();
+  EXPECT_EQ(tensor("row").storage().unsafeGetStorageImpl(), shared);
+  EXPECT_EQ(tensor("transposed").storage().unsafeGetStorageImpl(), shared);
+  EXPECT_TRUE(tensor("again").is_same(tensor("base")));
+  EXPECT_TRUE(tensor("grad").requires_grad());
+  EXPECT_FALSE(tensor("base").requires_grad());
+  const at::Tensor in_tuple = b.at("tuple").toTupleRef().elements()[0].toTensor();
+  EXPECT_TRUE(in_tuple.is_meta());
+  EXPECT_EQ(in_tuple.storage().unsafeGetStorageImpl(), shared);
+  EXPECT_EQ(b.at("tuple").toTupleRef().elements()[1].toInt(), 7);
+  EXPECT_TRUE(b.at("list").toTensorVector().at(0).is_meta());
+  const Dict keyed_back = b.at("keyed").toGenericDict();
+  ASSERT_EQ(keyed_back.size(), 1u);
+  EXPECT_TRUE((*keyed_back.begin()).key().toTensor().is_meta());
+  EXPECT_EQ((*keyed_back.begin()).value().toStringRef(), "tensor key");
+  // The default: views into the file's bytes on the CPU, as before.
+  absl::StatusOr<c10::IValue> cpu = load_state(path);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_TRUE(cpu->toGenericDict().at("row").toTensor().device().is_cpu());
+  EXPECT_TRUE(cpu->toGenericDict().at("row").toTensor().equal(base.narrow(0, 4, 4)));
+}
+
+// torch.save records a GPU tensor's storage as on 'cuda:0': such a file loads without a GPU, onto
+// the CPU by default or wherever map_location says; a device this process lacks is refused.
+TEST(LoadMapLocationTest, FilesSavedFromAGpuLoadWithoutOne) {
+  const at::Tensor base = at::arange(6, at::kFloat);
+  Dict d(c10::StringType::get(), c10::AnyType::get());
+  d.insert("w", base);
+  d.insert("view", base.narrow(0, 2, 3));
+  absl::StatusOr<std::string> bytes = write_torch_file(d);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  absl::StatusOr<StoredZip> zip = read_stored_zip(*bytes, "written");
+  ASSERT_TRUE(zip.ok()) << zip.status();
+  // BINUNICODE 'cpu' -> 'cuda:0', written once (memoized after).
+  const std::string cpu("X\x03\x00\x00\x00" "cpu", 8), cuda("X\x06\x00\x00\x00" "cuda:0", 11);
+  std::vector<std::pair<std::string, std::string>> entries;
+  for (const ZipEntry& e : zip->entries) {
+    std::string data(e.data);
+    if (e.name == "archive/data.pkl") {
+      const size_t where = data.find(cpu);
+      ASSERT_NE(where, std::string::npos);
+      data.replace(where, cpu.size(), cuda);
+      ASSERT_EQ(data.find(cpu), std::string::npos);
+    }
+    entries.emplace_back(e.name, std::move(data));
+  }
+  const std::string path = temp_dir() + "/from_gpu.pt";
+  std::ofstream(path, std::ios::binary) << dtrain::checkpoint::testing::make_zip(entries);
+  absl::StatusOr<c10::IValue> back = load_state(path);
+  ASSERT_TRUE(back.ok()) << back.status();
+  const at::Tensor w = back->toGenericDict().at("w").toTensor(), view = back->toGenericDict().at("view").toTensor();
+  EXPECT_TRUE(w.device().is_cpu());
+  EXPECT_TRUE(w.equal(base));
+  EXPECT_TRUE(view.equal(base.narrow(0, 2, 3)));
+  EXPECT_EQ(view.storage().unsafeGetStorageImpl(), w.storage().unsafeGetStorageImpl());
+  LoadOptions meta;
+  meta.map_location = c10::Device(c10::kMeta);
+  absl::StatusOr<c10::IValue> moved = load_state(path, meta);
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_TRUE(moved->toGenericDict().at("w").toTensor().is_meta());
+  LoadOptions absent;
+  absent.map_location = c10::Device(c10::kCUDA, 99);
+  absl::StatusOr<c10::IValue> refused = load_state(path, absent);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("(map_location)"));
 }
 
 TEST(ShardedTest, FailedWriteCommitsNothingAndFailsEveryRank) {

@@ -231,7 +231,7 @@ absl::Status save_state(const std::string& path, const c10::IValue& state, const
   return absl::OkStatus();
 }
 
-absl::StatusOr<c10::IValue> load_state(const std::string& path) {
+absl::StatusOr<c10::IValue> load_state(const std::string& path, const LoadOptions& load_options) {
   // O_NONBLOCK: a FIFO (or another special file) at `path` must not block the open.
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
@@ -283,6 +283,7 @@ absl::StatusOr<c10::IValue> load_state(const std::string& path) {
   const std::string_view comment = all.substr(*eocd + kEocdSize);
   TorchFileReadOptions options;
   options.owner = buffer;
+  options.map_location = load_options.map_location;
   switch (classify(comment)) {
     case Comment::kNone:     // torch.save's files: every entry's CRC-32 is verified by the reader
     case Comment::kForeign:  // a comment some other zip tool wrote: likewise

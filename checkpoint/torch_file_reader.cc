@@ -3,11 +3,16 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <vector>
 #include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
 
+#include <ATen/core/Dict.h>
+#include <ATen/core/List.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <c10/util/Exception.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -138,6 +143,115 @@ absl::StatusOr<c10::IValue> read(std::string_view bytes, const std::string& name
   return read_pickle(pickle->data, name, loader);
 }
 
+// torch.load's map_location: moves every tensor in a value to one device in place, one copy per
+// storage, so tensors that shared a storage share its copy and a tensor reached twice stays one
+// tensor. Containers keep their identity and element types. Throws what LibTorch throws.
+class DeviceMover {
+ public:
+  explicit DeviceMover(c10::Device device) : device_(device) {}
+
+  void move_all(c10::IValue& root) {
+    if (root.isTensor()) {
+      root = c10::IValue(moved(root.toTensor()));
+      return;
+    }
+    std::unordered_set<const void*> seen;  // shared and recursive containers: once each
+    std::vector<c10::IValue> pending = {root};
+    while (!pending.empty()) {
+      const c10::IValue v = std::move(pending.back());
+      pending.pop_back();
+      if (!(v.isTuple() || v.isList() || v.isGenericDict()) || !seen.insert(v.internalToPointer()).second) continue;
+      if (v.isTuple()) {
+        const c10::intrusive_ptr<c10::ivalue::Tuple> tuple = v.toTuple();
+        for (size_t i = 0; i < tuple->elements().size(); ++i) {
+          const c10::IValue e = tuple->elements()[i];
+          if (e.isTensor()) {
+            tuple->unsafeSetElement(i, c10::IValue(moved(e.toTensor())));
+          } else {
+            pending.push_back(e);
+          }
+        }
+      } else if (v.isList()) {
+        c10::impl::GenericList list = v.toList();
+        for (size_t i = 0; i < list.size(); ++i) {
+          const c10::IValue e = list.get(i);
+          if (e.isTensor()) {
+            list.set(i, c10::IValue(moved(e.toTensor())));
+          } else {
+            pending.push_back(e);
+          }
+        }
+      } else {
+        c10::impl::GenericDict dict = v.toGenericDict();
+        std::vector<std::pair<c10::IValue, c10::IValue>> items;
+        bool tensor_keys = false;
+        for (const auto& kv : dict) {
+          tensor_keys |= kv.key().isTensor();
+          items.emplace_back(kv.key(), kv.value());
+        }
+        for (auto& [key, value] : items) {
+          if (key.isTensor()) key = c10::IValue(moved(key.toTensor()));
+          if (value.isTensor()) {
+            value = c10::IValue(moved(value.toTensor()));
+          } else {
+            pending.push_back(value);
+          }
+        }
+        if (tensor_keys) {  // a key hashes by tensor identity: the dict is refilled, in its order
+          dict.clear();
+          for (auto& [key, value] : items) dict.insert(std::move(key), std::move(value));
+        } else {
+          for (auto& [key, value] : items) {
+            if (value.isTensor()) dict.insert_or_assign(key, value);
+          }
+        }
+      }
+    }
+  }
+
+ private:
+  at::Tensor moved(const at::Tensor& t) {
+    if (!t.defined() || !t.has_storage()) return t;
+    if (auto it = tensors_.find(t.unsafeGetTensorImpl()); it != tensors_.end()) return it->second.second;
+    const at::Storage& storage = t.storage();
+    auto st = storages_.find(storage.unsafeGetStorageImpl());
+    if (st == storages_.end()) {
+      // A byte tensor over the whole storage, copied to the device in one piece.
+      at::Tensor whole = at::empty({0}, at::TensorOptions().dtype(at::kByte).device(t.device()));
+      whole.set_(storage, 0, std::vector<int64_t>{static_cast<int64_t>(storage.nbytes())}, std::vector<int64_t>{1});
+      at::Storage copy = whole.to(device_).storage();
+      st = storages_.emplace(storage.unsafeGetStorageImpl(), std::make_pair(storage, std::move(copy))).first;
+    }
+    const at::Storage& target = st->second.second;
+    at::Tensor out = at::empty({0}, at::TensorOptions().dtype(t.scalar_type()).device(target.device()));
+    out.set_(target, t.storage_offset(), t.sizes(), t.strides());
+    if (t.requires_grad()) out.requires_grad_(true);
+    tensors_.emplace(t.unsafeGetTensorImpl(), std::make_pair(t, out));
+    return out;
+  }
+
+  c10::Device device_;
+  // By the source's address, holding the source too: a source freed while the walk replaces it
+  // could otherwise leave its address to a new tensor or storage.
+  std::unordered_map<const void*, std::pair<at::Tensor, at::Tensor>> tensors_;
+  std::unordered_map<const void*, std::pair<at::Storage, at::Storage>> storages_;
+};
+
+absl::Status move_to(c10::IValue& value, c10::Device device, const std::string& name) {
+  try {
+    DeviceMover(device).move_all(value);
+    return absl::OkStatus();
+  } catch (const c10::OutOfMemoryError& e) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "out of memory on ", device.str(), " moving the tensors of ", name, " there (map_location): ",
+        std::string(e.what()).substr(0, 300), "; load onto the CPU (the default) and move what fits"));
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot move the tensors of ", name, " to ", device.str(), " (map_location): ",
+        std::string(e.what()).substr(0, 300), "; pass a device this process has, or the CPU (the default)"));
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<c10::IValue> read_torch_file(std::string_view bytes, const std::string& name_for_errors,
@@ -146,6 +260,9 @@ absl::StatusOr<c10::IValue> read_torch_file(std::string_view bytes, const std::s
   if (v.status().code() == absl::StatusCode::kDataLoss) {
     return absl::DataLossError(absl::StrCat(v.status().message(),
                                             ". The file cannot be used as it is: load another copy, or save it again"));
+  }
+  if (v.ok() && !options.map_location.is_cpu()) {
+    if (absl::Status s = move_to(*v, options.map_location, name_for_errors); !s.ok()) return s;
   }
   return v;
 }

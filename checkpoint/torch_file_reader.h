@@ -18,9 +18,11 @@
 //   - the pickle (checkpoint/pickle_reader.h): plain state dicts -- tensors of the 12 standard
 //     dtypes, Parameters (as tensors), int, float, bool, None, str, dicts and OrderedDicts, lists,
 //     tuples, torch.Size, torch.device -- like torch.load(weights_only=True). Tensors are copied
-//     out of `bytes` into fresh CPU tensors (whatever device they were saved from); tensors that
-//     shared a storage in Python share one here; requires_grad is kept (TorchFileReadOptions::owner:
-//     views into `bytes` instead of copies).
+//     out of `bytes` into fresh CPU tensors whatever device they were saved from: a storage's
+//     location ('cpu', 'cuda:0', 'mps', ...: torch.save writes the device it was on) is read and
+//     not used, so files saved from a GPU load without one; tensors that shared a storage in
+//     Python share one here; requires_grad is kept (TorchFileReadOptions::owner: views into
+//     `bytes` instead of copies; TorchFileReadOptions::map_location: onto another device).
 // Values come back as LibTorch's own unpickler makes them: dicts as c10::impl::GenericDict(Any,
 // Any), lists as c10::impl::GenericList(Any), unless LibTorch's type tags retype them.
 //
@@ -35,6 +37,7 @@
 #include <string_view>
 
 #include <ATen/core/ivalue.h>
+#include <c10/core/Device.h>
 
 #include "absl/status/statusor.h"
 
@@ -48,15 +51,22 @@ struct TorchFileReadOptions {
   // alive by a reference to `owner`) instead of copies: no second copy of a large file in memory.
   // Storages that are not aligned to their element size are still copied. Default: copies.
   std::shared_ptr<const void> owner;
+  // PyTorch's torch.load(map_location=device): every tensor read is moved there, storage by
+  // storage (views that shared a storage share its copy; requires_grad kept), whatever location
+  // the file records. Default the CPU: nothing is moved. A device this process cannot use (no
+  // such GPU) is InvalidArgument, running out of its memory ResourceExhausted.
+  c10::Device map_location = c10::Device(c10::kCPU);
 };
 
 // Reads the value PyTorch stored in `bytes` (a whole file's contents). `name_for_errors` is how
 // messages refer to the bytes, e.g. "state file /ckpt/a.pt". The result shares no memory with
-// `bytes` (unless options.owner is set: then tensors view `bytes`). Errors: DataLoss for damaged
-// or malformed bytes (truncation, bytes appended, a CRC mismatch, overlapping entries, an offset
-// or length out of range, a malformed pickle, a tensor outside its storage);
-// InvalidArgument for well-formed content dtrain does not read (the list above); each message names
-// the file, says what is wrong and what to do. Thread safety: a pure function of its arguments.
+// `bytes` (unless options.owner is set and map_location is the CPU: then tensors view `bytes`).
+// Errors: DataLoss for damaged or malformed bytes (truncation, bytes appended, a CRC mismatch,
+// overlapping entries, an offset or length out of range, a malformed pickle, a tensor outside its
+// storage); InvalidArgument for well-formed content dtrain does not read (the list above) and for
+// a map_location this process cannot use; ResourceExhausted when map_location runs out of memory;
+// each message names the file, says what is wrong and what to do. Thread safety: a pure function
+// of its arguments.
 absl::StatusOr<c10::IValue> read_torch_file(std::string_view bytes, const std::string& name_for_errors,
                                             const TorchFileReadOptions& options = {});
 

@@ -15,6 +15,7 @@
 #include <ATen/core/Dict.h>
 #include <ATen/core/List.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/StringUtil.h>
 
@@ -77,6 +78,7 @@ class Pickler {
     std::string key;
     const char* data;
     size_t nbytes;
+    at::Tensor host_copy;  // owns `data` when the storage is not on the CPU; undefined otherwise
   };
 
   absl::Status dump(const c10::IValue& v) {
@@ -308,10 +310,7 @@ class Pickler {
                                 " with layout ", c10::str(t.layout()), t.is_nested() ? " (nested)" : "",
                                 "; convert it (to_dense(), dequantize()) first"));
     }
-    if (!t.device().is_cpu()) {
-      return error(absl::StrCat("the tensor is on ", t.device().str(),
-                                "; copy it to the CPU first (copy whole storages to keep views shared)"));
-    }
+    if (t.is_meta()) return error("a meta tensor has no data to save; materialise it on the CPU or a GPU first");
     if (cls == nullptr) return error(absl::StrCat("dtype ", c10::toString(t.scalar_type()), " has no storage class"));
     if (t.is_conj() || t.is_neg()) return error("the tensor has its conj/neg bit set; call resolve_conj()/resolve_neg()");
     if (has_dimension_names(t)) return error("named tensors cannot be saved (torch.save refuses them too); rename(None)");
@@ -323,13 +322,11 @@ class Pickler {
       return error(absl::StrCat("its storage has ", nbytes, " bytes, not a whole number of ",
                                 c10::toString(t.scalar_type()), " elements; save a clone()"));
     }
-    const void* data = storage.data();
-    if (data == nullptr && nbytes > 0) return error("the tensor's storage has no data");
-    const c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+    const c10::StorageImpl* impl = storage.unsafeGetStorageImpl();  // the original: views of a CUDA one share too
     auto it = storage_keys_.find(impl);
     if (it == storage_keys_.end()) {
       const std::string key = std::to_string(storages_.size());
-      storages_.push_back({key, static_cast<const char*>(data), nbytes});
+      if (absl::Status s = add_storage(t, storage, nbytes, key); !s.ok()) return s;
       it = storage_keys_.emplace(impl, StorageKey{key, t.scalar_type(), path()}).first;
     } else if (it->second.dtype != t.scalar_type()) {
       return error(absl::StrCat("it views the storage of '", it->second.first_path, "' as ",
@@ -341,7 +338,7 @@ class Pickler {
     str("storage");
     global("torch", cls);
     str(it->second.key);
-    str("cpu");
+    str("cpu");  // also for CUDA tensors (PyTorch: 'cuda:0'), so that the file loads without a GPU
     integer(static_cast<int64_t>(nbytes / itemsize));
     out_ += 't';
     memo_put();
@@ -361,6 +358,23 @@ class Pickler {
     return absl::OkStatus();
   }
 
+  // Appends `t`'s whole storage under `key`; one on a device as a CPU copy (synchronous), kept here.
+  absl::Status add_storage(const at::Tensor& t, const c10::Storage& storage, size_t nbytes, const std::string& key) {
+    at::Tensor host;  // for a device storage: a byte tensor over all of it, copied to the CPU
+    if (!t.device().is_cpu()) {
+      try {
+        host = at::empty({0}, at::TensorOptions().dtype(at::kByte).device(t.device()));
+        host = host.set_(storage, 0, std::vector<int64_t>{static_cast<int64_t>(nbytes)}, std::vector<int64_t>{1}).cpu();
+      } catch (const std::exception& e) {
+        return error(absl::StrCat("copying its ", t.device().str(), " storage (", nbytes, " bytes) to the CPU failed: ",
+                                  std::string(e.what()).substr(0, 300)));
+      }
+    }
+    const void* data = host.defined() ? host.data_ptr() : storage.data();
+    if (data == nullptr && nbytes > 0) return error("the tensor's storage has no data");
+    storages_.push_back({key, static_cast<const char*>(data), nbytes, std::move(host)});
+    return absl::OkStatus();
+  }
   struct StorageKey {
     std::string key;
     at::ScalarType dtype;

@@ -43,6 +43,14 @@
 // Note: PyTorch 1.13's *weights-only* unpickler has no BINFLOAT, so 1.13 can read a file with
 // float scalars (lr, betas) only with its default weights_only=False; this holds for files
 // Python 1.13's own torch.save writes too. 2.x reads everything with weights_only=True.
+//
+// Tensors on a GPU (any device with data): each storage is copied to the CPU whole, once, however
+// many views of it are written (so they still share one storage in the file), with a synchronous
+// copy on the current stream -- work queued on other streams must be waited for by the caller.
+// The file records every storage's location as 'cpu', where torch.save records 'cuda:0': the file
+// loads on any machine, without a GPU and without map_location, and comes back on the CPU (Python:
+// torch.load(path, map_location="cuda") puts it back on a GPU; dtrain: LoadOptions::map_location
+// in checkpoint/state_file.h). The bytes are those the same tensors on the CPU would give.
 #ifndef DTRAIN_CHECKPOINT_TORCH_FILE_WRITER_H_
 #define DTRAIN_CHECKPOINT_TORCH_FILE_WRITER_H_
 
@@ -70,18 +78,19 @@ struct TorchFileWriteOptions {
 
 // The complete bytes of a PyTorch-format file holding `value`. Accepted: dicts (any key type,
 // insertion order kept), lists (generic and specialised int/double/bool/str/tensor lists),
-// tuples, str (valid UTF-8), int, double, bool, None, and tensors that are dense (strided), CPU,
-// non-quantized, without conj/neg bits or names, of dtype float32/64, float16, bfloat16,
-// int64/32/16/8, uint8, bool or complex64/128.
+// tuples, str (valid UTF-8), int, double, bool, None, and tensors that are dense (strided), on the
+// CPU or a GPU (see above), non-quantized, without conj/neg bits or names, of dtype float32/64,
+// float16, bfloat16, int64/32/16/8, uint8, bool or complex64/128.
 // An undefined tensor is written as None.
 // Errors: InvalidArgument naming the path inside `value` ("state/3/exp_avg"; "(root)" for the
 // value itself) and what is wrong, for anything else: objects, futures, devices, complex scalars,
-// non-CPU tensors (copy them to CPU first; copying whole storages keeps views shared), sparse,
-// quantized or nested tensors, invalid UTF-8, two tensors viewing one storage as different dtypes
+// meta tensors (no data), a device storage that cannot be copied to the CPU, sparse, quantized or
+// nested tensors, invalid UTF-8, two tensors viewing one storage as different dtypes
 // (torch.save refuses that too), a storage that is not a whole number of elements, dict keys
 // that are one key in Python (1, 1.0 and True), nesting deeper than 200 levels, a tuple that
 // contains itself; InvalidArgument for a bad archive_name.
-// Memory: the result holds every storage's bytes once more (the caller's copy plus the file).
+// Memory: the result holds every storage's bytes once more (the caller's copy plus the file); a
+// GPU storage is held in host memory twice during the call (its CPU copy and the file).
 // Thread safety: reads `value` only; safe to call concurrently as long as nobody mutates it.
 absl::StatusOr<std::string> write_torch_file(const c10::IValue& value, const TorchFileWriteOptions& options = {});
 
