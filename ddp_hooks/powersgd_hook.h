@@ -9,20 +9,27 @@
 //   state->matrix_approximation_rank = 2;
 //   state->start_powerSGD_iter = 10;
 //   ddp.register_comm_hook(std::make_unique<dtrain::ddp_hooks::PowerSGDHook>(state));
-//   c10::IValue saved = state->state_dict();   // resume later with load_state_dict (PyTorch #75666)
+//   c10::IValue saved = state->state_dict();   // CPU tensors, for checkpoint::save_state
+//   ...   // later, a state constructed with the same settings (PyTorch #75666):
+//   absl::Status s = state->load_state_dict(*checkpoint::load_state(file), /*expected_iter=*/step);
 //
 // The hook does its work when DDP hands it a bucket (the all-reduces run to completion there),
-// so it overlaps less with backward than the plain all-reduce does.
+// so it overlaps less with backward than the plain all-reduce does. Buckets may be on any device:
+// the random matrices are drawn on the CPU (the same on every rank and device, as PyTorch draws
+// them) and copied to the bucket's device, where the error-feedback and P/Q memories live.
 #ifndef DTRAIN_DDP_HOOKS_POWERSGD_HOOK_H_
 #define DTRAIN_DDP_HOOKS_POWERSGD_HOOK_H_
 
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
+#include <set>
 
 #include <torch/csrc/distributed/c10d/comm.hpp>
 
+#include "absl/status/status.h"
 #include "comm/process_group.h"
 #include "ddp_hooks/bucket_hook.h"
 
@@ -42,13 +49,18 @@ struct PowerSGDState {
   uint64_t random_seed = 0;
   bool batch_tensors_with_same_shape = false;
 
-  // Run-time state.
+  // Run-time state. The tensors are 1-D, on the bucket's device and in its dtype (until their
+  // first use after load_state_dict: on the CPU, see there).
   int64_t iter = 0;
   std::map<int64_t, at::Tensor> error_dict;     // per bucket: local compression error
   std::map<int64_t, at::Tensor> p_memory_dict;  // per bucket: all Ps, flat
   std::map<int64_t, at::Tensor> q_memory_dict;  // per bucket: all Qs, flat (warm start)
   int64_t total_numel_before_compression = 0;
   int64_t total_numel_after_compression = 0;
+  // Buckets whose error_dict / p_memory_dict and q_memory_dict entries load_state_dict brought in
+  // and the hook has not checked against the bucket yet (it does at their first use).
+  std::set<int64_t> unchecked_error_buckets;
+  std::set<int64_t> unchecked_memory_buckets;
 
   // TORCH_CHECK with PyTorch's message: start_powerSGD_iter must be > 1 with error feedback or
   // warm start; rank >= 1; rate >= 1.
@@ -56,8 +68,28 @@ struct PowerSGDState {
   // compression_rate = numel before / numel after, over everything sent so far.
   double compression_rate() const;
 
-  // Everything needed to resume (hyper-parameters, iter, error / P / Q memories, RNG).
+  // Everything needed to resume (hyper-parameters, iter, error / P / Q memories, RNG), with
+  // every tensor a CPU copy (what checkpoint::save_state writes), whatever the buckets' device.
   c10::IValue state_dict() const;
+
+  // Resumes from a state_dict() read back from a file (untrusted: every field's type and range is
+  // checked before anything changes; a refused load leaves this state as it was). The settings
+  // (matrix_approximation_rank, start_powerSGD_iter, min_compression_rate, use_error_feedback,
+  // warm_start, orthogonalization_epsilon, random_seed, batch_tensors_with_same_shape) must equal
+  // this state's: a state is resumed, not reconfigured. With `expected_iter`, `iter` must equal
+  // it (the hook counts one iteration per backward, no_sync passes not included: a training loop
+  // of one backward per step, as examples:train, passes the checkpoint's step); `iter` is always
+  // in [0, 10^12]. Before start_powerSGD_iter the hook keeps no memories, so such a state must
+  // hold none. Not while a backward runs the hook.
+  // The memories are kept as CPU tensors; the hook checks each against its bucket (length and
+  // dtype, which only the model tells) and moves it to the bucket's device at its first use,
+  // failing there (c10::Error, before any collective) when it does not fit.
+  // Errors: DataLoss (not a dict, a missing or unknown key, a value of the wrong type or out of
+  // range, a malformed tensor or RNG state) and InvalidArgument (a setting that differs from this
+  // state's, `iter` other than `expected_iter`), each naming the key, what was found and what was
+  // expected.
+  absl::Status load_state_dict(const c10::IValue& state_dict, std::optional<int64_t> expected_iter);
+  // The same, throwing c10::Error with that message (the torch-style form).
   void load_state_dict(const c10::IValue& state_dict);
 
   std::mt19937_64 rng{0};

@@ -1,6 +1,14 @@
 #include "ddp_hooks/powersgd_hook.h"
 
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -34,6 +42,15 @@ at::Tensor v() { return at::sin(at::arange(6, at::kDouble) + 1); }
 std::shared_ptr<PowerSGDState> make_state(comm::Group& g, int64_t start) {
   auto s = std::make_shared<PowerSGDState>(g);
   s->start_powerSGD_iter = start;
+  return s;
+}
+
+// Rank 2, compressing the 8x6 matrix of a TestBucket ((8 + 6) * 2 numbers instead of 48), from
+// iteration 2.
+std::shared_ptr<PowerSGDState> configured(comm::Group& g) {
+  auto s = make_state(g, 2);
+  s->matrix_approximation_rank = 2;
+  s->min_compression_rate = 1;
   return s;
 }
 
@@ -99,9 +116,8 @@ TEST(PowerSGDTest, ErrorFeedbackCarriesTheResidualAndWarmStartConverges) {
 
 TEST(PowerSGDTest, StateDictResumesIdentically) {
   run_ranks_as_threads(2, [](comm::Group& g) {
-    auto a = make_state(g, 2);
+    auto a = configured(g);
     a->iter = 2;
-    a->matrix_approximation_rank = 2;
     PowerSGDHook hook_a(a);
     const at::Tensor m = at::sin(at::arange(48, at::kDouble).view({8, 6}) * (0.3 + g.rank()));
     for (int i = 0; i < 3; ++i) {
@@ -109,9 +125,10 @@ TEST(PowerSGDTest, StateDictResumesIdentically) {
       auto gb = b.bucket();
       hook_a.runHook(gb);
     }
+    ASSERT_EQ(a->p_memory_dict.at(0).numel(), 8 * 2) << "the matrix is compressed: P and Q memories are resumed";
     auto saved = a->state_dict();
-    auto b_state = make_state(g, 1000);
-    b_state->load_state_dict(saved);
+    auto b_state = configured(g);  // constructed as `a` was: a state is resumed, not reconfigured
+    ASSERT_TRUE(b_state->load_state_dict(saved, /*expected_iter=*/a->iter).ok());
     PowerSGDHook hook_b(b_state);
     TestBucket x(m, at::ones({5}, at::kDouble)), y(m, at::ones({5}, at::kDouble));
     auto gx = x.bucket();
@@ -152,6 +169,223 @@ TEST(PowerSGDTest, BatchedSameShapeMatchesUnbatched) {
       hook.runHook(gb);
       EXPECT_TRUE(buffer.allclose(before, 1e-9, 1e-9)) << (batched ? "batched" : "unbatched") << ": rank-1 inputs are exact";
     }
+  });
+}
+
+// The hook's first compression of an 8x6 matrix at rank 2, by hand: Q drawn on the CPU by a
+// generator seeded from the state's std::mt19937_64 (PyTorch: torch.manual_seed(rng.randint(1e9))
+// and torch.randn on the CPU), then P = M Q and Q = M^T P, each orthogonalised. Bit for bit what
+// the hook has drawn since its first version, whatever device its buckets are on.
+TEST(PowerSGDTest, RandomMatricesAreDrawnOnTheCpuFromTheSeededStream) {
+  run_ranks_as_threads(1, [](comm::Group& g) {
+    auto state = configured(g);
+    state->iter = 2;
+    state->random_seed = 7;
+    PowerSGDHook hook(state);
+    const at::Tensor m = at::sin(at::arange(48, at::kDouble).view({8, 6}) * 0.3);
+    TestBucket b(m, at::ones({5}, at::kDouble));
+    auto gb = b.bucket();
+    hook.runHook(gb);
+
+    std::mt19937_64 rng(7);
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(rng() % 1000000000ULL);
+    at::Tensor q = at::randn({1, 6, 2}, gen, at::TensorOptions().dtype(at::kDouble));
+    orthogonalize(q, 0);
+    at::Tensor p = at::empty({1, 8, 2}, at::kDouble);
+    at::bmm_out(p, m.unsqueeze(0), q);
+    orthogonalize(p, 0);
+    at::bmm_out(q, m.unsqueeze(0).transpose(1, 2), p);
+    EXPECT_TRUE(state->p_memory_dict.at(0).equal(p.reshape(-1)));
+    EXPECT_TRUE(state->q_memory_dict.at(0).equal(q.reshape(-1)));
+    EXPECT_TRUE(b.matrix().equal(at::bmm(p, q.transpose(1, 2))[0]));
+    std::ostringstream advanced;
+    advanced << rng;
+    const c10::IValue saved = state->state_dict();
+    const std::string saved_rng = saved.toGenericDict().at("rng").toStringRef();
+    EXPECT_EQ(saved_rng, advanced.str()) << "one draw from the seeded stream";
+  });
+}
+
+// CUDA buckets (skipped without a device): the same random Qs as on the CPU, memories on the
+// device, state_dict() on the CPU, a loaded state moved to the device at its first use.
+TEST(PowerSGDTest, CudaBucketsDrawOnTheCpuAndKeepTheirStateOnTheDevice) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  run_ranks_as_threads(1, [](comm::Group& g) {
+    const at::Tensor m = at::sin(at::arange(48, at::kDouble).view({8, 6}) * 0.3);
+    auto run = [&](const std::shared_ptr<PowerSGDState>& s, bool cuda) {
+      PowerSGDHook hook(s);
+      TestBucket layout(m, at::ones({5}, at::kDouble));
+      at::Tensor buffer = cuda ? layout.buffer.cuda() : layout.buffer;
+      c10d::GradBucket gb = make_grad_bucket(0, 1, buffer, layout.offsets, layout.lengths, layout.sizes, layout.params);
+      hook.runHook(gb);
+      return buffer.cpu();
+    };
+    auto make = [&] {
+      auto s = configured(g);
+      s->iter = 2;
+      return s;
+    };
+    auto on_cpu = make(), on_gpu = make();
+    for (int i = 0; i < 3; ++i) EXPECT_TRUE(run(on_gpu, true).allclose(run(on_cpu, false), 1e-9, 1e-9)) << "step " << i;
+    EXPECT_TRUE(on_gpu->error_dict.at(0).is_cuda());
+    EXPECT_TRUE(on_gpu->p_memory_dict.at(0).is_cuda());
+    const c10::IValue saved = on_gpu->state_dict();
+    for (const char* key : {"error_dict", "p_memory_dict", "q_memory_dict"}) {
+      EXPECT_TRUE(saved.toGenericDict().at(key).toGenericDict().at(int64_t{0}).toTensor().device().is_cpu()) << key;
+    }
+    auto resumed = make();
+    ASSERT_TRUE(resumed->load_state_dict(saved, on_gpu->iter).ok());
+    EXPECT_TRUE(resumed->error_dict.at(0).device().is_cpu());
+    EXPECT_TRUE(run(resumed, true).allclose(run(on_gpu, true), 1e-12, 1e-12));
+    EXPECT_TRUE(resumed->error_dict.at(0).is_cuda());
+    EXPECT_TRUE(resumed->q_memory_dict.at(0).is_cuda());
+  });
+}
+
+// A state that compressed bucket 0 (an 8x6 matrix and a 5-vector, rank 2) three times: iter 5,
+// error, P (16 numbers) and Q (12 numbers) memories for bucket 0.
+std::shared_ptr<PowerSGDState> trained(comm::Group& g) {
+  auto s = configured(g);
+  s->iter = 2;
+  PowerSGDHook hook(s);
+  for (int i = 0; i < 3; ++i) {
+    TestBucket b(at::sin(at::arange(48, at::kDouble).view({8, 6}) * 0.3), at::ones({5}, at::kDouble));
+    auto gb = b.bucket();
+    hook.runHook(gb);
+  }
+  return s;
+}
+
+// A state constructed as trained()'s was, to resume into.
+std::shared_ptr<PowerSGDState> resuming(comm::Group& g) { return configured(g); }
+
+// trained()'s state_dict with entries replaced: what a checksum-valid but hostile file holds.
+c10::IValue hostile(comm::Group& g, std::vector<std::pair<std::string, c10::IValue>> changes) {
+  c10::impl::GenericDict d = trained(g)->state_dict().toGenericDict();
+  for (auto& [key, value] : changes) d.insert_or_assign(key, value);
+  return d;
+}
+
+c10::impl::GenericDict bucket0(at::Tensor t) {
+  c10::impl::GenericDict d(c10::IntType::get(), c10::TensorType::get());
+  d.insert(int64_t{0}, std::move(t));
+  return d;
+}
+
+// The message of a refused load (the test fails when the load is accepted).
+std::string refused(PowerSGDState& s, const c10::IValue& sd, std::optional<int64_t> expected_iter = std::nullopt) {
+  const absl::Status status = s.load_state_dict(sd, expected_iter);
+  EXPECT_FALSE(status.ok()) << "a hostile state was accepted";
+  return std::string(status.message());
+}
+
+// The message of the c10::Error the hook's first use of a loaded state throws.
+std::string first_use_error(const std::shared_ptr<PowerSGDState>& s) {
+  PowerSGDHook hook(s);
+  TestBucket b(at::sin(at::arange(48, at::kDouble).view({8, 6}) * 0.3), at::ones({5}, at::kDouble));
+  const at::Tensor before = b.buffer.clone();
+  auto gb = b.bucket();
+  try {
+    hook.runHook(gb);
+  } catch (const c10::Error& e) {
+    EXPECT_TRUE(b.buffer.equal(before)) << "refused before the bucket changed";
+    return e.what_without_backtrace();
+  }
+  ADD_FAILURE() << "a loaded memory that does not fit the bucket was used";
+  return "";
+}
+
+TEST(PowerSGDStateTest, RefusesAnIterOfAnotherStep) {
+  run_ranks_as_threads(1, [](comm::Group& g) {
+    auto s = resuming(g);
+    EXPECT_THAT(refused(*s, hostile(g, {{"iter", int64_t{7}}}), /*expected_iter=*/5),
+                HasSubstr("PowerSGD state: 'iter' is 7, expected 5 (the iteration the checkpoint was written at)"));
+    EXPECT_TRUE(s->load_state_dict(trained(g)->state_dict(), 5).ok()) << "the same state at its own step loads";
+  });
+}
+
+TEST(PowerSGDStateTest, RefusesMemoriesBeforeTheStartIteration) {
+  run_ranks_as_threads(1, [](comm::Group& g) {
+    auto s = resuming(g);
+    s->start_powerSGD_iter = 10;
+    EXPECT_THAT(refused(*s, hostile(g, {{"start_powerSGD_iter", int64_t{10}}, {"iter", int64_t{7}}})),
+                HasSubstr("'iter' is 7, before start_powerSGD_iter 10, but the state holds 1 'error_dict' and 1 "
+                          "'p_memory_dict' entries"));
+  });
+}
+
+TEST(PowerSGDStateTest, RefusesANegativeIter) {
+  run_ranks_as_threads(1, [](comm::Group& g) {
+    auto s = resuming(g);
+    EXPECT_THAT(refused(*s, hostile(g, {{"iter", int64_t{-50}}})),
+                HasSubstr("PowerSGD state: 'iter' is -50, expected an int in [0, 1000000000000]"));
+    try {
+      s->load_state_dict(hostile(g, {{"iter", int64_t{-50}}}));
+      ADD_FAILURE() << "the throwing form accepted it";
+    } catch (const c10::Error& e) {
+      EXPECT_THAT(e.what_without_backtrace(), HasSubstr("'iter' is -50"));
+    }
+  });
+}
+
+TEST(PowerSGDStateTest, RefusesARankOtherThanThisRuns) {
+  run_ranks_as_threads(1, [](comm::Group& g) {
+    auto s = resuming(g);
+    EXPECT_THAT(refused(*s, hostile(g, {{"matrix_approximation_rank", int64_t{1} << 40}})),
+                HasSubstr("'matrix_approximation_rank' is 1099511627776 in the checkpoint but 2 in this run's "
+                          "PowerSGDState"));
+    EXPECT_EQ(s->matrix_approximation_rank, 2);
+  });
+}
+
+TEST(PowerSGDStateTest, RefusesAMemoryOfTheWrongShape) {
+  run_ranks_as_threads(1, [](comm::Group& g) {
+    auto s = resuming(g);
+    EXPECT_THAT(refused(*s, hostile(g, {{"p_memory_dict", bucket0(at::zeros({4, 4}, at::kDouble))}})),
+                HasSubstr("'p_memory_dict'[0] is a 2-D Strided tensor on cpu, expected a 1-D"));
+    EXPECT_THAT(refused(*s, hostile(g, {{"q_memory_dict", bucket0(at::zeros({12}, at::kLong))}})),
+                HasSubstr("'q_memory_dict'[0] is a Long tensor, expected Double, Float, Half or BFloat16"));
+    // A length only the model can tell: refused at the first use, before anything changes.
+    ASSERT_TRUE(s->load_state_dict(hostile(g, {{"p_memory_dict", bucket0(at::zeros({5}, at::kDouble))}}), 5).ok());
+    EXPECT_THAT(first_use_error(s), HasSubstr("the loaded state's 'p_memory_dict'[0] holds 5 Double numbers but "
+                                              "bucket 0 needs 16 Double"));
+    auto t = resuming(g);
+    ASSERT_TRUE(t->load_state_dict(hostile(g, {{"error_dict", bucket0(at::zeros({1}, at::kDouble))}}), 5).ok());
+    EXPECT_THAT(first_use_error(t), HasSubstr("'error_dict'[0] holds 1 Double numbers but bucket 0 needs 53 Double"));
+  });
+}
+
+TEST(PowerSGDStateTest, RefusesAnIterStoredAsAString) {
+  run_ranks_as_threads(1, [](comm::Group& g) {
+    auto s = resuming(g);
+    EXPECT_THAT(refused(*s, hostile(g, {{"iter", std::string("7")}})),
+                HasSubstr("PowerSGD state: 'iter' is a String, expected an int"));
+  });
+}
+
+TEST(PowerSGDStateTest, RefusesADictOfAnotherKind) {
+  run_ranks_as_threads(1, [](comm::Group& g) {
+    auto s = resuming(g);
+    c10::impl::GenericDict optimizer(c10::StringType::get(), c10::AnyType::get());
+    optimizer.insert("state", bucket0(at::zeros({3})));
+    optimizer.insert("param_groups", int64_t{0});
+    EXPECT_THAT(refused(*s, optimizer), HasSubstr("PowerSGD state: it has no 'matrix_approximation_rank'"));
+    EXPECT_THAT(refused(*s, at::zeros({3})), HasSubstr("PowerSGD state: it is a Tensor, expected a dict"));
+    c10::impl::GenericDict no_rng = trained(g)->state_dict().toGenericDict();
+    EXPECT_EQ(no_rng.erase(c10::IValue("rng")), 1u);
+    EXPECT_THAT(refused(*s, no_rng), HasSubstr("it has no 'rng'"));
+    EXPECT_THAT(refused(*s, hostile(g, {{"lr", 0.1}})), HasSubstr("it has the key lr, expected only the 16 keys"));
+  });
+}
+
+TEST(PowerSGDStateTest, ARefusedLoadChangesNothing) {
+  run_ranks_as_threads(1, [](comm::Group& g) {
+    auto s = resuming(g);
+    EXPECT_THAT(refused(*s, hostile(g, {{"rng", std::string("12 34")}})),
+                HasSubstr("'rng' is not a std::mt19937_64 state"));
+    EXPECT_EQ(s->iter, 0);
+    EXPECT_TRUE(s->error_dict.empty() && s->p_memory_dict.empty() && s->unchecked_error_buckets.empty());
+    EXPECT_FALSE(s->rng_seeded);
   });
 }
 
