@@ -158,8 +158,10 @@ struct DistributedDataParallel::State {
       globally_used = at::zeros({static_cast<int64_t>(params.size())}, at::kInt);
       int* used = globally_used.data_ptr<int>();  // element-wise tensor indexing costs a dispatch each
       for (size_t i = 0; i < params.size(); ++i) used[i] = locally_used[i] ? 1 : 0;
-      std::vector<at::Tensor> t = {globally_used};
+      // On the group's device (NCCL refuses CPU tensors), read back on the CPU.
+      std::vector<at::Tensor> t = {globally_used.to(options.group.device())};
       options.group->allreduce(t)->wait();
+      globally_used = t[0].cpu();
     } else if (!unused.empty()) {
       pending_error = unused_parameters_error(unused);
     }
@@ -328,7 +330,8 @@ void DistributedDataParallel::pre_forward() {
   if (join_enabled()) {
     // Joined ranks add 0 to the same call (shadow_backward), so the sum counts the active ranks
     // (all ranks follow the same no_sync pattern, so 0 means nobody syncs).
-    std::vector<at::Tensor> flag = {at::full({1}, s.sync ? 1 : 0, at::kInt)};
+    std::vector<at::Tensor> flag = {
+        at::full({1}, s.sync ? 1 : 0, at::TensorOptions().dtype(at::kInt).device(s.options.group.device()))};
     s.options.group->allreduce(flag)->wait();
     std::lock_guard<std::mutex> lock(s.mu);
     s.active_ranks = flag[0].item<int>();
@@ -351,7 +354,8 @@ void DistributedDataParallel::sync_buffers() {
 void DistributedDataParallel::shadow_backward() {
   State& s = *state_;
   sync_buffers();
-  std::vector<at::Tensor> flag = {at::zeros({1}, at::kInt)};
+  std::vector<at::Tensor> flag = {
+      at::zeros({1}, at::TensorOptions().dtype(at::kInt).device(s.options.group.device()))};
   s.options.group->allreduce(flag)->wait();
   if (flag[0].item<int>() == 0) return;  // every working rank is in no_sync: nothing to match
   std::lock_guard<std::mutex> lock(s.mu);
@@ -367,7 +371,8 @@ void DistributedDataParallel::shadow_backward() {
   }
   if (s.consumer != nullptr) s.consumer->finish_backward();
   if (s.options.find_unused_parameters) {
-    std::vector<at::Tensor> used = {at::zeros({static_cast<int64_t>(s.params.size())}, at::kInt)};
+    std::vector<at::Tensor> used = {at::zeros(
+        {static_cast<int64_t>(s.params.size())}, at::TensorOptions().dtype(at::kInt).device(s.options.group.device()))};
     s.options.group->allreduce(used)->wait();
   }
 }
@@ -375,7 +380,8 @@ void DistributedDataParallel::shadow_backward() {
 void DistributedDataParallel::sync_final_model(bool is_last_joiner) {
   State& s = *state_;
   // The last rank to join trained longest: its model is the authoritative one.
-  std::vector<at::Tensor> who = {at::full({1}, is_last_joiner ? s.options.group.rank() : -1, at::kInt)};
+  std::vector<at::Tensor> who = {at::full({1}, is_last_joiner ? s.options.group.rank() : -1,
+                                          at::TensorOptions().dtype(at::kInt).device(s.options.group.device()))};
   c10d::AllreduceOptions max;
   max.reduceOp = c10d::ReduceOp::MAX;
   s.options.group->allreduce(who, max)->wait();
