@@ -1,6 +1,7 @@
 #include "optim/functional_adagrad.h"
 
 #include "optim/internal/functional_impl.h"
+#include "optim/libtorch_compat.h"
 
 namespace dtrain::optim::internal {
 
@@ -12,7 +13,7 @@ struct Descriptor<AdagradOptions> : DescriptorDefaults {
         .option(DTRAIN_OPTION(lr_decay), non_negative("Invalid lr_decay value"))
         .eps().weight_decay()
         .option(DTRAIN_OPTION(initial_accumulator_value), non_negative("Invalid initial_accumulator_value value"))
-        .foreach().maximize()
+        .foreach().maximize().fused()
         .check_order({"lr", "lr_decay", "weight_decay", "initial_accumulator_value", "eps"});
   }
   static constexpr StepKind kStep = StepKind::kFloatTensor;
@@ -56,6 +57,33 @@ struct Descriptor<AdagradOptions> : DescriptorDefaults {
       sum[k] = sk;
       p[k] = p[k] + neg_clr * gk / (std::sqrt(sk) + eps);
     }
+  }
+
+  // CUDA: PyTorch's _fused_adagrad (one at::_fused_adagrad_ per (device, dtype) batch, the step
+  // read on the device) where this LibTorch has its CUDA kernel, else _multi_tensor_adagrad's
+  // _foreach_ sequence with the clr of each parameter's host step.
+  static constexpr bool kCudaFused = true;
+  static bool cuda_wanted(const AdagradOptions& o) { return o.fused().value_or(true); }
+  static std::array<bool, 4> cuda_slots(const AdagradOptions&) { return {true, false, false, false}; }
+  static void cuda_step(CudaBatch& b, const AdagradOptions& o) {
+    static const bool has_fused = has_cuda_kernel("aten::_fused_adagrad_");
+    if (has_fused) {
+      fused_adagrad_(b.params, b.grads, b.slots[0], b.steps, o.lr(), o.lr_decay(), o.weight_decay(), o.eps(),
+                     o.maximize());
+      ++cuda_path_counts().fused;
+      return;
+    }
+    std::vector<at::Tensor> grads = o.maximize() ? at::_foreach_neg(b.grads) : b.grads;
+    if (o.weight_decay() != 0) grads = at::_foreach_add(grads, b.params, o.weight_decay());
+    std::vector<c10::Scalar> minus_clr;
+    for (int64_t step : b.step_counts) {
+      minus_clr.emplace_back(-o.lr() / (1 + (static_cast<double>(step) - 1) * o.lr_decay()));
+    }
+    at::_foreach_addcmul_(b.slots[0], grads, grads);
+    std::vector<at::Tensor> denom = at::_foreach_sqrt(b.slots[0]);
+    at::_foreach_add_(denom, o.eps());
+    at::_foreach_addcdiv_(b.params, at::_foreach_mul(grads, c10::ArrayRef<c10::Scalar>(minus_clr)), denom);
+    ++cuda_path_counts().foreach;
   }
 };
 

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "optim/internal/functional_impl.h"
+#include "optim/libtorch_compat.h"
 
 namespace dtrain::optim::internal {
 
@@ -99,18 +100,31 @@ struct AdamDescriptor : DescriptorDefaults {
     // amsgrad off ignores (and keeps) a max_exp_avg_sq from earlier steps, as the ATen path does.
     return o.amsgrad() ? loop<T, true>(t, lo, hi, o) : loop<T, false>(t, lo, hi, o);
   }
+
+  // CUDA: PyTorch's _fused_adam, one at::_fused_adam(w)_ per (device, dtype) batch; the kernel
+  // reads each parameter's float32 step on the device (drive_cuda has counted it).
+  static constexpr bool kCudaFused = true;
+  static bool cuda_wanted(const Options& o) { return o.fused().value_or(true); }
+  static std::array<bool, 4> cuda_slots(const Options& o) { return {true, true, o.amsgrad(), false}; }
+  static void cuda_step(CudaBatch& b, const Options& o) {
+    fused_adam_(kDecoupled, b.params, b.grads, b.slots[0], b.slots[1], b.slots[2], b.steps, o.lr(),
+                std::get<0>(o.betas()), std::get<1>(o.betas()), o.weight_decay(), o.eps(), o.amsgrad(), o.maximize());
+    ++cuda_path_counts().fused;
+  }
 };
 
 template <>
 struct Descriptor<AdamOptions> : AdamDescriptor<false, AdamOptions> {
   static OptionTable<AdamOptions> options() {
-    return AdamDescriptor::options("Adam").fixed("capturable", false).differentiable().fixed("fused", false);
+    return AdamDescriptor::options("Adam").fixed("capturable", false).differentiable().fused();
   }
 };
 
 template <>
 struct Descriptor<AdamWOptions> : AdamDescriptor<true, AdamWOptions> {
-  static OptionTable<AdamWOptions> options() { return AdamDescriptor::options("AdamW").fixed("capturable", false); }
+  static OptionTable<AdamWOptions> options() {
+    return AdamDescriptor::options("AdamW").fixed("capturable", false).fused();
+  }
 };
 
 }  // namespace dtrain::optim::internal

@@ -1,6 +1,7 @@
 // Functional Adam and AdamW (torch.distributed.optim's _FunctionalAdam / _FunctionalAdamW;
 // numerics of PyTorch's single-tensor implementations): AMSGrad, weight decay (L2 for Adam,
-// decoupled for AdamW), maximize.
+// decoupled for AdamW), maximize. CUDA parameters take ATen's fused multi-tensor kernel
+// (at::_fused_adam_ / _fused_adamw_, PyTorch's fused=True numerics) unless fused is False.
 //
 //   dtrain::optim::FunctionalAdamW adamw(params, dtrain::optim::AdamWOptions().lr(3e-4).betas({0.9, 0.95}));
 //   adamw.step(grads);
@@ -22,6 +23,11 @@ struct AdamOptions {
   // Fixed before the first step: switching it on later is an error, as in PyTorch (KeyError).
   TORCH_ARG(bool, amsgrad) = false;
   TORCH_ARG(bool, maximize) = false;
+  // PyTorch's `fused`. None (the default) or True: CUDA parameters are updated by ATen's fused
+  // multi-tensor kernel, one launch per (device, dtype); False: by the per-tensor ATen ops
+  // (PyTorch's single-tensor numerics). CPU parameters take dtrain's own fused CPU kernel either
+  // way. Unlike PyTorch, whose default on CUDA is foreach, dtrain defaults to the fused kernel.
+  TORCH_ARG(OptionalBool, fused) = std::nullopt;
 };
 
 struct AdamWOptions {
@@ -31,6 +37,7 @@ struct AdamWOptions {
   TORCH_ARG(double, weight_decay) = 1e-2;
   TORCH_ARG(bool, amsgrad) = false;  // as AdamOptions::amsgrad
   TORCH_ARG(bool, maximize) = false;
+  TORCH_ARG(OptionalBool, fused) = std::nullopt;  // as AdamOptions::fused
 };
 
 extern template class TypedFunctionalOptimizer<AdamOptions>;

@@ -93,6 +93,18 @@ OptionsDict FunctionalOptimizer::merged_options(const std::string& optimizer, Op
     const std::string key = kv.key().toStringRef();
     if (is_torch_only_option(key)) {
       const c10::IValue& v = kv.value();
+      // `fused` is a real option where the optimizer's table has it (Adam, AdamW, SGD, Adagrad:
+      // ATen's fused CUDA kernels); elsewhere, as foreach, it only picks PyTorch's implementation.
+      if (key == "fused" && current.contains(key)) {
+        TORCH_CHECK(v.isNone() || v.isBool(), optimizer, ": option fused must be True, False or None, got ",
+                    v.tagKind());
+        current.insert_or_assign(key, v);
+        continue;
+      }
+      TORCH_CHECK(key != "fused" || v.isNone() || (v.isBool() && !v.toBool()), optimizer,
+                  ": option fused=True is not supported: dtrain has ATen's fused CUDA kernels for Adam, AdamW, "
+                  "SGD and Adagrad only (", optimizer, " runs its own fused CPU kernel where it can); leave it "
+                  "None or False");
       // foreach only picks PyTorch's implementation; the others change semantics we do not have.
       TORCH_CHECK(key == "foreach" || v.isNone() || (v.isBool() && !v.toBool()), optimizer,
                   ": option ", key, "=True is not supported (CUDA-graph / autograd-through-step "

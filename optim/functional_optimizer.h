@@ -39,6 +39,12 @@ struct ParamState {
   bool initialized = false;
   int64_t step = 0;
   std::array<at::Tensor, 4> slots;
+  // The CUDA fused kernels' copy of `step`, as PyTorch's fused path keeps state["step"]: a 0-dim
+  // float32 tensor on the parameter's device holding `device_step_value`. Undefined until a CUDA
+  // fused step; rebuilt from `step` whenever the two differ (a loaded state, an ATen-path step),
+  // so `step` stays the truth and nothing reads the device back. state_dict() writes `step`.
+  at::Tensor device_step;
+  int64_t device_step_value = -1;
 };
 
 class FunctionalOptimizer {
@@ -72,7 +78,10 @@ class FunctionalOptimizer {
   virtual OptionsDict options_dict() const = 0;
   // Validates every value (PyTorch's messages) before applying any. Unknown keys are an error;
   // PyTorch-only keys (foreach, capturable, differentiable, fused) are accepted when they ask for
-  // nothing dtrain lacks.
+  // nothing dtrain lacks. `fused` is an option of Adam, AdamW, SGD and Adagrad (None, the default,
+  // or True: ATen's fused multi-tensor kernels for CUDA parameters; False: the per-tensor ATen
+  // path there; CPU parameters take dtrain's own fused CPU kernels either way); the other
+  // optimizers refuse fused=True. foreach is accepted and does not change the implementation.
   void set_options(const OptionsDict& options);
   // `current` with `overrides` applied, after checking every override key (see set_options);
   // `optimizer` names it in errors.
@@ -80,7 +89,10 @@ class FunctionalOptimizer {
                                     const OptionsDict& overrides);
 
   // PyTorch's format (checkpoint/optimizer_state_dict.h): state {index: {name: tensor | int | None}},
-  // one param group {options..., params: [0..n-1]}.
+  // one param group {options..., params: [0..n-1]}. State tensors are the live slots, on their
+  // parameter's device; "step" is a 0-dim float32 CPU tensor for CUDA parameters too (PyTorch's
+  // fused path keeps it on the device, and its load_state_dict moves a CPU one there), so that
+  // saving reads nothing back from the GPU.
   c10::IValue state_dict() const;
   // Loads a state_dict of the format above (from dtrain, or converted from PyTorch/LibTorch):
   // exactly one param group whose "params" has params().size() entries; state tensors must have

@@ -88,6 +88,12 @@ OptionalString option_value(const OptionsDict& d, const std::string& key, Option
   return v.isNone() ? std::nullopt : OptionalString(v.toStringRef());
 }
 
+OptionalBool option_value(const OptionsDict& d, const std::string& key, OptionalBool*) {
+  const c10::IValue& v = d.at(key);
+  TORCH_CHECK(v.isNone() || v.isBool(), "option '", key, "' must be True, False or None, got ", v.tagKind());
+  return v.isNone() ? std::nullopt : OptionalBool(v.toBool());
+}
+
 c10::IValue option_ivalue(double v) { return v; }
 c10::IValue option_ivalue(bool v) { return v; }
 c10::IValue option_ivalue(const DoublePair& v) { return c10::ivalue::Tuple::create({std::get<0>(v), std::get<1>(v)}); }
@@ -100,6 +106,7 @@ c10::IValue option_ivalue(const DoubleTriple& v) {
   return c10::ivalue::Tuple::create({std::get<0>(v), std::get<1>(v), std::get<2>(v)});
 }
 c10::IValue option_ivalue(const OptionalString& v) { return v ? c10::IValue(*v) : c10::IValue(); }
+c10::IValue option_ivalue(const OptionalBool& v) { return v ? c10::IValue(*v) : c10::IValue(); }
 
 OptionRule<double> non_negative(const char* what) {
   return [what](const double& v) { TORCH_CHECK(v >= 0.0, what, ": ", python_float_repr(v)); };

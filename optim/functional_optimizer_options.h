@@ -40,6 +40,8 @@ using OptionalDoublePair = std::tuple<std::optional<double>, double>;
 using DoubleTriple = std::tuple<double, double, double>;
 // A string or None (Muon's adjust_lr_fn).
 using OptionalString = std::optional<std::string>;
+// True, False or None (`fused`).
+using OptionalBool = std::optional<bool>;
 
 // Python's repr of a float, for PyTorch's error messages ("Invalid learning rate: -0.1").
 std::string python_float_repr(double v);
@@ -53,6 +55,7 @@ int64_t option_value(const OptionsDict& d, const std::string& key, int64_t*);  /
 OptionalDoublePair option_value(const OptionsDict& d, const std::string& key, OptionalDoublePair*);
 DoubleTriple option_value(const OptionsDict& d, const std::string& key, DoubleTriple*);
 OptionalString option_value(const OptionsDict& d, const std::string& key, OptionalString*);
+OptionalBool option_value(const OptionsDict& d, const std::string& key, OptionalBool*);
 c10::IValue option_ivalue(double v);
 c10::IValue option_ivalue(bool v);
 c10::IValue option_ivalue(const DoublePair& v);
@@ -60,6 +63,7 @@ c10::IValue option_ivalue(int64_t v);
 c10::IValue option_ivalue(const OptionalDoublePair& v);
 c10::IValue option_ivalue(const DoubleTriple& v);
 c10::IValue option_ivalue(const OptionalString& v);
+c10::IValue option_ivalue(const OptionalBool& v);
 
 // PyTorch's check of one value: returns, or throws c10::Error with PyTorch's message.
 template <typename T>
@@ -129,6 +133,9 @@ class OptionTable {
   OptionTable& betas() { return option(DTRAIN_OPTION(betas), valid_betas()); }
   OptionTable& maximize() { return option(DTRAIN_OPTION(maximize)); }
   OptionTable& foreach() { return fixed("foreach", c10::IValue()); }
+  // PyTorch's `fused` (None, True or False), backed by Options::fused(): which CUDA path the
+  // optimizers with ATen fused kernels take (see FunctionalOptimizer::set_options).
+  OptionTable& fused() { return option(DTRAIN_OPTION(fused)); }
   OptionTable& differentiable() { return fixed("differentiable", false); }
 
   const std::string& name() const { return name_; }

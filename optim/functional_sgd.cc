@@ -15,7 +15,7 @@ struct Descriptor<SGDOptions> : DescriptorDefaults {
         .option(DTRAIN_OPTION(dampening))
         .weight_decay()
         .option(DTRAIN_OPTION(nesterov))
-        .maximize().foreach().differentiable()
+        .maximize().foreach().differentiable().fused()
         .check([](const SGDOptions& o) {
           TORCH_CHECK(!o.nesterov() || (o.momentum() > 0 && o.dampening() == 0),
                       "Nesterov momentum requires a momentum and zero dampening");
@@ -81,6 +81,20 @@ struct Descriptor<SGDOptions> : DescriptorDefaults {
       return o.nesterov() ? loop<T, true, true, true>(t, lo, hi, o) : loop<T, true, true, false>(t, lo, hi, o);
     }
     return o.nesterov() ? loop<T, true, false, true>(t, lo, hi, o) : loop<T, true, false, false>(t, lo, hi, o);
+  }
+
+  // CUDA: PyTorch's _fused_sgd, one at::_fused_sgd_ per (device, dtype) batch, split by whether
+  // the momentum buffers are new (its is_first_step holds for a whole call, dtrain's `first` per
+  // parameter: a parameter whose first gradient comes later starts its buffer the same way).
+  static constexpr bool kCudaFused = true;
+  static constexpr bool kCudaBatchByFirst = true;
+  static bool cuda_wanted(const SGDOptions& o) { return o.fused().value_or(true); }
+  static std::array<bool, 4> cuda_slots(const SGDOptions& o) { return {o.momentum() != 0, false, false, false}; }
+  static void cuda_step(CudaBatch& b, const SGDOptions& o) {
+    // Momentum 0 passes no buffers (ATen requires that), ignoring one left from earlier steps.
+    fused_sgd_(b.params, b.grads, b.slots[0], o.weight_decay(), o.momentum(), o.lr(), o.dampening(), o.nesterov(),
+               o.maximize(), b.first);
+    ++cuda_path_counts().fused;
   }
 };
 

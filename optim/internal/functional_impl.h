@@ -18,11 +18,15 @@
 // (no kernel or scalars: the update is not elementwise -- Adafactor, SparseAdam, Muon), kScalarSlots
 // (0-dim slots the kernel does not see: NAdam's mu_product), slot_shape_of (Adafactor's row_var),
 // finish (state changed after the update: ASGD's eta and mu), check_params (Muon: 2-D only),
-// kSparseGradients (SparseAdam), kStateAtConstruction with init (Adagrad).
+// kSparseGradients (SparseAdam), kStateAtConstruction with init (Adagrad), and kCudaFused with
+// cuda_wanted, cuda_slots and cuda_step (Adam, AdamW, SGD, Adagrad: CUDA parameters through one of
+// ATen's fused multi-tensor kernels per (device, dtype) batch, see drive_cuda).
 #ifndef DTRAIN_OPTIM_INTERNAL_FUNCTIONAL_IMPL_H_
 #define DTRAIN_OPTIM_INTERNAL_FUNCTIONAL_IMPL_H_
 
+#include <algorithm>
 #include <array>
+#include <cstdint>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -72,7 +76,40 @@ struct DescriptorDefaults {
   static constexpr bool kWholeParameters = false;
   // Gradients are sparse COO tensors (SparseAdam), not dense ones.
   static constexpr bool kSparseGradients = false;
+  // Whether CUDA parameters go through ATen's fused multi-tensor kernels (drive_cuda). A descriptor
+  // that says so has cuda_wanted(options) (its `fused` option: None or True), cuda_slots(options)
+  // (the slots the kernel takes) and cuda_step(CudaBatch&, options) (the ATen call).
+  static constexpr bool kCudaFused = false;
+  // Batches split by prepare()'s `first` too (SGD: ATen's is_first_step holds for a whole call).
+  static constexpr bool kCudaBatchByFirst = false;
 };
+
+// One batch of a CUDA step: the parameters of one (device, dtype) -- PyTorch's
+// _group_tensors_by_device_and_dtype -- in parameter order, with what ATen's fused kernel takes.
+struct CudaBatch {
+  c10::Device device = c10::Device(c10::kCPU);
+  at::ScalarType dtype = at::kFloat;
+  bool first = false;  // kCudaBatchByFirst: every parameter's state is new
+  std::vector<at::Tensor> params, grads;
+  std::array<std::vector<at::Tensor>, 4> slots;  // the kernel's slots (cuda_slots), each parallel to params
+  std::vector<at::Tensor> steps;                 // each parameter's ParamState::device_step
+  std::vector<int64_t> step_counts;              // each parameter's step, host side (foreach paths' scalars)
+  std::vector<at::Tensor> stale_steps;           // device steps one behind: incremented before the call
+};
+
+// Makes s.device_step hold s.step, which prepare() has just counted: a step tensor one behind is
+// queued in `stale` for the batch's increment (PyTorch's _foreach_add_(state_steps, 1)); any other
+// (none yet, loaded state, an ATen-path step in between) is rebuilt from the host counter, without
+// reading the device.
+inline const at::Tensor& device_step(ParamState& s, const at::Tensor& p, std::vector<at::Tensor>& stale) {
+  if (s.device_step.defined() && s.device_step.device() == p.device() && s.device_step_value == s.step - 1) {
+    stale.push_back(s.device_step);
+  } else {
+    s.device_step = at::scalar_tensor(static_cast<double>(s.step), p.options().dtype(at::kFloat));
+  }
+  s.device_step_value = s.step;
+  return s.device_step;
+}
 
 inline at::Tensor zeros_like_param(const at::Tensor& p) { return at::zeros_like(p, at::MemoryFormat::Preserve); }
 
@@ -117,14 +154,76 @@ __attribute__((target("avx2"), flatten)) void kernel_avx2(const FusedTensor<T>& 
   Traits::template kernel<T>(t, lo, hi, o);
 }
 
+// The CUDA part of drive() (Traits::kCudaFused and the `fused` option not False): Traits::prepare
+// on each, then per (device, dtype) batch, in order of first appearance, the stale device steps
+// incremented and Traits::cuda_step -- one of ATen's fused multi-tensor kernels, as PyTorch's
+// fused path calls it. A parameter the kernels cannot take (cuda_fusable) runs Traits::aten.
+template <typename Traits, typename Options>
+void drive_cuda(std::vector<at::Tensor>& params, std::vector<ParamState>& state, const Options& o,
+                const std::vector<std::pair<size_t, at::Tensor>>& work) {
+  std::vector<CudaBatch> batches;
+  const std::array<bool, 4> uses = Traits::cuda_slots(o);
+  for (const auto& [i, g] : work) {
+    ParamState& s = state[i];
+    const at::Tensor& p = params[i];
+    const bool first = Traits::prepare(s, params[i], g, o);
+    std::array<at::Tensor, 4> slots;
+    bool complete = true;
+    for (size_t k = 0; k < 4; ++k) {
+      if (uses[k]) {
+        slots[k] = s.slots[k];
+        complete = complete && slots[k].defined();
+      }
+    }
+    if (!complete || !cuda_fusable(p, g, slots)) {
+      Traits::aten(s, params[i], g, o, first);
+      continue;
+    }
+    const bool batch_first = Traits::kCudaBatchByFirst && first;
+    auto it = std::find_if(batches.begin(), batches.end(), [&](const CudaBatch& b) {
+      return b.device == p.device() && b.dtype == p.scalar_type() && b.first == batch_first;
+    });
+    if (it == batches.end()) {
+      CudaBatch fresh;
+      fresh.device = p.device();
+      fresh.dtype = p.scalar_type();
+      fresh.first = batch_first;
+      batches.push_back(std::move(fresh));
+      it = batches.end() - 1;
+    }
+    CudaBatch& b = *it;
+    b.params.push_back(p);
+    b.grads.push_back(g);
+    for (size_t k = 0; k < 4; ++k) {
+      if (uses[k]) b.slots[k].push_back(slots[k]);
+    }
+    if constexpr (Traits::kStep != StepKind::kNone) {
+      b.steps.push_back(device_step(s, p, b.stale_steps));
+      b.step_counts.push_back(s.step);
+    }
+  }
+  for (CudaBatch& b : batches) {
+    if (!b.stale_steps.empty()) at::_foreach_add_(b.stale_steps, 1);
+    Traits::cuda_step(b, o);
+  }
+}
+
 // The fused part of drive(): Traits::prepare on each, then the kernel over all contiguous
-// float/double tensors in one parallel pass, Traits::aten over the rest.
+// float/double tensors in one parallel pass, Traits::aten over the rest; CUDA parameters of an
+// optimizer with ATen fused kernels go to drive_cuda instead.
 template <typename Traits, typename Options>
 void drive_fused(std::vector<at::Tensor>& params, std::vector<ParamState>& state, const Options& o,
                  const std::vector<std::pair<size_t, at::Tensor>>& work) {
   std::vector<FusedTensor<float>> f32;
   std::vector<FusedTensor<double>> f64;
+  std::vector<std::pair<size_t, at::Tensor>> cuda_work;
   for (const auto& [i, g] : work) {
+    if constexpr (Traits::kCudaFused) {
+      if (params[i].is_cuda() && Traits::cuda_wanted(o)) {
+        cuda_work.emplace_back(i, g);
+        continue;
+      }
+    }
     ParamState& s = state[i];
     const bool first = Traits::prepare(s, params[i], g, o);
     std::array<at::Tensor, 4> elementwise;  // the slots the kernel sees
@@ -161,13 +260,17 @@ void drive_fused(std::vector<at::Tensor>& params, std::vector<ParamState>& state
   for_each_range(f64, [&](const FusedTensor<double>& t, int64_t lo, int64_t hi) {
     avx2 ? kernel_avx2<Traits>(t, lo, hi, o) : Traits::template kernel<double>(t, lo, hi, o);
   });
+  if constexpr (Traits::kCudaFused) {
+    if (!cuda_work.empty()) drive_cuda<Traits>(params, state, o, cuda_work);
+  }
 }
 
 // Runs one optimizer's update over (index, gradient) pairs: Traits::require_state on each first
 // (nothing changes when one fails), then Traits::prepare (lazy state, step count) and the update:
-// the fused kernel over all contiguous float/double tensors in one parallel pass, Traits::aten
-// (ATen operations, PyTorch's exact sequence) over the rest, or over all when !Traits::kFused;
-// then Traits::finish on each.
+// the fused kernel over all contiguous float/double CPU tensors in one parallel pass, ATen's fused
+// multi-tensor kernels over CUDA tensors (Traits::kCudaFused: drive_cuda), Traits::aten (ATen
+// operations, PyTorch's exact sequence) over the rest, or over all when !Traits::kFused; then
+// Traits::finish on each.
 template <typename Traits, typename Options>
 void drive(const std::string& name, std::vector<at::Tensor>& params, std::vector<ParamState>& state,
            const Options& o, const std::vector<std::pair<size_t, at::Tensor>>& work) {

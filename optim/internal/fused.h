@@ -1,5 +1,6 @@
 // Driver for fused optimizer kernels: one multi-threaded pass over the elements of many tensors
-// (the multi-tensor form), with no per-tensor operator dispatch. Internal to optim/.
+// (the multi-tensor form), with no per-tensor operator dispatch; and what the CUDA path (ATen's
+// fused multi-tensor kernels, internal/functional_impl.h's drive_cuda) needs. Internal to optim/.
 #ifndef DTRAIN_OPTIM_INTERNAL_FUSED_H_
 #define DTRAIN_OPTIM_INTERNAL_FUSED_H_
 
@@ -42,12 +43,30 @@ inline bool cpu_has_avx2() {
 #endif
 }
 
+// The CUDA multi-tensor updates the optimizers ran, one per (device, dtype) batch: through one of
+// ATen's fused kernels, or through its _foreach_ ops where ATen has no fused CUDA kernel (Adagrad
+// in LibTorch 2.6). Tests read them to see which path a step took.
+struct CudaPathCounts {
+  std::atomic<int64_t> fused{0};
+  std::atomic<int64_t> foreach{0};
+};
+inline CudaPathCounts& cuda_path_counts() {
+  static CudaPathCounts counts;
+  return counts;
+}
+
 // Elements per task: large enough to amortise scheduling, small enough to split 1-tensor models.
 constexpr int64_t kFusedGrain = int64_t{1} << 16;
 
 // True when the fused path can run on `param` with `grad` and the (defined) slots: CPU, float or
 // double, everything contiguous.
 bool fusable(const at::Tensor& param, const at::Tensor& grad, const std::array<at::Tensor, 4>& slots);
+
+// True when ATen's fused CUDA kernels can take `param` with `grad` and the (defined) slots: a
+// non-empty CUDA parameter of a dtype they dispatch (float, double, half, bfloat16), every tensor
+// strided, non-overlapping and dense, with the parameter's dtype, device, sizes and strides (the
+// kernels' check_fast_path_restrictions, which they enforce with an error).
+bool cuda_fusable(const at::Tensor& param, const at::Tensor& grad, const std::array<at::Tensor, 4>& slots);
 
 // Calls kernel(tensor, begin, end) over [begin, end) element ranges that together cover every
 // element of every tensor exactly once, in parallel (at::parallel_for).

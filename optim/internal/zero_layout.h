@@ -76,7 +76,9 @@ class ZeroLayout {
   // Bytes of gradients this rank holds for the step (of gradients()' tensors, or their buffer).
   virtual int64_t gradient_bytes() const;
   // ZeroRedundancyOptimizer::clip_grad_norm_ (its contract) over gradients(): with sharded
-  // gradients the norm is reduced across the ranks (collective), otherwise nothing is sent.
+  // gradients the norm is reduced across the ranks (collective, on the group's device), otherwise
+  // nothing is sent. The norm is accumulated and returned (0-dim) on the gradients' device, and
+  // read by the host only for error_if_nonfinite.
   at::Tensor clip_grad_norm_(double max_norm, double norm_type, bool error_if_nonfinite);
 
  protected:
