@@ -5,13 +5,15 @@
 //   ./bazelw run //examples:train -- --steps=600 --hook=powersgd --zero=flat
 //   ./bazelw run //examples:train -- --resume             # continue from the latest checkpoint
 //   ./bazelw run //examples:train -- --sharded_checkpoint # each rank saves its own optimizer shard
+//   ./bazelw run //examples:train -- --device=cuda        # one GPU per rank (NCCL when built with it)
 //   RANK=0 WORLD_SIZE=4 MASTER_ADDR=node0 MASTER_PORT=29500 bazel-bin/examples/train   # multi-node
 //
 // Without torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) the binary launches
 // --nproc_per_node copies of itself on loopback; with them it is one rank of that job.
 //
 // The task: a student MLP learns a fixed random teacher MLP from data every rank generates for
-// itself (deterministic per step and rank, so a resumed run sees the same batches).
+// itself (deterministic per step and rank, so a resumed run sees the same batches). The flags and
+// their checks are in train_config.h.
 #include <unistd.h>
 
 #include <chrono>
@@ -25,14 +27,15 @@
 #include <string>
 #include <vector>
 
+#include <c10/core/DeviceGuard.h>
+#include <torch/cuda.h>
 #include <torch/torch.h>  // and torch/version.h (TORCH_VERSION)
 
-#include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "checkpoint/state_file.h"
 #include "checkpoint/step_checkpoints.h"
 #include "comm/heartbeat.h"
@@ -43,39 +46,13 @@
 #include "ddp_hooks/powersgd_hook.h"
 #include "ddp_hooks/zero_hook.h"
 #include "examples/train_checkpoint.h"
+#include "examples/train_config.h"
 #include "examples/train_progress.h"
 #include "optim/functional_adapter.h"
 #include "optim/model_averagers.h"
 #include "optim/post_local_sgd_optimizer.h"
 #include "optim/torch_state.h"
 #include "optim/zero_redundancy_optimizer.h"
-
-ABSL_FLAG(int, nproc_per_node, 2, "Ranks to launch on this machine (ignored when RANK/WORLD_SIZE are set).");
-ABSL_FLAG(int, steps, 300, "Total optimizer steps (a resumed run continues up to this step).");
-ABSL_FLAG(std::string, hook, "allreduce", "DDP communication hook: allreduce|fp16|bf16|powersgd|post_local_sgd|noop.");
-ABSL_FLAG(std::string, zero, "sorted_greedy", "Optimizer sharding: off|sorted_greedy|flat|stage2 (ZeRO-2: grads too).");
-ABSL_FLAG(bool, zero_overlap, false, "Step ZeRO inside the DDP hook, bucket by bucket (needs --zero=sorted_greedy).");
-ABSL_FLAG(bool, bucket_view, true, "Gradients (DDP) and parameters (ZeRO) as views into communication buckets.");
-ABSL_FLAG(std::string, checkpoint_dir, "/tmp/dtrain-train", "Where checkpoints go; empty: no checkpoints.");
-ABSL_FLAG(int, checkpoint_every, 100, "Steps between checkpoints (and one at the end).");
-ABSL_FLAG(int, keep_checkpoints, 2, "Committed steps kept in --checkpoint_dir (step-N directories; the newest is current).");
-ABSL_FLAG(bool, resume, false, "Continue from the checkpoint in --checkpoint_dir.");
-ABSL_FLAG(bool, sharded_checkpoint, false,
-          "With ZeRO: every rank writes its own optimizer-state shard (--checkpoint_dir/optimizer/) instead of "
-          "gathering the state on rank 0; resumable at any rank count and --zero strategy.");
-ABSL_FLAG(double, lr, 3e-3, "Adam learning rate.");
-ABSL_FLAG(int, batch_size, 64, "Samples per rank per step.");
-ABSL_FLAG(int, hidden, 256, "Width of the student's hidden layers.");
-ABSL_FLAG(int, log_every, 0, "Steps between progress lines when stdout is not a terminal; 0: steps / 10.");
-ABSL_FLAG(int, timeout_s, 60,
-          "Seconds a collective may wait for the other ranks before the job fails, naming the rank that stopped.");
-ABSL_FLAG(int, rendezvous_timeout_s, 300, "Seconds for every rank to join the job at startup.");
-ABSL_FLAG(int, max_restarts, 0,
-          "Times to restart all ranks after one fails (torchrun's flag, 0-100); they resume from this job's newest step.");
-ABSL_FLAG(std::string, rdzv_id, "", "The job's id (torchrun's flag), recorded in each checkpoint; empty: random per launch.");
-ABSL_FLAG(int, fail_at_step, 0,
-          "Testing only: rank 1 kills itself (SIGKILL) before this step on the first attempt; 0: never.");
-ABSL_FLAG(uint64_t, seed, 0, "Seed of the teacher, the student's initial weights and the data.");
 
 namespace {
 
@@ -86,6 +63,7 @@ using examples::kCheckpointFile;
 using examples::kShardDir;
 using examples::kib;
 using examples::Progress;
+using Config = examples::TrainConfig;
 constexpr char kShardedNeedsZero[] =
     "--resume: this checkpoint's optimizer state is sharded (written with --sharded_checkpoint); resume with --zero";
 
@@ -93,64 +71,6 @@ constexpr char kShardedNeedsZero[] =
 [[noreturn]] void die(int code, const std::string& message) {
   std::fprintf(stderr, "train: %s\n", message.c_str());
   std::exit(code);
-}
-
-struct Config {
-  int steps;
-  std::string hook, zero, checkpoint_dir;
-  bool zero_overlap, bucket_view, resume;
-  int checkpoint_every, batch_size, hidden, log_every;
-  double lr;
-  uint64_t seed;
-  bool sharded_checkpoint;
-  int keep_checkpoints = 2;  // these three are set after the aggregate initialisation below
-  int max_restarts = 0;
-  int fail_at_step = 0;
-};
-
-Config read_flags() {
-  Config c{absl::GetFlag(FLAGS_steps),       absl::GetFlag(FLAGS_hook),          absl::GetFlag(FLAGS_zero),
-           absl::GetFlag(FLAGS_checkpoint_dir), absl::GetFlag(FLAGS_zero_overlap), absl::GetFlag(FLAGS_bucket_view),
-           absl::GetFlag(FLAGS_resume),      absl::GetFlag(FLAGS_checkpoint_every), absl::GetFlag(FLAGS_batch_size),
-           absl::GetFlag(FLAGS_hidden),      absl::GetFlag(FLAGS_log_every),     absl::GetFlag(FLAGS_lr),
-           absl::GetFlag(FLAGS_seed),        absl::GetFlag(FLAGS_sharded_checkpoint)};
-  const std::vector<std::string> hooks = {"allreduce", "fp16", "bf16", "powersgd", "post_local_sgd", "noop"};
-  const std::vector<std::string> zeros = {"off", "sorted_greedy", "flat", "stage2"};
-  if (std::find(hooks.begin(), hooks.end(), c.hook) == hooks.end()) {
-    die(2, absl::StrCat("unknown --hook=", c.hook, "; choose one of ", absl::StrJoin(hooks, "|")));
-  }
-  if (std::find(zeros.begin(), zeros.end(), c.zero) == zeros.end()) {
-    die(2, absl::StrCat("unknown --zero=", c.zero, "; choose one of ", absl::StrJoin(zeros, "|")));
-  }
-  if (c.steps < 1) die(2, absl::StrCat("--steps must be at least 1, got ", c.steps));
-  if (c.batch_size < 1 || c.hidden < 1) die(2, "--batch_size and --hidden must be at least 1");
-  if (!(c.lr > 0)) die(2, absl::StrCat("--lr must be positive, got ", c.lr));
-  c.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
-  if (c.keep_checkpoints < 1) die(2, absl::StrCat("--keep_checkpoints must be at least 1, got ", c.keep_checkpoints));
-  c.max_restarts = absl::GetFlag(FLAGS_max_restarts);
-  if (c.max_restarts < 0 || c.max_restarts > comm::kMaxRestarts) {
-    die(2, absl::StrCat("--max_restarts must be in [0, ", comm::kMaxRestarts, "], got ", c.max_restarts));
-  }
-  c.fail_at_step = absl::GetFlag(FLAGS_fail_at_step);
-  if (c.fail_at_step < 0) die(2, absl::StrCat("--fail_at_step must be at least 0, got ", c.fail_at_step));
-  if (absl::GetFlag(FLAGS_timeout_s) < 1 || absl::GetFlag(FLAGS_rendezvous_timeout_s) < 1) {
-    die(2, "--timeout_s and --rendezvous_timeout_s must be at least 1");
-  }
-  if (c.checkpoint_every < 1) die(2, absl::StrCat("--checkpoint_every must be at least 1, got ", c.checkpoint_every));
-  if (c.hook == "post_local_sgd" && c.zero != "off") {
-    die(2, "--hook=post_local_sgd lets ranks drift apart between averagings, which ZeRO's parameter broadcast "
-           "would undo; use it with --zero=off");
-  }
-  if (c.zero_overlap && (c.zero != "sorted_greedy" || c.hook == "powersgd" || c.hook == "post_local_sgd" ||
-                         c.hook == "noop")) {
-    die(2, "--zero_overlap needs --zero=sorted_greedy and --hook=allreduce|fp16|bf16");
-  }
-  if (c.zero == "stage2" && c.hook != "allreduce") die(2, "--zero=stage2 reduce-scatters gradients: use --hook=allreduce");
-  if (c.resume && c.checkpoint_dir.empty()) die(2, "--resume needs a --checkpoint_dir");
-  if (c.sharded_checkpoint && c.zero == "off") {
-    die(2, "--sharded_checkpoint shards ZeRO's optimizer state; use it with --zero=sorted_greedy or --zero=flat");
-  }
-  return c;
 }
 
 torch::nn::Sequential make_mlp(int64_t hidden, torch::Generator& gen) {
@@ -207,17 +127,36 @@ std::string stalls() {
   return g_heartbeat == nullptr ? "" : absl::StrCat("; ", g_heartbeat->describe_stalls());
 }
 
+// Where this rank's model, data and optimizer state live: the NCCL group's GPU; with Gloo (which
+// reduces CUDA tensors too) cuda:<LOCAL_RANK> as well; else the CPU.
+c10::Device rank_device(const Config& c, const comm::Group& world) {
+  if (!c.cuda()) return c10::Device(c10::kCPU);
+  if (world.backend() == "nccl") return world.device();
+  const int gpus = static_cast<int>(torch::cuda::device_count());
+  if (world.local_rank() >= gpus) {
+    die(2, absl::StrCat("--device=cuda: this rank's GPU is cuda:", world.local_rank(), " (LOCAL_RANK) but ", gpus,
+                        " GPU(s) are visible; run at most one rank per GPU on each host, or use --device=cpu"));
+  }
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank()));
+}
+
 int train(const Config& c) {
   comm::InitOptions init;
   init.init_method = "env://";
-  init.timeout = std::chrono::seconds(absl::GetFlag(FLAGS_timeout_s));
-  init.rendezvous_timeout = std::chrono::seconds(absl::GetFlag(FLAGS_rendezvous_timeout_s));
+  init.backend = c.backend;  // nccl: on cuda:<LOCAL_RANK> (InitOptions::device_id -1), made current
+  init.timeout = std::chrono::seconds(c.timeout_s);
+  init.rendezvous_timeout = std::chrono::seconds(c.rendezvous_timeout_s);
   absl::StatusOr<comm::Group> joined = comm::init_process_group(init);
   if (!joined.ok()) die(2, absl::StrCat("cannot join the job: ", joined.status().message()));
   comm::Group world = *joined;
   g_heartbeat = std::make_unique<comm::Heartbeat>(world);
   const int rank = world.rank(), world_size = world.size();
-  std::vector<at::Tensor> tty = {torch::full({1}, rank == 0 && ::isatty(1) == 1 ? 1 : 0, torch::kInt)};
+  const c10::Device device = rank_device(c, world);
+  // Until train() returns, allocations and kernels without a device index use this rank's GPU.
+  c10::OptionalDeviceGuard current_device(device.is_cuda() ? std::optional<c10::Device>(device) : std::nullopt);
+  // The small tensors of train()'s own collectives: on the group's device (NCCL's GPU, else the CPU).
+  const torch::TensorOptions on_group = torch::TensorOptions().device(world.device());
+  std::vector<at::Tensor> tty = {torch::full({1}, rank == 0 && ::isatty(1) == 1 ? 1 : 0, on_group.dtype(torch::kInt))};
   c10d::BroadcastOptions from_rank0;
   world->broadcast(tty, from_rank0)->wait();
   Progress progress(rank == 0, tty[0].item<int>() == 1, c.steps, c.log_every);
@@ -226,6 +165,10 @@ int train(const Config& c) {
   torch::nn::Sequential teacher = make_mlp(64, init_gen);
   torch::nn::Sequential model = make_mlp(c.hidden, init_gen);
   for (auto& p : teacher->parameters()) p.set_requires_grad(false);
+  if (device.is_cuda()) {  // drawn on the CPU as before, so every device starts from the same weights
+    teacher->to(device);
+    model->to(device);
+  }
 
   ddp_hooks::DDPOptions ddp_options;
   ddp_options.group = world;
@@ -241,6 +184,8 @@ int train(const Config& c) {
   Optimizer opt;
   std::shared_ptr<ddp_hooks::PowerSGDState> powersgd;
   std::shared_ptr<ddp_hooks::PostLocalSGDState> post_local;
+  // Post-local SGD's switch to local steps follows --steps; PowerSGD's start is its own flag
+  // (--powersgd_start_iter), not --steps: its state refuses a checkpoint written with another.
   const int64_t local_sgd_start = std::min(50, std::max(2, c.steps / 4));
   if (c.zero != "off") {
     optim::ZeroOptions zo;
@@ -267,7 +212,7 @@ int train(const Config& c) {
   } else if (c.hook == "powersgd") {
     powersgd = std::make_shared<ddp_hooks::PowerSGDState>(world);
     powersgd->matrix_approximation_rank = 8;
-    powersgd->start_powerSGD_iter = local_sgd_start;
+    powersgd->start_powerSGD_iter = c.powersgd_start_iter;
     hook = std::make_unique<ddp_hooks::PowerSGDHook>(powersgd);
   } else if (c.hook == "post_local_sgd") {
     const char* local = std::getenv("LOCAL_WORLD_SIZE");
@@ -306,8 +251,9 @@ int train(const Config& c) {
   }
   if (c.resume || restarted) {
     // The newest committed step: every file of it (model, optimizer or its shards, hook states)
-    // is in its step directory, so nothing can come from different steps.
-    absl::StatusOr<examples::TrainCheckpoint> ck = examples::read_train_checkpoint(ckpts);
+    // is in its step directory, so nothing can come from different steps. Its tensors are read
+    // onto this rank's device (CPU in the file, whatever device wrote it).
+    absl::StatusOr<examples::TrainCheckpoint> ck = examples::read_train_checkpoint(ckpts, device);
     if (!ck.ok()) {
       die(2, absl::StrCat("--resume: ", ck.status().message(), absl::IsNotFound(ck.status())
                               ? "; run once without --resume to create a checkpoint" : ""));
@@ -328,9 +274,18 @@ int train(const Config& c) {
     }
     if (post_local) post_local->iter = start;
     if (powersgd && ck->world_size == world_size && ck->hook == c.hook) {
-      absl::StatusOr<c10::IValue> hs = checkpoint::load_state(examples::hook_file(ck->dir, rank));
+      const std::string file = examples::hook_file(ck->dir, rank);
+      absl::StatusOr<c10::IValue> hs = checkpoint::load_state(file);  // the hook moves it to the buckets' device
       if (!hs.ok()) die(2, absl::StrCat("--resume: ", hs.status().message()));
-      powersgd->load_state_dict(*hs);
+      // The hook counts one iteration per backward and train() runs one backward per step (from
+      // step 0, or from a resumed step with `iter` set to it), so a state saved at step N has iter N.
+      if (absl::Status s = powersgd->load_state_dict(*hs, ck->step); !s.ok()) {
+        die(2, absl::StrCat("--resume: ", file, ": ", s.message(),
+                            absl::StrContains(s.message(), "'start_powerSGD_iter'")
+                                ? absl::StrCat("; it is --powersgd_start_iter (", c.powersgd_start_iter,
+                                               " in this run): pass the value the checkpoint was written with")
+                                : ""));
+      }
     } else if (powersgd) {
       powersgd->iter = start;
     }
@@ -345,7 +300,7 @@ int train(const Config& c) {
 
   // Every rank agrees that every rank succeeded (a failure anywhere stops everyone, naming it).
   auto agree = [&](const absl::Status& mine, const char* what) {
-    std::vector<at::Tensor> ok = {torch::full({1}, mine.ok() ? 1 : 0, torch::kInt)};
+    std::vector<at::Tensor> ok = {torch::full({1}, mine.ok() ? 1 : 0, on_group.dtype(torch::kInt))};
     c10d::AllreduceOptions min;
     min.reduceOp = c10d::ReduceOp::MIN;
     world->allreduce(ok, min)->wait();
@@ -402,7 +357,7 @@ int train(const Config& c) {
     // The batch of (step, rank): the same whatever happened before, so resuming is exact.
     if (step == c.fail_at_step && rank == 1 && restart_count == 0) ::raise(SIGKILL);  // test-only crash
     torch::Generator data_gen = generator(c.seed * 1000003 + static_cast<uint64_t>(step) * 4099 + rank);
-    const torch::Tensor x = torch::randn({c.batch_size, kIn}, data_gen);
+    const torch::Tensor x = torch::randn({c.batch_size, kIn}, data_gen).to(device);  // drawn on the CPU
     torch::Tensor y;
     {
       torch::NoGradGuard no_grad;
@@ -428,16 +383,20 @@ int train(const Config& c) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   // Summary: optimizer state per rank next to one unsharded replica.
-  std::vector<at::Tensor> mine = {torch::full({1}, opt.local_state_bytes(), torch::kLong)};
+  std::vector<at::Tensor> mine = {torch::full({1}, opt.local_state_bytes(), on_group.dtype(torch::kLong))};
   std::vector<std::vector<at::Tensor>> all(1);
-  for (int r = 0; r < world_size; ++r) all[0].push_back(torch::zeros({1}, torch::kLong));
+  for (int r = 0; r < world_size; ++r) all[0].push_back(torch::zeros({1}, on_group.dtype(torch::kLong)));
   world->allgather(all, mine)->wait();
   int64_t total = 0;
   for (const auto& t : all[0]) total += t.item<int64_t>();
   const int64_t unsharded = c.zero == "off" ? all[0][0].item<int64_t>() : total;
   if (rank == 0) {
-    std::printf("\n| run | %d ranks, hook %s, zero %s%s, bucket_view %s |\n|---|---|\n| LibTorch | %s |\n", world_size,
-                c.hook.c_str(), c.zero.c_str(), c.zero_overlap ? " (overlapped with DDP)" : "", c.bucket_view ? "on" : "off", TORCH_VERSION);
+    // On the CPU the line is as it always was; on GPUs it names them and the backend.
+    const std::string on = device.is_cuda() ? absl::StrCat(" on cuda (one GPU each, rank 0 on ", device.str(), ", ",
+                                                           c.backend, ")") : "";
+    std::printf("\n| run | %d ranks%s, hook %s, zero %s%s, bucket_view %s |\n|---|---|\n| LibTorch | %s |\n", world_size,
+                on.c_str(), c.hook.c_str(), c.zero.c_str(), c.zero_overlap ? " (overlapped with DDP)" : "",
+                c.bucket_view ? "on" : "off", TORCH_VERSION);
     std::printf("| loss | %.6f at step %d -> final loss %.6f at step %d |\n", first_loss, start + 1, last_loss, c.steps);
     std::printf("| time | %.2f s for %d steps (%.1f steps/s) |\n", seconds, c.steps - start, (c.steps - start) / seconds);
     for (int r = 0; r < world_size; ++r) {
@@ -463,7 +422,9 @@ int main(int argc, char** argv) {
       "launches, or as one rank of a torchrun-style job (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).");
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   if (rest.size() > 1) die(2, absl::StrCat("unexpected argument '", rest[1], "'; flags look like --steps=100"));
-  const Config config = read_flags();
+  const absl::StatusOr<Config> flags = examples::read_flags();
+  if (!flags.ok()) die(2, std::string(flags.status().message()));
+  const Config& config = *flags;
   const bool in_job = std::getenv("RANK") != nullptr || std::getenv("WORLD_SIZE") != nullptr;
   if (!in_job) {
     // Checked once here, not by every rank.
@@ -476,13 +437,18 @@ int main(int argc, char** argv) {
       }
       if (ck->sharded && config.zero == "off") die(2, kShardedNeedsZero);
     }
-    const int nproc = absl::GetFlag(FLAGS_nproc_per_node);
+    const int nproc = config.nproc_per_node;
     if (nproc < 1) die(2, absl::StrCat("--nproc_per_node must be at least 1, got ", nproc));
+    if (config.cuda() && nproc > torch::cuda::device_count()) {
+      die(2, absl::StrCat("--device=cuda runs one rank per GPU: --nproc_per_node=", nproc, " needs ", nproc,
+                          " GPUs but ", static_cast<int>(torch::cuda::device_count()),
+                          " are visible; lower --nproc_per_node or check CUDA_VISIBLE_DEVICES"));
+    }
     comm::LaunchOptions o;
     o.nproc_per_node = nproc;
     o.rank0_owns_terminal = true;
     o.max_restarts = config.max_restarts;
-    o.rdzv_id = absl::GetFlag(FLAGS_rdzv_id);
+    o.rdzv_id = config.rdzv_id;
     std::vector<std::string> args = {"/proc/self/exe"};
     for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
     absl::StatusOr<int> code = comm::launch_local(args, o);

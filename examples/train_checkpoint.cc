@@ -25,13 +25,13 @@ std::string hook_file(const std::string& step_dir, int rank) {
   return (std::filesystem::path(step_dir) / absl::StrCat("hook-rank", rank, ".pt")).string();
 }
 
-absl::StatusOr<TrainCheckpoint> read_train_checkpoint(const checkpoint::StepCheckpoints& ckpts) {
+absl::StatusOr<TrainCheckpoint> read_train_checkpoint(const checkpoint::StepCheckpoints& ckpts, c10::Device device) {
   absl::StatusOr<checkpoint::CommittedStep> last = ckpts.latest();
   if (!last.ok()) return last.status();
   TrainCheckpoint c;
   c.dir = last->dir;
   c.file = (std::filesystem::path(c.dir) / kCheckpointFile).string();
-  absl::StatusOr<c10::IValue> loaded = checkpoint::load_state(c.file);
+  absl::StatusOr<c10::IValue> loaded = checkpoint::load_state(c.file, checkpoint::LoadOptions{.map_location = device});
   if (!loaded.ok()) return loaded.status();
   if (!loaded->isGenericDict()) return bad(c.file, absl::StrCat("holds a ", loaded->tagKind(), ", not a dict"));
   const c10::impl::GenericDict d = loaded->toGenericDict();

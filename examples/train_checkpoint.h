@@ -14,6 +14,7 @@
 
 #include <ATen/core/Dict.h>
 #include <ATen/core/ivalue.h>
+#include <c10/core/Device.h>
 #include <torch/nn/module.h>
 
 #include "absl/status/statusor.h"
@@ -40,14 +41,18 @@ struct TrainCheckpoint {
 // The hook state file of `rank` in a step directory.
 std::string hook_file(const std::string& step_dir, int rank);
 
-// Reads and validates the newest committed step's checkpoint.pt. Errors: NotFound (nothing
-// committed: run once without --resume), DataLoss/InvalidArgument naming the file and the field
-// (wrong type, a step outside [0, 10^12] or not the directory's, a world size outside
-// [1, 2^20], model entries that are not tensors).
-absl::StatusOr<TrainCheckpoint> read_train_checkpoint(const checkpoint::StepCheckpoints& ckpts);
+// Reads and validates the newest committed step's checkpoint.pt, its tensors (model and optimizer
+// state) put on `device` (torch.load's map_location: the file holds CPU tensors, whatever device
+// wrote them). Errors: NotFound (nothing committed: run once without --resume), DataLoss/
+// InvalidArgument naming the file and the field (wrong type, a step outside [0, 10^12] or not the
+// directory's, a world size outside [1, 2^20], model entries that are not tensors), load_state's
+// for a `device` this process cannot use or without memory for the tensors.
+absl::StatusOr<TrainCheckpoint> read_train_checkpoint(const checkpoint::StepCheckpoints& ckpts,
+                                                      c10::Device device = c10::Device(c10::kCPU));
 
-// Copies the saved weights into `model`'s parameters. Errors (InvalidArgument, naming the
-// parameter): a parameter missing from the checkpoint, a different shape or dtype.
+// Copies the saved weights into `model`'s parameters (from any device to theirs). Errors
+// (InvalidArgument, naming the parameter): a parameter missing from the checkpoint, a different
+// shape or dtype.
 absl::Status load_weights(const c10::impl::GenericDict& weights, torch::nn::Module& model);
 
 }  // namespace dtrain::examples

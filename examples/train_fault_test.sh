@@ -55,7 +55,7 @@ campaign() {  # name, extra flags...
 }
 
 campaign single --hook=allreduce
-campaign powersgd --hook=powersgd
+campaign powersgd --hook=powersgd --powersgd_start_iter=15  # compressing from step 15 of 60
 campaign sharded --sharded_checkpoint --zero=flat
 # A stopped rank (SIGSTOP) is reported within --timeout_s plus the heartbeat check, naming it.
 "$TRAIN" --steps=100000 --log_every=1 --hidden=32 --batch_size=16 --checkpoint_dir= --timeout_s=5 \

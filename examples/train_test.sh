@@ -67,6 +67,19 @@ close "$(final_loss "$TMP/z2.log")" "$last" || fail "--zero=stage2 ends at loss 
 "$TRAIN" --steps=40 --resume --zero=stage2 --checkpoint_dir="$TMP/z2r" >"$TMP/z2r.log" 2>&1 || fail "stage2 resume exited with $?: $(cat "$TMP/z2r.log")"
 close "$(final_loss "$TMP/z2r.log")" "$last" || fail "stage2 resumed from ZeRO-1 ends at loss $(final_loss "$TMP/z2r.log"), ZeRO-1 at $last"
 
+# 2e. PowerSGD's state resumes at another --steps (its start_powerSGD_iter is --powersgd_start_iter,
+# not derived from --steps): 20 steps, then --resume to 40, ends where 40 straight steps do; a
+# resume with another --powersgd_start_iter is refused, naming the setting.
+P=(--hook=powersgd --powersgd_start_iter=10)
+"$TRAIN" --steps=40 "${P[@]}" --checkpoint_dir="$TMP/p" >"$TMP/p.log" 2>&1 || fail "powersgd run exited with $?: $(cat "$TMP/p.log")"
+"$TRAIN" --steps=20 "${P[@]}" --checkpoint_dir="$TMP/pr" >"$TMP/pr1.log" 2>&1 || fail "powersgd first half exited with $?: $(cat "$TMP/pr1.log")"
+cp -r "$TMP/pr" "$TMP/pr-other"
+"$TRAIN" --steps=40 --resume "${P[@]}" --checkpoint_dir="$TMP/pr" >"$TMP/pr2.log" 2>&1 || fail "powersgd resume exited with $?: $(cat "$TMP/pr2.log")"
+echo "powersgd: final loss $(final_loss "$TMP/pr2.log") resumed, $(final_loss "$TMP/p.log") straight"
+[[ -n "$(final_loss "$TMP/p.log")" && "$(final_loss "$TMP/pr2.log")" == "$(final_loss "$TMP/p.log")" ]] || fail "powersgd resumed at another --steps ends at loss $(final_loss "$TMP/pr2.log"), the straight run at $(final_loss "$TMP/p.log")"
+out=$("$TRAIN" --steps=40 --resume --hook=powersgd --powersgd_start_iter=12 --checkpoint_dir="$TMP/pr-other" 2>&1); code=$?
+[[ $code -eq 2 && "$out" == *"'start_powerSGD_iter' is 10 in the checkpoint but 12"* ]] || fail "another --powersgd_start_iter: exit $code: $out"
+
 # 3. The checkpoint is a PyTorch file: torch.load reads it.
 /usr/bin/python3 - "$TMP/a/checkpoint.pt" <<'PY' || fail "torch.load could not read the checkpoint"
 import sys, torch
@@ -104,12 +117,41 @@ out=$("$TRAIN" --steps=60 --resume --zero=off --checkpoint_dir="$TMP/s" 2>&1); c
 [[ -d "$TMP/a/step-00000020" && -f "$TMP/a/step-00000040/checkpoint.pt" ]] || fail "steps kept: $(ls "$TMP/a")"
 
 # 6. Bad input: exit code 2 and one line that says what to do.
-for args in "--hook=foo" "--zero=nope" "--steps=0" "--resume --checkpoint_dir=$TMP/none" "--hook=post_local_sgd" "--zero=off --sharded_checkpoint" "--keep_checkpoints=0" "--max_restarts=-1" "--max_restarts=101" "--fail_at_step=-1"; do
+for args in "--hook=foo" "--zero=nope" "--steps=0" "--resume --checkpoint_dir=$TMP/none" "--hook=post_local_sgd" "--zero=off --sharded_checkpoint" "--keep_checkpoints=0" "--max_restarts=-1" "--max_restarts=101" "--fail_at_step=-1" "--device=gpu" "--backend=mpi" "--backend=nccl" "--backend=nccl --device=cpu" "--powersgd_start_iter=1"; do
   out=$("$TRAIN" $args 2>&1); code=$?
   [[ $code -eq 2 ]] || fail "$args: exit code $code, expected 2"
   [[ $(printf '%s\n' "$out" | wc -l) -eq 1 ]] || fail "$args: expected one line, got: $out"
   [[ "$out" == train:* ]] || fail "$args: unexpected message: $out"
 done
+out=$("$TRAIN" --backend=nccl --device=cpu 2>&1)
+[[ "$out" == "train: --backend=nccl "*"--device=cuda"* ]] || fail "--backend=nccl --device=cpu: unexpected message: $out"
+# --device=cuda where no GPU can be used (none visible: CUDA_VISIBLE_DEVICES is empty): one line,
+# exit 2, before any rank starts -- "this build has no CUDA" or "no GPU is visible", by the build.
+for backend in auto nccl gloo; do
+  out=$(CUDA_VISIBLE_DEVICES= "$TRAIN" --device=cuda --backend=$backend 2>&1); code=$?
+  [[ $code -eq 2 && $(printf '%s\n' "$out" | wc -l) -eq 1 ]] || fail "--device=cuda --backend=$backend without a GPU: exit $code, expected 2 and one line: $out"
+  [[ "$out" == "train: --device=cuda: this build has no CUDA"* || "$out" == "train: --device=cuda: no GPU is visible"* ]] || fail "--device=cuda without a GPU: unexpected message: $out"
+done
+
+# 7. With a GPU and a CUDA build (skipped elsewhere): one rank per visible GPU trains on them, the
+# summary says so, and a run resumed there ends where the straight one does.
+# The launcher's GPU count check answers how many GPUs it sees (and launches nothing).
+probe=$("$TRAIN" --device=cuda --nproc_per_node=100000 2>&1)
+gpus=$(printf '%s\n' "$probe" | sed -n 's/.* GPUs but \([0-9]*\) are visible.*/\1/p')
+if [[ "${gpus:-0}" -ge 1 ]]; then
+  n=$(( gpus < 2 ? gpus : 2 ))
+  G=(--device=cuda --nproc_per_node=$n)
+  "$TRAIN" --steps=40 "${G[@]}" --checkpoint_dir="$TMP/g" >"$TMP/g.log" 2>&1 || fail "--device=cuda exited with $?: $(cat "$TMP/g.log")"
+  grep -q "^| run | $n ranks on cuda (one GPU each, rank 0 on cuda:0, " "$TMP/g.log" || fail "--device=cuda: no cuda in the run line: $(cat "$TMP/g.log")"
+  f=$(first_loss "$TMP/g.log"); l=$(final_loss "$TMP/g.log")
+  echo "--device=cuda ($n GPU(s)): loss $f -> $l"
+  awk -v f="$f" -v l="$l" 'BEGIN { exit !(f != "" && l != "" && l < f / 2) }' || fail "--device=cuda: loss did not halve: $f -> $l"
+  "$TRAIN" --steps=20 "${G[@]}" --checkpoint_dir="$TMP/gr" >/dev/null 2>&1 || fail "--device=cuda first half failed"
+  "$TRAIN" --steps=40 --resume "${G[@]}" --checkpoint_dir="$TMP/gr" >"$TMP/gr.log" 2>&1 || fail "--device=cuda resume exited with $?: $(cat "$TMP/gr.log")"
+  close "$(final_loss "$TMP/gr.log")" "$l" || fail "--device=cuda resumed ends at loss $(final_loss "$TMP/gr.log"), straight at $l"
+else
+  echo "no usable GPU: the --device=cuda training checks are skipped"
+fi
 
 if [[ $fails -ne 0 ]]; then echo "$fails check(s) failed"; exit 1; fi
 echo "all checks passed"

@@ -1,0 +1,174 @@
+#include "examples/train_config.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <vector>
+
+#include <torch/cuda.h>
+
+#include "absl/flags/flag.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "comm/local_launcher.h"
+#include "comm/process_group.h"
+
+ABSL_FLAG(int, nproc_per_node, 2, "Ranks to launch on this machine (ignored when RANK/WORLD_SIZE are set).");
+ABSL_FLAG(int, steps, 300, "Total optimizer steps (a resumed run continues up to this step).");
+ABSL_FLAG(std::string, hook, "allreduce", "DDP communication hook: allreduce|fp16|bf16|powersgd|post_local_sgd|noop.");
+ABSL_FLAG(std::string, zero, "sorted_greedy", "Optimizer sharding: off|sorted_greedy|flat|stage2 (ZeRO-2: grads too).");
+ABSL_FLAG(bool, zero_overlap, false, "Step ZeRO inside the DDP hook, bucket by bucket (needs --zero=sorted_greedy).");
+ABSL_FLAG(bool, bucket_view, true, "Gradients (DDP) and parameters (ZeRO) as views into communication buckets.");
+ABSL_FLAG(std::string, checkpoint_dir, "/tmp/dtrain-train", "Where checkpoints go; empty: no checkpoints.");
+ABSL_FLAG(int, checkpoint_every, 100, "Steps between checkpoints (and one at the end).");
+ABSL_FLAG(int, keep_checkpoints, 2, "Committed steps kept in --checkpoint_dir (step-N directories; the newest is current).");
+ABSL_FLAG(bool, resume, false, "Continue from the checkpoint in --checkpoint_dir.");
+ABSL_FLAG(bool, sharded_checkpoint, false,
+          "With ZeRO: every rank writes its own optimizer-state shard (--checkpoint_dir/optimizer/) instead of "
+          "gathering the state on rank 0; resumable at any rank count and --zero strategy.");
+ABSL_FLAG(double, lr, 3e-3, "Adam learning rate.");
+ABSL_FLAG(int, batch_size, 64, "Samples per rank per step.");
+ABSL_FLAG(int, hidden, 256, "Width of the student's hidden layers.");
+ABSL_FLAG(int, log_every, 0, "Steps between progress lines when stdout is not a terminal; 0: steps / 10.");
+ABSL_FLAG(int, timeout_s, 60,
+          "Seconds a collective may wait for the other ranks before the job fails, naming the rank that stopped.");
+ABSL_FLAG(int, rendezvous_timeout_s, 300, "Seconds for every rank to join the job at startup.");
+ABSL_FLAG(int, max_restarts, 0,
+          "Times to restart all ranks after one fails (torchrun's flag, 0-100); they resume from this job's newest step.");
+ABSL_FLAG(std::string, rdzv_id, "", "The job's id (torchrun's flag), recorded in each checkpoint; empty: random per launch.");
+ABSL_FLAG(int, fail_at_step, 0,
+          "Testing only: rank 1 kills itself (SIGKILL) before this step on the first attempt; 0: never.");
+ABSL_FLAG(uint64_t, seed, 0, "Seed of the teacher, the student's initial weights and the data.");
+ABSL_FLAG(std::string, device, "cpu",
+          "Where the model, the data and the optimizer state live: cpu|cuda (cuda: each rank on cuda:<LOCAL_RANK>, "
+          "one GPU per rank).");
+ABSL_FLAG(std::string, backend, "auto",
+          "Process group backend: auto|nccl|gloo (auto: nccl with --device=cuda in a build with NCCL, else gloo; "
+          "gloo also reduces CUDA tensors).");
+ABSL_FLAG(int, powersgd_start_iter, 50,
+          "Steps of plain all-reduce before --hook=powersgd compresses (PowerSGD's start_powerSGD_iter, at least 2); "
+          "a run resumes PowerSGD's state only with the value its checkpoint was written with.");
+
+namespace dtrain::examples {
+namespace {
+
+absl::Status usage(const std::string& message) { return absl::InvalidArgumentError(message); }
+
+// The checks that need only the flags' values, in the order the messages were always given.
+absl::Status check_values(const TrainConfig& c, const std::string& backend) {
+  const std::vector<std::string> hooks = {"allreduce", "fp16", "bf16", "powersgd", "post_local_sgd", "noop"};
+  const std::vector<std::string> zeros = {"off", "sorted_greedy", "flat", "stage2"};
+  const std::vector<std::string> devices = {"cpu", "cuda"};
+  const std::vector<std::string> backends = {"auto", "nccl", "gloo"};
+  auto known = [](const std::vector<std::string>& names, const std::string& name) {
+    return std::find(names.begin(), names.end(), name) != names.end();
+  };
+  if (!known(hooks, c.hook)) {
+    return usage(absl::StrCat("unknown --hook=", c.hook, "; choose one of ", absl::StrJoin(hooks, "|")));
+  }
+  if (!known(zeros, c.zero)) {
+    return usage(absl::StrCat("unknown --zero=", c.zero, "; choose one of ", absl::StrJoin(zeros, "|")));
+  }
+  if (c.steps < 1) return usage(absl::StrCat("--steps must be at least 1, got ", c.steps));
+  if (c.batch_size < 1 || c.hidden < 1) return usage("--batch_size and --hidden must be at least 1");
+  if (!(c.lr > 0)) return usage(absl::StrCat("--lr must be positive, got ", c.lr));
+  if (c.keep_checkpoints < 1) {
+    return usage(absl::StrCat("--keep_checkpoints must be at least 1, got ", c.keep_checkpoints));
+  }
+  if (c.max_restarts < 0 || c.max_restarts > comm::kMaxRestarts) {
+    return usage(absl::StrCat("--max_restarts must be in [0, ", comm::kMaxRestarts, "], got ", c.max_restarts));
+  }
+  if (c.fail_at_step < 0) return usage(absl::StrCat("--fail_at_step must be at least 0, got ", c.fail_at_step));
+  if (c.timeout_s < 1 || c.rendezvous_timeout_s < 1) {
+    return usage("--timeout_s and --rendezvous_timeout_s must be at least 1");
+  }
+  if (c.checkpoint_every < 1) {
+    return usage(absl::StrCat("--checkpoint_every must be at least 1, got ", c.checkpoint_every));
+  }
+  if (c.hook == "post_local_sgd" && c.zero != "off") {
+    return usage("--hook=post_local_sgd lets ranks drift apart between averagings, which ZeRO's parameter broadcast "
+                 "would undo; use it with --zero=off");
+  }
+  if (c.zero_overlap && (c.zero != "sorted_greedy" || c.hook == "powersgd" || c.hook == "post_local_sgd" ||
+                         c.hook == "noop")) {
+    return usage("--zero_overlap needs --zero=sorted_greedy and --hook=allreduce|fp16|bf16");
+  }
+  if (c.zero == "stage2" && c.hook != "allreduce") {
+    return usage("--zero=stage2 reduce-scatters gradients: use --hook=allreduce");
+  }
+  if (c.resume && c.checkpoint_dir.empty()) return usage("--resume needs a --checkpoint_dir");
+  if (c.sharded_checkpoint && c.zero == "off") {
+    return usage("--sharded_checkpoint shards ZeRO's optimizer state; use it with --zero=sorted_greedy or --zero=flat");
+  }
+  // The flags added with CUDA support.
+  if (!known(devices, c.device)) {
+    return usage(absl::StrCat("unknown --device=", c.device, "; choose one of ", absl::StrJoin(devices, "|")));
+  }
+  if (!known(backends, backend)) {
+    return usage(absl::StrCat("unknown --backend=", backend, "; choose one of ", absl::StrJoin(backends, "|")));
+  }
+  if (backend == "nccl" && !c.cuda()) {
+    return usage("--backend=nccl reduces tensors on GPUs only; use it with --device=cuda, or use --backend=gloo "
+                 "(or auto) with --device=cpu");
+  }
+  if (c.powersgd_start_iter < 2) {
+    return usage(absl::StrCat("--powersgd_start_iter must be at least 2 (PowerSGD's error feedback and warm start "
+                              "need two plain all-reduce steps first), got ", c.powersgd_start_iter));
+  }
+  return absl::OkStatus();
+}
+
+// --device=cuda: CUDA in this build, and a GPU this process can see.
+absl::Status check_cuda() {
+  if (!comm::nccl_available()) {
+    return usage("--device=cuda: this build has no CUDA (the LibTorch it was built against has no libtorch_cuda.so); "
+                 "rebuild with LIBTORCH_HOME pointing at a CUDA LibTorch, or use --device=cpu");
+  }
+  if (!torch::cuda::is_available()) {
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    return usage(absl::StrCat("--device=cuda: no GPU is visible to this process",
+                              visible != nullptr ? absl::StrCat(" (CUDA_VISIBLE_DEVICES=", visible, ")") : "",
+                              "; run it where one is (nvidia-smi lists them), check CUDA_VISIBLE_DEVICES, or use "
+                              "--device=cpu"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<TrainConfig> read_flags() {
+  TrainConfig c;
+  c.nproc_per_node = absl::GetFlag(FLAGS_nproc_per_node);
+  c.steps = absl::GetFlag(FLAGS_steps);
+  c.hook = absl::GetFlag(FLAGS_hook);
+  c.zero = absl::GetFlag(FLAGS_zero);
+  c.zero_overlap = absl::GetFlag(FLAGS_zero_overlap);
+  c.bucket_view = absl::GetFlag(FLAGS_bucket_view);
+  c.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  c.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  c.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
+  c.resume = absl::GetFlag(FLAGS_resume);
+  c.sharded_checkpoint = absl::GetFlag(FLAGS_sharded_checkpoint);
+  c.lr = absl::GetFlag(FLAGS_lr);
+  c.batch_size = absl::GetFlag(FLAGS_batch_size);
+  c.hidden = absl::GetFlag(FLAGS_hidden);
+  c.log_every = absl::GetFlag(FLAGS_log_every);
+  c.timeout_s = absl::GetFlag(FLAGS_timeout_s);
+  c.rendezvous_timeout_s = absl::GetFlag(FLAGS_rendezvous_timeout_s);
+  c.max_restarts = absl::GetFlag(FLAGS_max_restarts);
+  c.rdzv_id = absl::GetFlag(FLAGS_rdzv_id);
+  c.fail_at_step = absl::GetFlag(FLAGS_fail_at_step);
+  c.seed = absl::GetFlag(FLAGS_seed);
+  c.device = absl::GetFlag(FLAGS_device);
+  c.powersgd_start_iter = absl::GetFlag(FLAGS_powersgd_start_iter);
+  const std::string backend = absl::GetFlag(FLAGS_backend);
+  if (absl::Status s = check_values(c, backend); !s.ok()) return s;
+  if (c.cuda()) {
+    if (absl::Status s = check_cuda(); !s.ok()) return s;
+  }
+  c.backend = backend;
+  if (backend == "auto") c.backend = c.cuda() && comm::nccl_available() ? "nccl" : "gloo";
+  return c;
+}
+
+}  // namespace dtrain::examples

@@ -1,0 +1,63 @@
+// examples:train's command line: its flags (defined in train_config.cc), read into one struct and
+// checked together, every problem one message that says what was wrong and what to do.
+//
+//   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+//   absl::StatusOr<TrainConfig> config = read_flags();
+//   if (!config.ok()) die(2, config.status().message());   // "--steps must be at least 1, got 0"
+//   if (config->cuda()) model->to(c10::Device(c10::kCUDA, local_rank));
+#ifndef DTRAIN_EXAMPLES_TRAIN_CONFIG_H_
+#define DTRAIN_EXAMPLES_TRAIN_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace dtrain::examples {
+
+// One field per flag, under the flag's name (see train_config.cc for each flag's help text).
+struct TrainConfig {
+  int nproc_per_node = 2;  // checked by the launching process only (ignored inside a job)
+  int steps = 300;
+  std::string hook = "allreduce";   // allreduce|fp16|bf16|powersgd|post_local_sgd|noop
+  std::string zero = "sorted_greedy";  // off|sorted_greedy|flat|stage2
+  bool zero_overlap = false;
+  bool bucket_view = true;
+  std::string checkpoint_dir = "/tmp/dtrain-train";
+  int checkpoint_every = 100;
+  int keep_checkpoints = 2;
+  bool resume = false;
+  bool sharded_checkpoint = false;
+  double lr = 3e-3;
+  int batch_size = 64;
+  int hidden = 256;
+  int log_every = 0;
+  int timeout_s = 60;
+  int rendezvous_timeout_s = 300;
+  int max_restarts = 0;
+  std::string rdzv_id;
+  int fail_at_step = 0;
+  uint64_t seed = 0;
+  // "cpu" or "cuda": where the model, the data and the optimizer state live (with "cuda", each
+  // rank on cuda:<LOCAL_RANK>).
+  std::string device = "cpu";
+  // "nccl" or "gloo": --backend with "auto" resolved (nccl for --device=cuda in a build with
+  // NCCL, else gloo).
+  std::string backend = "gloo";
+  // PowerSGD's start_powerSGD_iter (steps of plain all-reduce before --hook=powersgd compresses).
+  int powersgd_start_iter = 50;
+
+  bool cuda() const { return device == "cuda"; }
+};
+
+// Reads every flag (call after absl::ParseCommandLine) and checks them, together and against this
+// build and machine: --device=cuda needs a build with CUDA (comm::nccl_available()) and a visible
+// GPU (how many GPUs --nproc_per_node needs is the launching process's check, and LOCAL_RANK's the
+// rank's). Errors: InvalidArgument with the one-line message examples:train prints (exit code 2),
+// e.g. an unknown --hook, --zero, --device or --backend, a value out of range, flags that do not go
+// together (--backend=nccl with --device=cpu), --device=cuda where no GPU can be used.
+absl::StatusOr<TrainConfig> read_flags();
+
+}  // namespace dtrain::examples
+
+#endif  // DTRAIN_EXAMPLES_TRAIN_CONFIG_H_
