@@ -1,6 +1,8 @@
 #include "checkpoint/step_checkpoints.h"
 
 #include <fcntl.h>
+#include <ftw.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,6 +24,23 @@ constexpr char kStepPrefix[] = "step-";
 constexpr char kLatest[] = "latest";
 constexpr char kCommitted[] = "COMMITTED";  // inside a step directory, written after its commit
 constexpr int64_t kMaxStep = 1'000'000'000'000'000;
+
+// std::filesystem::remove_all without libstdc++'s implementation: libstdc++ 16's (g++ 16.2, the
+// default build) crashed with SIGSEGV removing a non-empty directory on a GPU machine (kernel 6.18,
+// ext4; 5 of 5 times, on CPU and CUDA runs alike; README "GPUs"); this does not. glibc's nftw,
+// depth first, never following symbolic links. A missing path is no error.
+std::error_code remove_tree(const fs::path& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) {
+    return errno == ENOENT ? std::error_code() : std::error_code(errno, std::generic_category());
+  }
+  const int rc = ::nftw(
+      path.c_str(),
+      [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p) == 0 ? 0 : errno; },
+      /*nopenfd=*/16, FTW_DEPTH | FTW_PHYS);
+  if (rc == 0) return {};
+  return std::error_code(rc > 0 ? rc : errno, std::generic_category());
+}
 
 absl::Status io_error(const std::string& what, const std::string& path, const std::error_code& ec) {
   const std::string msg = absl::StrCat("checkpoint: cannot ", what, " ", path, ": ", ec.message());
@@ -87,7 +106,7 @@ absl::StatusOr<std::string> StepCheckpoints::begin(int64_t step) {
   }
   const std::string dir = dir_of(step);
   std::error_code ec;
-  fs::remove_all(dir, ec);  // an earlier, interrupted attempt at this step
+  ec = remove_tree(dir);  // an earlier, interrupted attempt at this step
   if (ec) return io_error("remove the unfinished", dir, ec);
   fs::create_directories(dir, ec);
   if (ec) return io_error("create", dir, ec);
@@ -126,11 +145,11 @@ absl::Status StepCheckpoints::commit(int64_t step) {
     const int64_t s = step_of(name);
     const bool stale_step = s >= 0 && e.is_directory(ec) && std::find(kept.begin(), kept.end(), s) == kept.end();
     const bool temporary = name.find(".tmp.") != std::string::npos;
-    if (stale_step || temporary) fs::remove_all(e.path(), ec);
+    if (stale_step || temporary) ec = remove_tree(e.path());
   }
   for (int64_t s : kept) {
     for (const auto& e : fs::recursive_directory_iterator(dir_of(s), ec)) {
-      if (e.path().filename().string().find(".tmp.") != std::string::npos) fs::remove_all(e.path(), ec);
+      if (e.path().filename().string().find(".tmp.") != std::string::npos) ec = remove_tree(e.path());
     }
   }
   return absl::OkStatus();

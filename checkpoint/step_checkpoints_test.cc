@@ -88,6 +88,23 @@ TEST(StepCheckpointsTest, AnInterruptedSaveLeavesThePreviousStepAndIsCleanedLate
   EXPECT_TRUE(fs::is_empty(*dir));
 }
 
+// A step directory left by another run, with a subdirectory and a symbolic link out of it: begin()
+// empties it, and removes the link, never what it points to.
+TEST(StepCheckpointsTest, BeginEmptiesALeftoverTreeWithoutFollowingLinks) {
+  const std::string root = fresh_root("leftover");
+  const fs::path outside = fs::path(fresh_root("leftover-outside"));
+  fs::create_directories(outside);
+  write_file(outside / "keep.txt", "not ours");
+  StepCheckpoints c(root, 2);
+  fs::create_directories(fs::path(c.dir_of(100)) / "shards" / "deeper");
+  write_file(fs::path(c.dir_of(100)) / "shards" / "deeper" / "piece.pt", "old");
+  fs::create_directory_symlink(outside, fs::path(c.dir_of(100)) / "shards" / "link");
+  absl::StatusOr<std::string> dir = c.begin(100);
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  EXPECT_TRUE(fs::is_empty(*dir));
+  EXPECT_EQ(read_file(outside / "keep.txt"), "not ours");
+}
+
 TEST(StepCheckpointsTest, Errors) {
   const std::string root = fresh_root("errors");
   StepCheckpoints c(root, 2);
