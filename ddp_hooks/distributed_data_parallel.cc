@@ -239,6 +239,16 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   }
   TORCH_CHECK(!s.params.empty(), "DistributedDataParallel is not needed when a module doesn't have any parameter that "
               "requires a gradient.");
+  // One device per rank: buckets, hooks and Join hold one device (README, "Differences from PyTorch").
+  for (size_t i = 1; i < s.params.size(); ++i) {
+    TORCH_CHECK(s.params[i].device() == s.params[0].device(), "DistributedDataParallel: parameter '", s.names[i],
+                "' is on ", s.params[i].device(), " but '", s.names[0], "' is on ", s.params[0].device(),
+                "; a module spread over several devices is not supported: move the whole module to one device "
+                "per rank (module->to(group.device()))");
+  }
+  TORCH_CHECK(!s.options.group.device().is_cuda() || s.params[0].is_cuda(), "DistributedDataParallel: the module is on ",
+              s.params[0].device(), " but the group is NCCL's, which reduces CUDA tensors only: move the module to ",
+              s.options.group.device(), " (group.device()), or use a Gloo group for a CPU module");
   for (const auto& item : module_->named_buffers(/*recurse=*/true)) s.buffers.push_back(item.value());
 
   // Same model everywhere, or a clear error naming the first difference.

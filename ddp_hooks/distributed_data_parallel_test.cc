@@ -269,5 +269,21 @@ TEST(DistributedDataParallelTest, DifferentModelsAreAClearError) {
   });
 }
 
+// A module over two devices is refused at once, naming both (before any collective: no hang).
+TEST(DistributedDataParallelTest, AModuleOverSeveralDevicesIsAClearError) {
+  run_ranks_as_threads(2, [](comm::Group& g) {
+    auto net = std::make_shared<torch::nn::Module>();
+    net->register_parameter("weight", torch::zeros({3}));
+    net->register_parameter("bias", torch::zeros({3}, torch::Device(torch::kMeta)));
+    try {
+      DistributedDataParallel ddp(net, options_for(g, false, 25));
+      ADD_FAILURE() << "expected an error";
+    } catch (const c10::Error& e) {
+      EXPECT_THAT(e.what_without_backtrace(), HasSubstr("parameter 'bias' is on meta but 'weight' is on cpu; a "
+                                                        "module spread over several devices is not supported"));
+    }
+  });
+}
+
 }  // namespace
 }  // namespace dtrain::ddp_hooks
