@@ -119,6 +119,27 @@ TEST(StepCheckpointsTest, Errors) {
   EXPECT_THAT(std::string(c.latest().status().message()), HasSubstr("not a step directory"));
 }
 
+// Steps past 8 digits keep their number through the directory name (issue 29 item 6a: a step of
+// 2^40 in step-1099511627776/ was refused by examples:train, not here).
+TEST(StepCheckpointsTest, StepsPastEightDigitsKeepTheirNumber) {
+  const std::string root = fresh_root("wide");
+  StepCheckpoints c(root, 2);
+  constexpr int64_t kBig = int64_t{1} << 40;
+  save(c, 99'999'999);
+  save(c, 100'000'000);
+  EXPECT_EQ(fs::path(c.dir_of(100'000'000)).filename().string(), "step-100000000");
+  save(c, kBig);
+  EXPECT_EQ(fs::path(c.dir_of(kBig)).filename().string(), "step-1099511627776");
+  ASSERT_TRUE(c.latest().ok()) << c.latest().status();
+  EXPECT_EQ(c.latest()->step, kBig);
+  EXPECT_EQ(c.latest()->dir, c.dir_of(kBig));
+  EXPECT_THAT(c.steps_on_disk(), ElementsAre(100'000'000, kBig));  // numeric order, not the names'
+  EXPECT_EQ(read_file(fs::path(root) / "checkpoint.pt"), "model at " + std::to_string(kBig));
+  absl::StatusOr<std::string> too_big = c.begin(1'000'000'000'000'000);
+  EXPECT_EQ(too_big.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(too_big.status().message()), HasSubstr("is out of range [0, 1000000000000000)"));
+}
+
 // Kills a process saving steps at random moments, many times: every time, the current step is a
 // complete one (both files, from the same step) and no earlier complete step was lost.
 TEST(StepCheckpointsTest, KillsAtRandomPointsAlwaysLeaveACompleteStep) {

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -201,13 +202,14 @@ TEST(LaunchTest, RunsTheDemoOverGloo) {
 TEST(LaunchTest, BadUsageIsAOneLineError) {
   Result r = run_launch({"--nproc_per_node=0", "--", "/bin/true"});
   EXPECT_EQ(r.code, 2);
-  EXPECT_THAT(r.output, HasSubstr("need --nproc_per_node >= 1"));
+  EXPECT_THAT(r.output, HasSubstr("launch: --nproc_per_node must be in [1, 256], got 0"));
   Result none = run_launch({"--nproc_per_node=2"});
   EXPECT_EQ(none.code, 2);
   EXPECT_THAT(none.output, HasSubstr("no program given"));
   Result many = run_launch({"--nproc_per_node=100000", "--", "/bin/true"});
-  EXPECT_NE(many.code, 0);
-  EXPECT_THAT(many.output, HasSubstr("exceeds the limit of 256 ranks per node"));
+  EXPECT_EQ(many.code, 2);
+  EXPECT_THAT(many.output, HasSubstr("--nproc_per_node must be in [1, 256], got 100000 (ranks on this node; "
+                                     "for more ranks use more nodes)"));
   Result missing = run_launch({"--nproc_per_node=1", "--", "/no/such/program"});
   EXPECT_EQ(missing.code, 127);
   EXPECT_THAT(missing.output, HasSubstr("cannot start /no/such/program"));
@@ -226,6 +228,47 @@ TEST(LaunchTest, BadUsageIsAOneLineError) {
     EXPECT_THAT(id.output, HasSubstr("must be 1 to 128 characters from [A-Za-z0-9._-]")) << bad;
     EXPECT_EQ(count(id.output, "\n"), 1) << bad << ": " << id.output;
   }
+}
+
+// Every number is bounded and the world size is computed in 64 bits (issue 29): before, --nnodes=2147483647
+// exported WORLD_SIZE=-2 and exited 0. Each bad value is one line naming the flag and its range, exit 2, and
+// no rank starts.
+TEST(LaunchTest, OutOfRangeNumbersAreOneLineErrorsAndStartNothing) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--nproc_per_node=2", "--nnodes=2147483647", "--node_rank=1"},
+       "launch: --nnodes must be in [1, 1073741824], got 2147483647\n"},
+      {{"--nproc_per_node=2", "--nnodes=1073741824", "--node_rank=1"},
+       "launch: --nnodes x --nproc_per_node = 1073741824 x 2 = 2147483648 ranks, more than the 1073741824"},
+      {{"--nnodes=4294967298", "--node_rank=1"}, "launch: --nnodes must be in [1, 1073741824], got 4294967298\n"},
+      {{"--nnodes=0"}, "launch: --nnodes must be in [1, 1073741824], got 0\n"},
+      {{"--nnodes=2", "--node_rank=2"}, "launch: --node_rank must be in [0, 1], got 2 (below --nnodes=2)\n"},
+      {{"--node_rank=-1"}, "launch: --node_rank must be in [0, 0], got -1"},
+      {{"--nproc_per_node=4294967297"}, "launch: --nproc_per_node must be in [1, 256], got 4294967297"},
+      {{"--nproc_per_node=-3"}, "launch: --nproc_per_node must be in [1, 256], got -3"},
+      {{"--master_port=65536"}, "launch: --master_port must be in [0, 65535], got 65536"},
+      {{"--master_port=-1"}, "launch: --master_port must be in [0, 65535], got -1"},
+      {{"--master_port=4294967296"}, "launch: --master_port must be in [0, 65535], got 4294967296"},
+      {{"--max_restarts=4294967297"}, "launch: --max_restarts must be in [0, 100], got 4294967297\n"},
+      {{"--stop_grace_seconds=-1"}, "launch: --stop_grace_seconds must be in [0, 3600], got -1\n"},
+      {{"--stop_grace_seconds=1e300"}, "launch: --stop_grace_seconds must be in [0, 3600], got 1e+300\n"},
+      {{"--master_addr="}, "launch: master_addr is empty"},
+  };
+  for (const auto& [flags, expected] : cases) {
+    std::vector<std::string> args = flags;
+    for (const char* a : {"--", "/bin/sh", "-c", "echo started world=$WORLD_SIZE rank=$RANK"}) args.emplace_back(a);
+    Result r = run_launch(args);
+    const std::string what = ::testing::PrintToString(flags);
+    EXPECT_EQ(r.code, 2) << what << ": " << r.output;
+    EXPECT_THAT(r.output, HasSubstr(expected)) << what;
+    EXPECT_EQ(count(r.output, "\n"), 1) << what << ": " << r.output;
+    EXPECT_THAT(r.output, Not(HasSubstr("started"))) << what << ": a rank started";
+  }
+  // The largest world that fits still launches, with the right numbers.
+  Result big = run_launch({"--nproc_per_node=2", "--nnodes=536870912", "--node_rank=536870911", "--master_port=29999",
+                           "--", "/bin/sh", "-c", "echo world=$WORLD_SIZE rank=$RANK"});
+  EXPECT_EQ(big.code, 0) << big.output;
+  EXPECT_THAT(big.output, HasSubstr("[rank 1073741822] world=1073741824 rank=1073741822\n"));
+  EXPECT_THAT(big.output, HasSubstr("[rank 1073741823] world=1073741824 rank=1073741823\n"));
 }
 
 // --rdzv_id reaches every rank, in every attempt, as TORCHELASTIC_RUN_ID; without it each launch

@@ -10,6 +10,7 @@
 #include <array>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -183,33 +184,47 @@ absl::StatusOr<Outcome> run_attempt(const Job& job, int port, int attempt, const
   return outcome;
 }
 
-}  // namespace
-
-absl::StatusOr<int> launch_local(const std::vector<std::string>& argv, const LaunchOptions& options) {
-  const int nproc = options.nproc_per_node;
-  const int nnodes = options.nnodes;
-  const int node_rank = options.node_rank;
-  const int max_restarts = options.max_restarts;
-  if (argv.empty() || argv[0].empty()) return absl::InvalidArgumentError("launch: no program given");
-  if (nproc < 1 || nnodes < 1 || node_rank < 0 || node_rank >= nnodes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "launch: need nproc_per_node >= 1, nnodes >= 1 and 0 <= node_rank < nnodes (got ", nproc, ", ", nnodes, ", ",
-        node_rank, ")"));
-  }
-  if (nproc > kMaxProcsPerNode) {
-    return absl::InvalidArgumentError(absl::StrCat("launch: nproc_per_node ", nproc, " exceeds the limit of ",
-                                                   kMaxProcsPerNode, " ranks per node; use more nodes"));
-  }
-  if (max_restarts < 0 || max_restarts > kMaxRestarts) {
+// One line naming the option, its allowed range and the value, or OK. Every bound is checked
+// before any product is formed; products are formed in 64 bits.
+absl::Status check_options(const LaunchOptions& o) {
+  auto range = [](const char* name, int64_t value, int64_t lo, int64_t hi, const std::string& note) {
+    if (value >= lo && value <= hi) return absl::OkStatus();
     return absl::InvalidArgumentError(
-        absl::StrCat("launch: max_restarts must be in [0, ", kMaxRestarts, "], got ", max_restarts));
+        absl::StrCat("launch: ", name, " must be in [", lo, ", ", hi, "], got ", value, note));
+  };
+  if (absl::Status s = range("nproc_per_node", o.nproc_per_node, 1, kMaxProcsPerNode,
+                             " (ranks on this node; for more ranks use more nodes)");
+      !s.ok()) {
+    return s;
   }
-  if (max_restarts > 0 && nnodes > 1) {
+  if (absl::Status s = range("nnodes", o.nnodes, 1, kMaxWorldSize, ""); !s.ok()) return s;
+  if (absl::Status s = range("node_rank", o.node_rank, 0, int64_t{o.nnodes} - 1,
+                             absl::StrCat(" (this node's index, below nnodes=", o.nnodes, ")"));
+      !s.ok()) {
+    return s;
+  }
+  const int64_t world = int64_t{o.nnodes} * o.nproc_per_node;
+  if (world > kMaxWorldSize) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "launch: max_restarts needs a single node (got nnodes ", nnodes,
+        "launch: nnodes x nproc_per_node = ", o.nnodes, " x ", o.nproc_per_node, " = ", world,
+        " ranks, more than the ", kMaxWorldSize, " a job may have (the largest WORLD_SIZE the rendezvous "
+        "accepts); use fewer nodes or ranks per node"));
+  }
+  if (absl::Status s = range("master_port", o.master_port, 0, 65535, " (0 picks one)"); !s.ok()) return s;
+  if (absl::Status s = range("max_restarts", o.max_restarts, 0, kMaxRestarts, ""); !s.ok()) return s;
+  if (!(o.stop_grace_seconds >= 0 && o.stop_grace_seconds <= kMaxStopGraceSeconds)) {  // NaN too
+    return absl::InvalidArgumentError(absl::StrCat("launch: stop_grace_seconds must be in [0, ",
+                                                   kMaxStopGraceSeconds, "], got ", o.stop_grace_seconds));
+  }
+  if (o.max_restarts > 0 && o.nnodes > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "launch: max_restarts needs a single node (got nnodes ", o.nnodes,
         "): restarting this node's ranks alone would leave the other nodes in another attempt"));
   }
-  const std::string& id = options.rdzv_id;
+  if (o.master_addr.empty()) {
+    return absl::InvalidArgumentError("launch: master_addr is empty; give rank 0's address (127.0.0.1 on one node)");
+  }
+  const std::string& id = o.rdzv_id;
   const bool id_ok = id.size() <= 128 && std::all_of(id.begin(), id.end(), [](char c) {
                        return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
                      });
@@ -217,17 +232,25 @@ absl::StatusOr<int> launch_local(const std::vector<std::string>& argv, const Lau
     return absl::InvalidArgumentError(absl::StrCat("launch: rdzv_id \"", absl::CHexEscape(id.substr(0, 160)),
                                                    "\" must be 1 to 128 characters from [A-Za-z0-9._-]"));
   }
-  if (options.master_port < 0 || options.master_port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("launch: master_port ", options.master_port, " is not a port number (0-65535)"));
-  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<int> launch_local(const std::vector<std::string>& argv, const LaunchOptions& options) {
+  if (argv.empty() || argv[0].empty()) return absl::InvalidArgumentError("launch: no program given");
+  if (absl::Status s = check_options(options); !s.ok()) return s;
+  const int nproc = options.nproc_per_node;
+  const int nnodes = options.nnodes;
+  const int max_restarts = options.max_restarts;
+  const std::string& id = options.rdzv_id;
   const std::string program = resolve_program(argv[0]);
   std::vector<std::string> args = argv;
   args[0] = program;
   Job job;
   job.options = &options;
   job.argv = args;
-  job.world = nproc * nnodes;
+  job.world = nproc * nnodes;  // check_options: at most kMaxWorldSize
   job.run_id = !id.empty() ? id : absl::StrFormat("%016x", (uint64_t{std::random_device()()} << 32) ^ std::random_device()() ^
                                             static_cast<uint64_t>(::getpid()));
   // One thread per rank is what 2-core machines can afford; torchrun does the same.

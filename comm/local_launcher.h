@@ -25,14 +25,20 @@ namespace dtrain::comm {
 inline constexpr int kMaxProcsPerNode = 256;
 // Most restarts one launch may make.
 inline constexpr int kMaxRestarts = 100;
+// Most ranks in a job (nnodes x nproc_per_node): the largest WORLD_SIZE the env:// rendezvous
+// accepts, so a launch never hands its ranks a WORLD_SIZE (or RANK) they would refuse or that
+// overflows an int.
+inline constexpr int kMaxWorldSize = 1 << 30;
+// Longest stop_grace_seconds.
+inline constexpr double kMaxStopGraceSeconds = 3600;
 
 struct LaunchOptions {
   int nproc_per_node = 1;              // ranks started on this node, at most kMaxProcsPerNode
-  int nnodes = 1;                      // nodes in the job
+  int nnodes = 1;                      // nodes in the job; nnodes x nproc_per_node <= kMaxWorldSize
   int node_rank = 0;                   // this node's index in [0, nnodes)
-  std::string master_addr = "127.0.0.1";
-  int master_port = 0;                 // 0: a free port (single node) or 29500
-  double stop_grace_seconds = 5.0;     // after a failure or signal, before SIGKILL
+  std::string master_addr = "127.0.0.1";  // not empty
+  int master_port = 0;                 // in [0, 65535]; 0: a free port (single node) or 29500
+  double stop_grace_seconds = 5.0;     // after a failure or signal, before SIGKILL; [0, kMaxStopGraceSeconds]
   // Rank 0 writes straight to this process's stdout/stderr (a terminal stays a terminal); the
   // other ranks' lines are still prefixed with "[rank R] ". Default: every rank prefixed.
   bool rank0_owns_terminal = false;
@@ -59,10 +65,14 @@ struct LaunchOptions {
 // the current directory is tried from BUILD_WORKING_DIRECTORY) and waits for all of them.
 // Returns 0 when every rank of an attempt succeeded, else the first failing rank's exit code in
 // the last attempt (128 + signal for a rank killed by a signal, or 128 + the signal this launcher
-// received and forwarded). InvalidArgument for bad options (max_restarts outside [0, kMaxRestarts],
-// or above 0 with nnodes > 1; an rdzv_id with other characters or over 128 long) or an empty argv;
-// Internal when pipes or fork fail (the ranks already started are killed first). Every rank is killed when this process dies, however it dies
-// (PR_SET_PDEATHSIG), so no rank trains on without its launcher.
+// received and forwarded). InvalidArgument, before any rank starts, for bad options -- one line
+// naming the option and its allowed range: a number outside the range given with its field above
+// (nproc_per_node, nnodes, node_rank, master_port, max_restarts, stop_grace_seconds, NaN included),
+// nnodes x nproc_per_node over kMaxWorldSize (computed in 64 bits), max_restarts above 0 with
+// nnodes > 1, an empty master_addr, an rdzv_id with other characters or over 128 long -- or an
+// empty argv; Internal when pipes or fork fail (the ranks already started are killed first).
+// Every rank is killed when this process dies, however it dies (PR_SET_PDEATHSIG), so no rank
+// trains on without its launcher.
 absl::StatusOr<int> launch_local(const std::vector<std::string>& argv, const LaunchOptions& options);
 
 }  // namespace dtrain::comm

@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <exception>
@@ -44,14 +45,18 @@ namespace {
 using internal::parse_int;
 using internal::Rendezvous;
 
+// What to check when rank 0's store accepts a connection but does not answer.
+constexpr char kCheckRank0[] = "check that rank 0 is running and not stopped (SIGSTOP, a debugger, swapping)";
+
 bool is_loopback(const std::string& host) {
   return absl::StartsWith(host, "127.") || host == "localhost" || host == "::1" || host == "[::1]";
 }
 
 // A socket listening on `host`'s IPv4 address only (loopback for a loopback host), for the store's
 // server; -1 when the host does not resolve to a local IPv4 address (the store then listens on every
-// interface, as PyTorch's does).
-int listen_on_host(const std::string& host, int port) {
+// interface, as PyTorch's does) or the bind fails, with that errno in *bind_error (EADDRINUSE: the
+// port is taken).
+int listen_on_host(const std::string& host, int port, int* bind_error) {
   addrinfo hints{};
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_STREAM;
@@ -65,10 +70,34 @@ int listen_on_host(const std::string& host, int port) {
   const int one = 1;
   ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd, SOMAXCONN) != 0) {
+    *bind_error = errno;
     ::close(fd);
     return -1;
   }
   return fd;
+}
+
+// Whether a plain bind of `port` on every IPv4 interface (with SO_REUSEADDR, as c10d's server
+// binds) fails with EADDRINUSE. Probed before the store's server tries the port itself, which on
+// failure logs several lines of its own (c10d's socket.cpp) before throwing.
+bool port_in_use(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const bool in_use = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 && errno == EADDRINUSE;
+  ::close(fd);
+  return in_use;
+}
+
+absl::Status port_in_use_error(const std::string& master, const std::string& detail) {
+  return absl::UnavailableError(absl::StrCat(
+      "cannot listen on ", master, ": port in use (by another job, or a program that still holds it); pick "
+      "another MASTER_PORT (//comm:launch picks a free one when --master_port is left unset)", detail));
 }
 
 // Reads an integer environment variable; NotFound names the variable and what sets it.
@@ -120,9 +149,7 @@ absl::Status store_error(const std::exception& e, const std::string& master,
   const std::string what = e.what();
   const std::string first_line = what.substr(0, what.find('\n'));
   if (absl::StrContains(what, "Address already in use")) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", master,
-                                               ": port in use; pick another MASTER_PORT (",
-                                               first_line, ")"));
+    return port_in_use_error(master, absl::StrCat(" (", first_line, ")"));
   }
   // 1.13: "Socket Timeout", "timed out"; 2.x: "Timed out after N seconds waiting for clients".
   const std::string lower = absl::AsciiStrToLower(what);
@@ -134,10 +161,11 @@ absl::Status store_error(const std::exception& e, const std::string& master,
                      "WORLD_SIZE (", first_line, ")"));
   }
   if (is_timeout_message(what)) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("rendezvous with master ", master, " did not complete within ",
-                     timeout.count(), " ms: check that the master is reachable and every rank "
-                     "started (", first_line, ")"));
+    // The client reached the master's port (wait_for_listener) but got no answer in time.
+    return absl::DeadlineExceededError(absl::StrCat(
+        "rendezvous with master ", master, " did not complete within ", timeout.count(), " ms: something accepts "
+        "connections there but does not answer as a c10d store; ", kCheckRank0, " and that no other program "
+        "listens on MASTER_PORT (", first_line, ")"));
   }
   return absl::UnavailableError(
       absl::StrCat("rendezvous with master ", master, " failed: ", first_line));
@@ -238,9 +266,17 @@ absl::StatusOr<Rendezvous> rendezvous(const InitOptions& o) {
   so.numWorkers = rv.world_size;
   so.waitWorkers = false;  // check_arrivals waits, naming who is missing
   so.timeout = o.timeout;
-  // The store's server listens on MASTER_ADDR's interface only (loopback stays loopback).
-  if (kTcpStoreTakesListenFd && so.isServer) {
-    if (const int fd = listen_on_host(host, port); fd >= 0) set_store_listen_fd(so, fd);
+  // The store's server listens on MASTER_ADDR's interface only (loopback stays loopback). A port in
+  // use is found here, by a plain bind, so that the one line below is all the user sees (c10d's
+  // server would log its failed binds first).
+  if (so.isServer) {
+    int bind_error = 0;
+    const int fd = kTcpStoreTakesListenFd ? listen_on_host(host, port, &bind_error) : -1;
+    if (fd >= 0) {
+      set_store_listen_fd(so, fd);
+    } else if (bind_error == EADDRINUSE || port_in_use(port)) {
+      return port_in_use_error(rv.master, "");
+    }
   }
   const std::string master = rv.master;
   const std::chrono::milliseconds timeout = rendezvous_timeout;
@@ -255,22 +291,43 @@ absl::StatusOr<Rendezvous> rendezvous(const InitOptions& o) {
       deadline, absl::StrCat("connecting to the c10d store at ", master));
   if (!store.ok()) {
     if (absl::IsDeadlineExceeded(store.status())) {
-      return absl::DeadlineExceededError(absl::StrCat(store.status().message(), ": something accepts connections on ",
-                                                      master, " but does not answer as a c10d store; is another "
-                                                      "program using MASTER_PORT?"));
+      return absl::DeadlineExceededError(absl::StrCat(
+          store.status().message(), " (rendezvous timeout ", timeout.count(), " ms): something accepts connections on ",
+          master, " but does not answer as a c10d store; ", kCheckRank0, " and that no other program listens on "
+          "MASTER_PORT"));
     }
     return store.status();
   }
   rv.store = *store;
   const int rank = rv.rank, world = rv.world_size;
+  const std::string what = absl::StrCat("rendezvous on ", master);
+  const std::string waiting = absl::StrCat(what, ": waiting for the c10d store");
   absl::StatusOr<bool> arrived = run_with_deadline<bool>(
-      [s = rv.store, rank, world, deadline, master]() -> absl::StatusOr<bool> {
-        absl::Status st = check_arrivals(*s, rank, world, deadline, absl::StrCat("rendezvous on ", master));
-        if (!st.ok()) return st;
-        return true;
+      [s = rv.store, rank, world, deadline, what]() -> absl::StatusOr<bool> {
+        try {
+          absl::Status st = check_arrivals(*s, rank, world, deadline, what);
+          if (!st.ok()) return st;
+          return true;
+        } catch (const std::exception& e) {
+          const std::string message = e.what();
+          const std::string first_line = message.substr(0, message.find('\n'));
+          if (is_timeout_message(message)) {
+            return absl::DeadlineExceededError(absl::StrCat(
+                what, ": the c10d store that rank 0 serves stopped answering (", first_line, "); ", kCheckRank0));
+          }
+          return absl::UnavailableError(absl::StrCat(what, ": lost the c10d store that rank 0 serves (", first_line,
+                                                     "); rank 0 has exited or crashed: see its error"));
+        }
       },
-      deadline + std::chrono::seconds(1), absl::StrCat("rendezvous on ", master, " (the store stopped answering)"));
-  if (!arrived.ok()) return arrived.status();
+      deadline + std::chrono::seconds(1), waiting);
+  if (!arrived.ok()) {
+    if (absl::IsDeadlineExceeded(arrived.status()) && absl::StartsWith(arrived.status().message(), waiting)) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          arrived.status().message(), " (rendezvous timeout ", timeout.count(), " ms + 1 s): the c10d store that "
+          "rank 0 serves stopped answering; ", kCheckRank0));
+    }
+    return arrived.status();
+  }
   return rv;
 }
 

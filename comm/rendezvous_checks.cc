@@ -9,8 +9,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_join.h"
 
 namespace dtrain::comm {
@@ -88,35 +90,72 @@ absl::Status check_arrivals(c10d::Store& store, int rank, int world_size, Deadli
     return absl::InvalidArgumentError(absl::StrCat(what, ": ", claims, " processes started with RANK=", rank,
                                                    "; give every process its own RANK in [0, WORLD_SIZE)"));
   }
-  const std::string world_key = absl::StrCat(prefix, "world_size");
+  // Every rank publishes its WORLD_SIZE and compares it with every other rank's in its world, so
+  // that a mismatch fails on every rank that arrived, each naming the ranks that differ (not only
+  // on the rank that differs from rank 0, leaving the others to time out in Gloo).
+  auto world_key = [](int r) { return absl::StrCat("dtrain/world_size/", r); };
+  const std::string arrivals_key = "dtrain/arrivals", verdicts_key = "dtrain/verdicts";
   const std::string mine = std::to_string(world_size);
-  if (rank == 0) store.set(world_key, std::vector<uint8_t>(mine.begin(), mine.end()));
-  bool world_checked = false;
-  std::vector<int> missing;
+  store.set(world_key(rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+  store.add(arrivals_key, 1);
+  std::vector<int> pending;  // ranks whose WORLD_SIZE this rank has not seen yet
+  for (int r = 0; r < world_size; ++r) {
+    if (r != rank) pending.push_back(r);
+  }
+  std::map<int, std::string> differing;  // rank -> its WORLD_SIZE, where it is not this rank's
+  auto read_pending = [&] {
+    std::erase_if(pending, [&](int r) {
+      if (!store.check({world_key(r)})) return false;
+      const std::vector<uint8_t> v = store.get(world_key(r));
+      if (std::string theirs(v.begin(), v.end()); theirs != mine) differing[r] = theirs;
+      return true;
+    });
+  };
   for (;;) {
-    if (!world_checked && store.check({world_key})) {
-      const std::vector<uint8_t> v = store.get(world_key);
-      const std::string theirs(v.begin(), v.end());
-      if (theirs != mine) {
-        return absl::InvalidArgumentError(absl::StrCat(what, ": this rank (RANK=", rank, ") has WORLD_SIZE=", world_size,
-                                                       " but rank 0 has WORLD_SIZE=", theirs,
-                                                       "; start every rank with the same WORLD_SIZE"));
-      }
-      world_checked = true;
-    }
-    missing.clear();
-    for (int r = 0; r < world_size; ++r) {
-      if (!store.check({absl::StrCat(prefix, r)})) missing.push_back(r);
-    }
-    if (missing.empty() && world_checked) return absl::OkStatus();
-    if (ms_left(deadline) == 0) break;
+    read_pending();
+    if (!differing.empty() || pending.empty() || ms_left(deadline) == 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(std::min<int64_t>(ms_left(deadline), 20)));
   }
-  std::vector<int> shown(missing.begin(), missing.begin() + std::min<size_t>(missing.size(), 16));
-  return absl::DeadlineExceededError(absl::StrCat(
-      what, ": rank", missing.size() == 1 ? " " : "s ", absl::StrJoin(shown, ", "), missing.size() > 16 ? ", ..." : "",
-      " of ", world_size, " never arrived (not started, crashed, or started with another MASTER_ADDR, MASTER_PORT "
-      "or WORLD_SIZE)"));
+  if (differing.empty() && pending.empty()) return absl::OkStatus();
+  store.add(verdicts_key, 1);  // this rank is done with the store
+  if (differing.empty()) {
+    std::vector<int> shown(pending.begin(), pending.begin() + std::min<size_t>(pending.size(), 16));
+    return absl::DeadlineExceededError(absl::StrCat(
+        what, ": rank", pending.size() == 1 ? " " : "s ", absl::StrJoin(shown, ", "), pending.size() > 16 ? ", ..." : "",
+        " of ", world_size, " never arrived (not started, crashed, or started with another MASTER_ADDR, MASTER_PORT "
+        "or WORLD_SIZE)"));
+  }
+  if (rank == 0) {
+    // Rank 0's process serves the store: it keeps it up until every rank that arrived has read its
+    // own verdict (at most kLinger, and never past the deadline), so that they fail naming the
+    // cause too rather than losing the store.
+    constexpr auto kLinger = std::chrono::seconds(5);
+    const Deadline until = std::min(deadline, std::chrono::steady_clock::now() + kLinger);
+    for (;;) {
+      const int64_t arrived = store.add(arrivals_key, 0);
+      if (arrived >= world_size && store.add(verdicts_key, 0) >= arrived) break;
+      if (ms_left(until) == 0) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::min<int64_t>(ms_left(until), 20)));
+    }
+    read_pending();
+  }
+  std::vector<std::string> theirs;
+  for (const auto& [r, w] : differing) {
+    if (theirs.size() == 8) {
+      theirs.push_back("...");
+      break;
+    }
+    theirs.push_back(absl::StrCat("rank ", r, " has WORLD_SIZE=", absl::CHexEscape(w.substr(0, 24))));
+  }
+  std::string absent;
+  if (!pending.empty()) {
+    std::vector<int> shown(pending.begin(), pending.begin() + std::min<size_t>(pending.size(), 16));
+    absent = absl::StrCat("; rank", pending.size() == 1 ? " " : "s ", absl::StrJoin(shown, ", "),
+                          pending.size() > 16 ? ", ..." : "", pending.size() == 1 ? " has" : " have", " not arrived");
+  }
+  return absl::InvalidArgumentError(absl::StrCat(what, ": this rank (RANK=", rank, ") has WORLD_SIZE=", world_size,
+                                                 " but ", absl::StrJoin(theirs, ", "),
+                                                 "; start every rank with the same WORLD_SIZE", absent));
 }
 
 }  // namespace dtrain::comm

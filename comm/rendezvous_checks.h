@@ -35,11 +35,13 @@ using Deadline = std::chrono::steady_clock::time_point;
 absl::Status wait_for_listener(const std::string& host, int port, Deadline deadline);
 
 // Runs fn() on a helper thread and waits for it until `deadline`. When fn() has not returned by
-// then, returns DeadlineExceeded("<what> did not finish within N ms") and abandons the thread
-// (detached, still holding what fn captured by value: capture by value or shared_ptr only). An
-// exception from fn() is returned as Unavailable with its message.
+// then, returns DeadlineExceeded("<what> did not finish within N ms"), N being how long this call
+// waited, and abandons the thread (detached, still holding what fn captured by value: capture by
+// value or shared_ptr only); callers add what to check. An exception from fn() is returned as
+// Unavailable with its message.
 template <typename T>
 absl::StatusOr<T> run_with_deadline(std::function<absl::StatusOr<T>()> fn, Deadline deadline, const std::string& what) {
+  const auto start = std::chrono::steady_clock::now();
   auto promise = std::make_shared<std::promise<absl::StatusOr<T>>>();
   std::future<absl::StatusOr<T>> result = promise->get_future();
   std::thread([promise, fn = std::move(fn)]() mutable {
@@ -50,18 +52,20 @@ absl::StatusOr<T> run_with_deadline(std::function<absl::StatusOr<T>()> fn, Deadl
     }
   }).detach();
   if (result.wait_until(deadline) != std::future_status::ready) {
-    const auto budget = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    return absl::DeadlineExceededError(absl::StrCat(what, " did not finish by its deadline (", -budget.count(),
-                                                    " ms ago)"));
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+    return absl::DeadlineExceededError(absl::StrCat(what, " did not finish within ", waited.count(), " ms"));
   }
   return result.get();
 }
 
 // Every rank announces itself (its rank and WORLD_SIZE) on `store` and waits until all
-// `world_size` ranks have, polling until `deadline`. Errors: InvalidArgument when rank 0's
-// WORLD_SIZE differs from this rank's or another process announced the same rank;
-// DeadlineExceeded naming the ranks that never arrived. `what` names the rendezvous in messages
-// ("rendezvous on 10.0.0.1:29500").
+// `world_size` ranks have, polling until `deadline`. Errors: InvalidArgument when another process
+// announced the same rank, or when any rank in [0, world_size) announced another WORLD_SIZE: then
+// every rank that sees the difference fails at once, naming the ranks whose WORLD_SIZE differs
+// and the ranks not arrived yet, and rank 0 (whose process serves a TCPStore) first waits up to 5 s
+// (never past `deadline`) for the ranks that arrived to read their verdict; DeadlineExceeded naming
+// the ranks that never arrived. `what` names the rendezvous in messages ("rendezvous on
+// 10.0.0.1:29500"). Store errors throw, as the store's calls do.
 absl::Status check_arrivals(c10d::Store& store, int rank, int world_size, Deadline deadline, const std::string& what);
 
 }  // namespace dtrain::comm

@@ -9,6 +9,7 @@
 // Ranks 0 and 1 are "ps0" and "ps1", ranks 2 and 3 "trainer0" and "trainer1" (torchrun-style
 // RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT when set; otherwise it launches itself).
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 
@@ -23,16 +24,32 @@
 #include "rpc/distributed_optimizer.h"
 #include "rpc/remote.h"
 
-ABSL_FLAG(int, steps, 200, "Steps per trainer.");
-ABSL_FLAG(double, lr, 0.01, "Adam learning rate on the parameter servers.");
+// 64-bit, so that a value beyond an int gets the same one-line range error as any other.
+ABSL_FLAG(int64_t, steps, 200, "Steps per trainer, 1 to 1000000.");
+ABSL_FLAG(double, lr, 0.01, "Adam learning rate on the parameter servers, in (0, 10].");
 
 namespace {
 
 using namespace dtrain::rpc;  // NOLINT
 
-[[noreturn]] void die(const std::string& message) {
+constexpr int64_t kMaxSteps = 1'000'000;
+constexpr double kMaxLr = 10;
+
+[[noreturn]] void die(const std::string& message, int code = 1) {
   std::fprintf(stderr, "parameter_server_example: %s\n", message.c_str());
-  std::exit(1);
+  std::exit(code);
+}
+
+// Bad flags end the program with one line and exit code 2, before any rank starts.
+void check_flags() {
+  const int64_t steps = absl::GetFlag(FLAGS_steps);
+  if (steps < 1 || steps > kMaxSteps) {
+    die(absl::StrCat("--steps must be in [1, ", kMaxSteps, "], got ", steps), 2);
+  }
+  const double lr = absl::GetFlag(FLAGS_lr);
+  if (!(lr > 0 && lr <= kMaxLr)) {  // NaN too
+    die(absl::StrCat("--lr must be in (0, ", kMaxLr, "], got ", lr), 2);
+  }
 }
 
 torch::Tensor seeded(std::vector<int64_t> shape, uint64_t seed, double scale) {
@@ -70,7 +87,7 @@ int run() {
     auto opt = DistributedOptimizer::create(**agent, "Adam", adam, refs);
     if (!opt.ok()) die(std::string(opt.status().message()));
     const torch::Tensor teacher = seeded({16, 4}, 99, 0.5);
-    const int steps = absl::GetFlag(FLAGS_steps);
+    const int steps = static_cast<int>(absl::GetFlag(FLAGS_steps));  // check_flags: at most kMaxSteps
     double first = NAN, last = NAN;
     for (int step = 1; step <= steps; ++step) {
       std::vector<torch::Tensor> params;
@@ -106,6 +123,7 @@ int run() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  check_flags();
   if (std::getenv("RANK") == nullptr) {
     // TensorPipe logs a warning per closed connection at shutdown: keep the ranks' output readable.
     ::setenv("GLOG_minloglevel", "2", /*overwrite=*/0);

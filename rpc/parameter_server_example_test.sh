@@ -18,3 +18,12 @@ for bad in 7 -1 abc; do
   echo "$err" | grep -q "RANK=$bad is not a rank of this example" || { echo "FAIL: RANK=$bad said: $err"; exit 1; }
 done
 echo "bad RANK values are one clear error"
+# A flag out of range is one line and exit code 2 before any rank starts (issue 29: --steps=-5
+# exited 0 printing "loss nan at step 1 -> nan at step -5").
+for bad in --steps=-5 --steps=0 --steps=1000001 --steps=99999999999 --lr=0 --lr=-0.5 --lr=11; do
+  err=$(rpc/parameter_server_example "$bad" 2>&1); code=$?
+  [[ $code -eq 2 ]] || { echo "FAIL: $bad exited $code: $err"; exit 1; }
+  [[ $(printf '%s\n' "$err" | wc -l) -eq 1 ]] || { echo "FAIL: $bad: expected one line, got: $err"; exit 1; }
+  [[ "$err" == "parameter_server_example: ${bad%%=*} must be in "*", got "* ]] || { echo "FAIL: $bad said: $err"; exit 1; }
+done
+echo "out-of-range flags are one clear error"
