@@ -61,6 +61,10 @@ struct PowerSGDState {
   // and the hook has not checked against the bucket yet (it does at their first use).
   std::set<int64_t> unchecked_error_buckets;
   std::set<int64_t> unchecked_memory_buckets;
+  // Set by load_state_dict when the loaded state had compressed (iter > start_powerSGD_iter): during
+  // the next iteration every bucket must find its memories there, and none may be for a bucket the
+  // model does not have (the hook checks at each bucket's first use; a misfit is a c10::Error).
+  bool check_loaded_buckets = false;
 
   // TORCH_CHECK with PyTorch's message: start_powerSGD_iter must be > 1 with error feedback or
   // warm start; rank >= 1; rate >= 1.

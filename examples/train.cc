@@ -25,6 +25,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <thread>
 #include <vector>
 
 #include <c10/core/DeviceGuard.h>
@@ -71,6 +73,17 @@ constexpr char kShardedNeedsZero[] =
 [[noreturn]] void die(int code, const std::string& message) {
   std::fprintf(stderr, "train: %s\n", message.c_str());
   std::exit(code);
+}
+
+// die() for a rank stopped by another's failure, after a moment for that rank's line (the cause).
+[[noreturn]] void die_after_peer(int code, const std::string& message) {
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  die(code, message);
+}
+
+// "checkpoint: <message>", once: checkpoint/'s own messages already start with "checkpoint".
+std::string checkpoint_error(std::string_view message) {
+  return absl::StartsWith(message, "checkpoint") ? std::string(message) : absl::StrCat("checkpoint: ", message);
 }
 
 torch::nn::Sequential make_mlp(int64_t hidden, torch::Generator& gen) {
@@ -160,6 +173,21 @@ int train(const Config& c) {
   c10d::BroadcastOptions from_rank0;
   world->broadcast(tty, from_rank0)->wait();
   Progress progress(rank == 0, tty[0].item<int>() == 1, c.steps, c.log_every);
+  // Before the first step: every rank that saves (rank 0, every rank with hook state or shards) can
+  // write in --checkpoint_dir, on its own host (a local launch checked it before starting them).
+  if (!c.checkpoint_dir.empty()) {
+    const bool writes = rank == 0 || c.hook == "powersgd" || c.sharded_checkpoint;
+    const absl::Status usable = writes ? examples::check_checkpoint_dir(c.checkpoint_dir) : absl::OkStatus();
+    std::vector<at::Tensor> first = {torch::full({1}, usable.ok() ? world_size : rank, on_group.dtype(torch::kInt))};
+    c10d::AllreduceOptions min;
+    min.reduceOp = c10d::ReduceOp::MIN;
+    world->allreduce(first, min)->wait();
+    if (!usable.ok()) die(2, std::string(usable.message()));
+    if (const int bad = first[0].item<int>(); bad < world_size) {
+      die_after_peer(2, absl::StrCat("rank ", rank, ": stopping before the first step: rank ", bad,
+                                     " cannot write in --checkpoint_dir=", c.checkpoint_dir, " (see its error)"));
+    }
+  }
 
   torch::Generator init_gen = generator(c.seed);
   torch::nn::Sequential teacher = make_mlp(64, init_gen);
@@ -304,8 +332,10 @@ int train(const Config& c) {
     c10d::AllreduceOptions min;
     min.reduceOp = c10d::ReduceOp::MIN;
     world->allreduce(ok, min)->wait();
-    if (!mine.ok()) die(1, absl::StrCat("checkpoint: ", mine.message()));
-    if (ok[0].item<int>() == 0) die(1, absl::StrCat("checkpoint: another rank failed to ", what, "; see its error"));
+    if (!mine.ok()) die(1, checkpoint_error(mine.message()));
+    if (ok[0].item<int>() == 0) {
+      die_after_peer(1, absl::StrCat("checkpoint: another rank failed to ", what, "; see its error"));
+    }
   };
   auto save = [&](int step) {
     // One step directory, committed by rank 0 only after every rank wrote its part: a crash
@@ -323,7 +353,7 @@ int train(const Config& c) {
     if (c.sharded_checkpoint) {
       absl::Status s = opt.zero->save_sharded((std::filesystem::path(*step_dir) / kShardDir).string(),
                                               c10::IValue(static_cast<int64_t>(step)));
-      if (!s.ok()) die(1, absl::StrCat("checkpoint: ", s.message()));
+      if (!s.ok()) die(1, checkpoint_error(s.message()));
     } else {
       optimizer_state = opt.global_state_dict();
     }
@@ -347,7 +377,7 @@ int train(const Config& c) {
     if (!run_id.empty()) ckpt.insert("run_id", run_id);
     absl::Status s = checkpoint::save_state((std::filesystem::path(*step_dir) / kCheckpointFile).string(), ckpt);
     if (s.ok()) s = ckpts.commit(step);
-    if (!s.ok()) die(1, absl::StrCat("checkpoint: ", s.message()));
+    if (!s.ok()) die(1, checkpoint_error(s.message()));
   };
 
   const auto t0 = std::chrono::steady_clock::now();
@@ -427,7 +457,17 @@ int main(int argc, char** argv) {
   const Config& config = *flags;
   const bool in_job = std::getenv("RANK") != nullptr || std::getenv("WORLD_SIZE") != nullptr;
   if (!in_job) {
-    // Checked once here, not by every rank.
+    // Checked once here, not by every rank; --checkpoint_dir too, before the ranks start (not at their first save).
+    const int nproc = config.nproc_per_node;
+    if (nproc < 1) die(2, absl::StrCat("--nproc_per_node must be at least 1, got ", nproc));
+    if (config.cuda() && nproc > static_cast<int64_t>(torch::cuda::device_count())) {
+      die(2, absl::StrCat("--device=cuda runs one rank per GPU: --nproc_per_node=", nproc, " needs ", nproc,
+                          " GPUs but ", static_cast<int>(torch::cuda::device_count()),
+                          " are visible; lower --nproc_per_node or check CUDA_VISIBLE_DEVICES"));
+    }
+    const std::string& dir = config.checkpoint_dir;
+    const absl::Status usable = dir.empty() ? absl::OkStatus() : examples::check_checkpoint_dir(dir);
+    if (!usable.ok()) die(2, std::string(usable.message()));
     if (config.resume) {
       absl::StatusOr<examples::TrainCheckpoint> ck =
           examples::read_train_checkpoint(checkpoint::StepCheckpoints(config.checkpoint_dir));
@@ -436,13 +476,6 @@ int main(int argc, char** argv) {
                                 ? "; run once without --resume to create one" : ""));
       }
       if (ck->sharded && config.zero == "off") die(2, kShardedNeedsZero);
-    }
-    const int nproc = config.nproc_per_node;
-    if (nproc < 1) die(2, absl::StrCat("--nproc_per_node must be at least 1, got ", nproc));
-    if (config.cuda() && nproc > torch::cuda::device_count()) {
-      die(2, absl::StrCat("--device=cuda runs one rank per GPU: --nproc_per_node=", nproc, " needs ", nproc,
-                          " GPUs but ", static_cast<int>(torch::cuda::device_count()),
-                          " are visible; lower --nproc_per_node or check CUDA_VISIBLE_DEVICES"));
     }
     comm::LaunchOptions o;
     o.nproc_per_node = nproc;

@@ -1,6 +1,13 @@
 #include "examples/train_checkpoint.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <filesystem>
+#include <random>
+#include <system_error>
 #include <vector>
 
 #include <torch/types.h>
@@ -19,7 +26,64 @@ absl::Status bad(const std::string& file, const std::string& what) {
                                           "; it was not written by this program's save, or is damaged"));
 }
 
+std::string os_error(int err) { return std::error_code(err, std::generic_category()).message(); }
+
+std::string kind_of(mode_t mode) {
+  if (S_ISREG(mode)) return "a regular file";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
+  return "a file of another kind";
+}
+
 }  // namespace
+
+absl::Status check_checkpoint_dir(const std::string& dir) {
+  namespace fs = std::filesystem;
+  auto unusable = [&](const std::string& problem) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--checkpoint_dir=", dir, ": ", problem, "; pass a directory this job can create and write in (on every "
+        "host that runs a rank), or --checkpoint_dir= to train without checkpoints"));
+  };
+  std::string path = dir;
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  // The path, else its nearest existing ancestor: a directory (a link to one included).
+  struct stat st;
+  for (fs::path p = path;;) {
+    if (::stat(p.c_str(), &st) == 0) {
+      if (S_ISDIR(st.st_mode)) break;
+      if (p == fs::path(path)) return unusable(absl::StrCat("it is ", kind_of(st.st_mode), ", not a directory"));
+      return unusable(absl::StrCat("it cannot be created: ", p.string(), " is ", kind_of(st.st_mode),
+                                   ", not a directory"));
+    }
+    const int err = errno;
+    if (err != ENOENT && err != ENOTDIR) return unusable(absl::StrCat("cannot look at ", p.string(), ": ", os_error(err)));
+    const fs::path parent = p.parent_path();
+    if (parent.empty() || parent == p) break;  // the current directory, or the root
+    p = parent;
+  }
+  std::error_code ec;
+  fs::create_directories(path, ec);
+  if (ec) return unusable(absl::StrCat("cannot create it: ", ec.message()));
+  // What every save does there: create a file, write it, remove it (begin() replaces directories).
+  std::random_device rd;
+  const std::string probe = (fs::path(path) / absl::StrCat(".write-probe.tmp.", ::getpid(), ".", rd())).string();
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    const int err = errno;
+    return unusable(absl::StrCat("cannot write in it (creating ", probe, " failed: ", os_error(err), ")"));
+  }
+  constexpr char kProbe[] = "dtrain: can this job write checkpoints here?\n";
+  const ssize_t n = ::write(fd, kProbe, sizeof(kProbe) - 1);
+  int err = n < 0 ? errno : (n != static_cast<ssize_t>(sizeof(kProbe) - 1) ? ENOSPC : 0);
+  if (::close(fd) != 0 && err == 0) err = errno;
+  if (::unlink(probe.c_str()) != 0) {
+    const int unlink_err = errno;
+    return unusable(absl::StrCat("cannot remove the file ", probe, " it wrote there: ", os_error(unlink_err)));
+  }
+  if (err != 0) return unusable(absl::StrCat("cannot write in it (writing ", probe, " failed: ", os_error(err), ")"));
+  return absl::OkStatus();
+}
 
 std::string hook_file(const std::string& step_dir, int rank) {
   return (std::filesystem::path(step_dir) / absl::StrCat("hook-rank", rank, ".pt")).string();
@@ -45,7 +109,11 @@ absl::StatusOr<TrainCheckpoint> read_train_checkpoint(const checkpoint::StepChec
   absl::StatusOr<c10::IValue> step = field("step", &c10::IValue::isInt, "an int");
   if (!step.ok()) return step.status();
   c.step = step->toInt();
-  if (c.step < 0 || c.step > kMaxStep || c.step != last->step) {
+  if (c.step < 0 || c.step > kMaxStep) {
+    return bad(c.file, absl::StrCat("its step ", c.step, " is outside [0, ", kMaxStep,
+                                    "], the steps this program saves (--steps is at most 2147483647)"));
+  }
+  if (c.step != last->step) {
     return bad(c.file, absl::StrCat("its step is ", c.step, " but it is in the directory of step ", last->step));
   }
   absl::StatusOr<c10::IValue> world = field("world_size", &c10::IValue::isInt, "an int");

@@ -6,6 +6,7 @@
 //   absl::StatusOr<TrainCheckpoint> c = read_train_checkpoint(ckpts);   // the newest committed step
 //   if (!c.ok()) die(2, c.status().message());
 //   if (absl::Status s = load_weights(c->model, *model); !s.ok()) die(2, s.message());
+//   if (absl::Status s = check_checkpoint_dir(dir); !s.ok()) die(2, s.message());   // before step 1
 #ifndef DTRAIN_EXAMPLES_TRAIN_CHECKPOINT_H_
 #define DTRAIN_EXAMPLES_TRAIN_CHECKPOINT_H_
 
@@ -17,6 +18,7 @@
 #include <c10/core/Device.h>
 #include <torch/nn/module.h>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "checkpoint/step_checkpoints.h"
 
@@ -49,6 +51,16 @@ std::string hook_file(const std::string& step_dir, int rank);
 // for a `device` this process cannot use or without memory for the tensors.
 absl::StatusOr<TrainCheckpoint> read_train_checkpoint(const checkpoint::StepCheckpoints& ckpts,
                                                       c10::Device device = c10::Device(c10::kCPU));
+
+// Checks, before the first step, that `dir` (--checkpoint_dir) can hold checkpoints on this host:
+// it is a directory or can be created as one (it is created, parents too), and this process can
+// create, write and remove a file in it (a probe named ".write-probe.tmp.*", which the next commit
+// removes should this process be killed while it exists). Errors: FailedPrecondition, one line
+// "--checkpoint_dir=<dir>: <problem>; <what to do>", the problem naming the path at fault: "it is a
+// regular file, not a directory", "it cannot be created: <parent> is a regular file, not a
+// directory", "cannot create it: <OS error>", "cannot write in it (creating <probe> failed: <OS
+// error>)".
+absl::Status check_checkpoint_dir(const std::string& dir);
 
 // Copies the saved weights into `model`'s parameters (from any device to theirs). Errors
 // (InvalidArgument, naming the parameter): a parameter missing from the checkpoint, a different

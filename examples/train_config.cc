@@ -19,7 +19,8 @@ ABSL_FLAG(std::string, hook, "allreduce", "DDP communication hook: allreduce|fp1
 ABSL_FLAG(std::string, zero, "sorted_greedy", "Optimizer sharding: off|sorted_greedy|flat|stage2 (ZeRO-2: grads too).");
 ABSL_FLAG(bool, zero_overlap, false, "Step ZeRO inside the DDP hook, bucket by bucket (needs --zero=sorted_greedy).");
 ABSL_FLAG(bool, bucket_view, true, "Gradients (DDP) and parameters (ZeRO) as views into communication buckets.");
-ABSL_FLAG(std::string, checkpoint_dir, "/tmp/dtrain-train", "Where checkpoints go; empty: no checkpoints.");
+ABSL_FLAG(std::string, checkpoint_dir, "/tmp/dtrain-train",
+          "Where checkpoints go (created if missing; checked writable before the first step); empty: no checkpoints.");
 ABSL_FLAG(int, checkpoint_every, 100, "Steps between checkpoints (and one at the end).");
 ABSL_FLAG(int, keep_checkpoints, 2, "Committed steps kept in --checkpoint_dir (step-N directories; the newest is current).");
 ABSL_FLAG(bool, resume, false, "Continue from the checkpoint in --checkpoint_dir.");

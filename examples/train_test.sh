@@ -133,6 +133,44 @@ for backend in auto nccl gloo; do
   [[ "$out" == "train: --device=cuda: this build has no CUDA"* || "$out" == "train: --device=cuda: no GPU is visible"* ]] || fail "--device=cuda without a GPU: unexpected message: $out"
 done
 
+# 6b. A --checkpoint_dir no checkpoint can be written to is found before the first step (it used to
+# be found at the first save, after training up to it): exit 2 in under 2 s, one line naming the
+# path and the problem. Root writes through permissions, so as root (tests may run so) /proc, where
+# no file can be created, stands in for a directory chmod 555 makes unwritable.
+: >"$TMP/plain-file"
+if [[ $(id -u) -eq 0 ]]; then
+  unwritable=/proc; echo "running as root: /proc stands in for an unwritable directory"
+else
+  mkdir -p "$TMP/read-only" && chmod 555 "$TMP/read-only"; unwritable="$TMP/read-only"
+fi
+bad_dirs=(  # --checkpoint_dir | what the line must say about it
+  "$TMP/plain-file|it is a regular file, not a directory"
+  "$TMP/plain-file/sub|it cannot be created: $TMP/plain-file is a regular file, not a directory"
+  "$unwritable|cannot write in it (creating $unwritable/.write-probe.tmp."
+)
+for entry in "${bad_dirs[@]}"; do
+  dir=${entry%%|*}; want=${entry#*|}
+  t0=$(date +%s%N)
+  out=$("$TRAIN" --steps=600 --checkpoint_every=500 --checkpoint_dir="$dir" 2>&1); code=$?
+  ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+  echo "--checkpoint_dir=$dir: exit $code after $ms ms: $out"
+  [[ $code -eq 2 ]] || fail "--checkpoint_dir=$dir: exit code $code, expected 2: $out"
+  [[ $(printf '%s\n' "$out" | wc -l) -eq 1 ]] || fail "--checkpoint_dir=$dir: expected one line, got: $out"
+  [[ "$out" == "train: --checkpoint_dir=$dir: $want"* ]] || fail "--checkpoint_dir=$dir: expected 'train: --checkpoint_dir=$dir: $want...', got: $out"
+  [[ $ms -lt 2000 ]] || fail "--checkpoint_dir=$dir: failed after $ms ms, expected under 2 s (before any training)"
+done
+[[ -d "$TMP/plain-file" || -e "$TMP/plain-file/sub" ]] && fail "a bad --checkpoint_dir was changed"
+if [[ $(id -u) -ne 0 ]]; then chmod 755 "$TMP/read-only"; fi
+# A save that fails mid-run (here: over the step the directory already committed, without --resume)
+# ends the job with checkpoint/'s message, prefixed once, before any other rank's echo of it.
+S=(--hidden=32 --batch_size=8 --checkpoint_every=2)
+"$TRAIN" --steps=2 "${S[@]}" --checkpoint_dir="$TMP/again" >/dev/null 2>&1 || fail "a 2-step run failed"
+out=$("$TRAIN" --steps=4 "${S[@]}" --checkpoint_dir="$TMP/again" 2>&1 >/dev/null); code=$?  # stderr only
+first_error=$(printf '%s\n' "$out" | grep -m1 'train: ')
+[[ $code -eq 1 ]] || fail "saving over the committed step: exit $code, expected 1: $out"
+[[ "$first_error" == "train: checkpoint: step 2 is the committed step in $TMP/again;"* ]] || fail "saving over the committed step: the first error is not checkpoint/'s: $out"
+[[ "$out" == *"checkpoint: checkpoint:"* ]] && fail "doubled 'checkpoint:' prefix: $out"
+
 # 7. With a GPU and a CUDA build (skipped elsewhere): one rank per visible GPU trains on them, the
 # summary says so, and a run resumed there ends where the straight one does.
 # The launcher's GPU count check answers how many GPUs it sees (and launches nothing).
