@@ -1,6 +1,6 @@
 // dtrain's CUDA optimizers against PyTorch's on the same GPU, step for step (tags = ["gpu"]):
-// optim/testdata/make_cuda_reference.py writes torch.optim's Adam, AdamW, SGD and Adagrad with
-// fused=True on CUDA (bench/gpu/run_on_gpu runs it with the GPU machine's PyTorch and passes the
+// optim/testdata/make_cuda_reference.py writes torch.optim's Adam, AdamW and SGD with fused=True
+// and Adagrad with foreach=True (PyTorch refuses fused Adagrad on CUDA) on CUDA (bench/gpu/run_on_gpu runs it with the GPU machine's PyTorch and passes the
 // file in DTRAIN_CUDA_REFERENCE); each case here takes the same parameters and gradients (the same
 // formulas, computed on the CPU in float32) through dtrain's default CUDA path. Same kernels, same
 // arguments: the parameters must be bit-identical, and the count of identical tensors is printed.
@@ -81,7 +81,7 @@ void check(const std::string& name, const Make& make) {
     }
   }
   std::cout << name << ": " << identical << " of " << total << " parameter tensors bit-identical to PyTorch "
-            << ref.toGenericDict().at("torch_version").toStringRef() << " fused=True on CUDA; largest difference "
+            << ref.toGenericDict().at("torch_version").toStringRef() << " on CUDA; largest difference "
             << worst << "\n";
   EXPECT_EQ(identical, total) << name << ": largest difference " << worst;
 }

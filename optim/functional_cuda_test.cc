@@ -266,15 +266,18 @@ TEST_F(FunctionalCudaTest, TakesTheFusedPathWithFloat32StepsOnTheDevice) {
   EXPECT_TRUE(entry.at("exp_avg").toTensor().is_cuda());
   EXPECT_EQ(entry.at("exp_avg").toTensor().scalar_type(), at::kDouble);
 
-  // Adagrad: ATen's fused CUDA kernel where this LibTorch has one, else the foreach ops.
-  Inspect<FunctionalAdagrad> adagrad(params, AdagradOptions());
-  const int64_t fused = internal::cuda_path_counts().fused.load();
-  const int64_t foreach = internal::cuda_path_counts().foreach.load();
-  adagrad.step(grads);
-  const bool has_kernel = has_cuda_kernel("aten::_fused_adagrad_");
-  EXPECT_EQ(internal::cuda_path_counts().fused.load() - fused, has_kernel ? 2 : 0);
-  EXPECT_EQ(internal::cuda_path_counts().foreach.load() - foreach, has_kernel ? 0 : 2);
-  EXPECT_EQ(adagrad.state_of(0).device_step.item<double>(), 1.0);
+  // Adagrad: the foreach ops by default (PyTorch's CUDA default); ATen's fused CUDA kernel with
+  // fused=True where this LibTorch has one.
+  for (bool ask_fused : {false, true}) {
+    Inspect<FunctionalAdagrad> adagrad(params, ask_fused ? AdagradOptions().fused(true) : AdagradOptions());
+    const int64_t fused = internal::cuda_path_counts().fused.load();
+    const int64_t foreach = internal::cuda_path_counts().foreach.load();
+    adagrad.step(grads);
+    const bool kernel = ask_fused && has_cuda_kernel("aten::_fused_adagrad_");
+    EXPECT_EQ(internal::cuda_path_counts().fused.load() - fused, kernel ? 2 : 0);
+    EXPECT_EQ(internal::cuda_path_counts().foreach.load() - foreach, kernel ? 0 : 2);
+    EXPECT_EQ(adagrad.state_of(0).device_step.item<double>(), 1.0);
+  }
 }
 
 // A parameter the fused kernels cannot take (a strided view) runs the ATen ops while the others

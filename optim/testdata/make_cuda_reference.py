@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """PyTorch as the oracle on CUDA: writes the parameters after each of 10 steps of torch.optim's
-Adam, AdamW, SGD and Adagrad with fused=True (the kernels dtrain's CUDA path calls) on the GPU, for
+Adam, AdamW and SGD with fused=True and Adagrad with foreach=True (the paths dtrain's CUDA default
+takes) on the GPU, for
 //optim:functional_cuda_pytorch_test to compare step for step. Run on the GPU machine by
 bench/gpu/run_on_gpu (its PyTorch is the oracle):
     python3 make_cuda_reference.py OUT.pt
@@ -17,7 +18,8 @@ CASES = {
     "adam": lambda ps: torch.optim.Adam(ps, lr=1e-2, betas=(0.9, 0.99), weight_decay=0.01, amsgrad=True, fused=True),
     "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1, fused=True),
     "sgd": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-3, fused=True),
-    "adagrad": lambda ps: torch.optim.Adagrad(ps, lr=0.1, lr_decay=0.01, weight_decay=1e-3, fused=True),
+    # torch.optim.Adagrad refuses fused=True on CUDA: its CUDA default, foreach, is the oracle.
+    "adagrad": lambda ps: torch.optim.Adagrad(ps, lr=0.1, lr_decay=0.01, weight_decay=1e-3, foreach=True),
 }
 
 
@@ -44,7 +46,7 @@ def run(make):
 
 
 def main():
-    out = {"torch_version": torch.__version__}
+    out = {"torch_version": str(torch.__version__)}
     for name, make in CASES.items():
         try:
             out[name] = run(make)
