@@ -89,6 +89,27 @@ TEST(NcclWorldOfOneTest, CoalescedCollectives) {
   }, nccl());
 }
 
+// One backend per device type (PyTorch's default with CUDA): CPU tensors over Gloo, CUDA tensors
+// over NCCL, in one group; its own tensors (object collectives) on the CPU.
+TEST(DeviceRoutedGroupTest, CpuTensorsOverGlooCudaTensorsOverNccl) {
+  DTRAIN_GPU_TEST_OR_SKIP();
+  HarnessOptions o;
+  o.backend = "cpu:gloo,cuda:nccl";
+  run_ranks_as_threads(1, [](Group& g) {
+    EXPECT_EQ(g.backend(), "cpu:gloo,cuda:nccl");
+    EXPECT_TRUE(g.device().is_cpu());
+    std::vector<at::Tensor> cpu = {at::ones({5})}, cuda = {at::ones({5}, at::Device(at::kCUDA, 0))};
+    g->allreduce(cpu)->wait();
+    g->allreduce(cuda)->wait();
+    EXPECT_TRUE(cuda[0].cpu().equal(cpu[0]));
+    auto all = all_gather_object(g, c10::IValue(int64_t{3}));
+    ASSERT_TRUE(all.ok()) << all.status();
+    g->barrier()->wait();
+    std::vector<at::Tensor> mixed = {at::ones({1}), at::ones({1}, at::Device(at::kCUDA, 0))};
+    EXPECT_THROW(g->allreduce(mixed), c10::Error);
+  }, o);
+}
+
 // Gloo reduces CUDA tensors too (staging through the host): two ranks sharing one GPU.
 TEST(GlooCudaTensorsTest, TwoRanksShareTheGpu) {
   DTRAIN_GPU_TEST_OR_SKIP();

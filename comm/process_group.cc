@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "comm/internal/device_routed_backend.h"
 #include "comm/internal/rendezvous.h"
 
 namespace dtrain::comm {
@@ -59,10 +60,35 @@ const c10::intrusive_ptr<c10d::Store>& Group::root_store() const { return state(
 
 namespace {
 
+constexpr char kDeviceRouted[] = "cpu:gloo,cuda:nccl";
+
+// "gloo", "nccl", or one backend per device type ("cpu:gloo,cuda:nccl" in either order, as
+// PyTorch spells it), in its canonical spelling.
+absl::StatusOr<std::string> canonical_backend(const std::string& backend) {
+  std::string b;
+  for (char c : backend) {
+    if (c != ' ') b += c;
+  }
+  if (b == "gloo" || b == "nccl" || b == kDeviceRouted || b == "cuda:nccl,cpu:gloo") {
+    return b == "gloo" || b == "nccl" ? b : std::string(kDeviceRouted);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown backend \"", backend,
+                                                 "\": use \"gloo\", \"nccl\" or \"cpu:gloo,cuda:nccl\""));
+}
+
 absl::StatusOr<c10::intrusive_ptr<C10dGroup>> make_pg(
     const std::string& backend, const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
     std::chrono::milliseconds timeout, const std::string& bind_host, int threads,
     bool blocking_wait = true) {
+  if (backend == kDeviceRouted) {  // Gloo for CPU tensors, NCCL for CUDA ones, each its own rendezvous
+    auto cpu = make_pg("gloo", c10::make_intrusive<c10d::PrefixStore>("gloo", store), rank, size, timeout,
+                       bind_host, threads, blocking_wait);
+    if (!cpu.ok()) return cpu.status();
+    auto cuda = make_pg("nccl", c10::make_intrusive<c10d::PrefixStore>("nccl", store), rank, size, timeout,
+                        bind_host, threads, blocking_wait);
+    if (!cuda.ok()) return cuda.status();
+    return internal::make_device_routed(*cpu, *cuda);
+  }
   if (backend == "gloo") {
     auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
     try {
@@ -116,9 +142,11 @@ absl::StatusOr<c10::intrusive_ptr<C10dGroup>> make_pg(
 }
 
 // The device of an NCCL group: `device_id`, else LOCAL_RANK; made current, as PyTorch's
-// init_process_group(device_id=...) does. Gloo groups keep their own tensors on the CPU.
+// init_process_group(device_id=...) does. Gloo groups keep their own tensors on the CPU, and so
+// do groups with a backend per device type (object collectives over Gloo, as PyTorch's
+// _get_object_coll_device picks the CPU where Gloo is), whose GPU is made current all the same.
 absl::StatusOr<c10::Device> group_device(const std::string& backend, int device_id, int local_rank) {
-  if (backend != "nccl") return c10::Device(c10::kCPU);
+  if (backend == "gloo") return c10::Device(c10::kCPU);
   const int index = device_id >= 0 ? device_id : local_rank;
 #if DTRAIN_HAS_NCCL
   const int count = static_cast<int>(c10::cuda::device_count());
@@ -131,6 +159,7 @@ absl::StatusOr<c10::Device> group_device(const std::string& backend, int device_
   }
   c10::cuda::set_device(static_cast<c10::DeviceIndex>(index));
 #endif
+  if (backend != "nccl") return c10::Device(c10::kCPU);
   return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
 }
 
@@ -145,11 +174,9 @@ void ignore_sigpipe() {
 }
 
 absl::StatusOr<Group> init_process_group(const InitOptions& options) {
-  if (options.backend != "gloo" && options.backend != "nccl") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown backend \"", options.backend, "\": use \"gloo\" or \"nccl\""));
-  }
-  if (options.backend == "nccl" && !nccl_available()) {
+  absl::StatusOr<std::string> backend = canonical_backend(options.backend);
+  if (!backend.ok()) return backend.status();
+  if (*backend != "gloo" && !nccl_available()) {
     return make_pg("nccl", {}, 0, 1, options.timeout, "", 1).status();
   }
   if (options.timeout.count() <= 0) {
@@ -167,7 +194,7 @@ absl::StatusOr<Group> init_process_group(const InitOptions& options) {
   state->world_rank = rv->rank;
   state->global_ranks.resize(rv->world_size);
   for (int r = 0; r < rv->world_size; ++r) state->global_ranks[r] = r;
-  state->backend = options.backend;
+  state->backend = *backend;
   state->timeout = options.timeout;
   state->gloo_hostname = options.gloo_hostname.empty() ? rv->bind_host : options.gloo_hostname;
   state->gloo_threads = options.gloo_threads;
@@ -176,11 +203,11 @@ absl::StatusOr<Group> init_process_group(const InitOptions& options) {
     if (!local.ok()) return local.status();
     state->local_rank = *local;
   }
-  absl::StatusOr<c10::Device> device = group_device(options.backend, options.device_id, state->local_rank);
+  absl::StatusOr<c10::Device> device = group_device(*backend, options.device_id, state->local_rank);
   if (!device.ok()) return device.status();
   state->device = *device;
   state->nccl_blocking_wait = options.nccl_blocking_wait;
-  auto pg = make_pg(options.backend,
+  auto pg = make_pg(*backend,
                     c10::make_intrusive<c10d::PrefixStore>(state->prefix + "/pg", rv->store),
                     rv->rank, rv->world_size, options.timeout, state->gloo_hostname,
                     options.gloo_threads, options.nccl_blocking_wait);

@@ -30,7 +30,10 @@ class ByteCounter;  // comm/counting_group.h
 bool nccl_available();
 
 struct InitOptions {
-  // "gloo" (CPU tensors) or "nccl" (CUDA tensors; only in builds where nccl_available()).
+  // "gloo" (CPU tensors; CUDA tensors too, through the host), "nccl" (CUDA tensors; only in builds
+  // where nccl_available()), or "cpu:gloo,cuda:nccl" -- PyTorch's default where CUDA is available:
+  // one group whose collectives go to Gloo for CPU tensors and to NCCL for CUDA tensors (each
+  // backend keeps its own order; barrier() is Gloo's). Group::backend() is the canonical spelling.
   std::string backend = "gloo";
   // "env://" | "tcp://HOST:PORT" | "file:///PATH". tcp:// and file:// may carry
   // "?rank=R&world_size=W" as in PyTorch. Ignored when `store` is set.
@@ -93,8 +96,8 @@ class Group {
 
   const std::string& backend() const;
   // Where this group's collectives want the tensors dtrain creates for them (sizes, flags, object
-  // bytes, norms): cuda:<device_id> for an NCCL group, the CPU otherwise. PyTorch's
-  // _get_pg_default_device. Valid on non-members too.
+  // bytes, norms): cuda:<device_id> for an NCCL group, the CPU otherwise ("cpu:gloo,cuda:nccl"
+  // included: those go over Gloo, as PyTorch's object collectives do there). Valid on non-members.
   c10::Device device() const;
   std::chrono::milliseconds timeout() const;
   // This group's own namespace of the rendezvous store (for control-plane exchanges that must not
@@ -133,7 +136,7 @@ class Group {
 //   InvalidArgument  unknown backend or init method, bad URL, rank >= world_size, a malformed
 //                    RANK/WORLD_SIZE/MASTER_PORT (the message names the variable);
 //   NotFound         an env:// variable that is not set (named, with what sets it);
-//   Unimplemented    backend "nccl" in a build without CUDA;
+//   Unimplemented    backend "nccl" or "cpu:gloo,cuda:nccl" in a build without CUDA;
 //   DeadlineExceeded the master (named host:port) unreachable or peers missing within the timeout;
 //   Unavailable      the master port cannot be bound, other transport failures.
 absl::StatusOr<Group> init_process_group(const InitOptions& options);

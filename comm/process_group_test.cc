@@ -184,14 +184,21 @@ TEST(ProcessGroupTest, BackendErrors) {
   InitOptions o;
   o.backend = "mpi";
   EXPECT_THAT(std::string(init_process_group(o).status().message()),
-              HasSubstr("unknown backend \"mpi\": use \"gloo\" or \"nccl\""));
-  o.backend = "nccl";
-  auto g = init_process_group(o);
+              HasSubstr("unknown backend \"mpi\": use \"gloo\", \"nccl\" or \"cpu:gloo,cuda:nccl\""));
+  for (const char* bad : {"cpu:gloo,cuda:mpi", "cpu:nccl,cuda:gloo", "cpu:gloo", "gloo,nccl"}) {
+    o.backend = bad;
+    EXPECT_EQ(init_process_group(o).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
   if (nccl_available()) {
     GTEST_SKIP() << "NCCL is built in; this checks the CPU-only build's error";
   }
-  EXPECT_EQ(g.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(std::string(g.status().message()), HasSubstr("built against a CPU-only LibTorch"));
+  // NCCL alone and one backend per device type (either order) need a CUDA build.
+  for (const char* needs_cuda : {"nccl", "cpu:gloo,cuda:nccl", "cuda:nccl, cpu:gloo"}) {
+    o.backend = needs_cuda;
+    auto g = init_process_group(o);
+    EXPECT_EQ(g.status().code(), absl::StatusCode::kUnimplemented) << needs_cuda;
+    EXPECT_THAT(std::string(g.status().message()), HasSubstr("built against a CPU-only LibTorch")) << needs_cuda;
+  }
 }
 
 TEST(ProcessGroupTest, BadInitMethod) {

@@ -82,7 +82,7 @@ constexpr char kShardedNeedsZero[] =
 }
 
 // "checkpoint: <message>", once: checkpoint/'s own messages already start with "checkpoint".
-std::string checkpoint_error(std::string_view message) {
+std::string checkpoint_error(absl::string_view message) {
   return absl::StartsWith(message, "checkpoint") ? std::string(message) : absl::StrCat("checkpoint: ", message);
 }
 
