@@ -19,6 +19,7 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include "comm/gpu_testing.h"
 #include "optim/functional_optimizers.h"
 #include "optim/internal/fused.h"
 #include "optim/libtorch_compat.h"
@@ -30,14 +31,7 @@ constexpr int kSteps = 20;
 
 class FunctionalCudaTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    if (!torch::cuda::is_available()) {
-      if (const char* r = std::getenv("DTRAIN_REQUIRE_GPU"); r && std::string(r) == "1") {
-        FAIL() << "DTRAIN_REQUIRE_GPU=1 but no CUDA device is visible";
-      }
-      GTEST_SKIP() << "no CUDA device visible (torch::cuda::is_available() is false)";
-    }
-  }
+  void SetUp() override { DTRAIN_GPU_TEST_OR_SKIP(); }
 };
 
 // A few tensors: odd sizes (the kernels' vector tails), a 0-dim-like {1}, one over 65536 elements
