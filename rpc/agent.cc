@@ -42,6 +42,20 @@ std::vector<std::string> Handlers::names() const {
 
 namespace {
 
+// dtrain's RPC carries CPU tensors only (no device maps, unlike TensorPipe's own): a CUDA tensor is
+// refused before it reaches the transport, naming it and the fix. Empty when all are on the CPU.
+std::string non_cpu_tensor(const std::vector<at::Tensor>& tensors) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].defined() && !tensors[i].device().is_cpu()) {
+      return absl::StrCat("tensor ", i, " of this RPC message is on ", tensors[i].device().str(),
+                          ": dtrain's RPC sends CPU tensors only (no device maps); move it with .cpu() before "
+                          "the call and back with .to(device) where it is used");
+    }
+  }
+  return "";
+}
+
+
 // The name a reply's envelope carries where a request's carries its handler's.
 constexpr char kReplyName[] = "reply";
 
@@ -72,6 +86,7 @@ class Callback : public tdr::RequestCallback {
       }
       Request r{std::move(e.caller), e.handler, std::move(e.body), std::move(request.tensors())};
       Reply reply = (*handler)(r);
+      if (std::string bad = non_cpu_tensor(reply.tensors); !bad.empty()) throw std::runtime_error(bad);
       std::vector<char> payload = encode_envelope(kReplyName, reply.body, reply.tensors.size(), self_);
       return completed(c10::make_intrusive<tdr::Message>(std::move(payload), std::move(reply.tensors),
                                                          tdr::MessageType::SCRIPT_RET, id));
@@ -187,6 +202,7 @@ CallFuture Agent::send_raw(const std::string& to, std::vector<char> payload, std
   };
   if (shut_down_) return failed("this agent is shut down");
   if (!has_worker(to)) return failed(absl::StrCat("no worker named '", to, "' in this job"));
+  if (std::string bad = non_cpu_tensor(tensors); !bad.empty()) return failed(bad);
   try {
     auto message = c10::make_intrusive<tdr::Message>(std::move(payload), std::move(tensors),
                                                      tdr::MessageType::SCRIPT_CALL);

@@ -58,6 +58,12 @@ TEST(RpcTest, CallsErrorsAndMalformedMessages) {
                     HasSubstr("no handler named 'nope' is registered"));
         EXPECT_THAT(std::string(w.agent.rpc_sync("w9", "echo", Writer()).status().message()),
                     HasSubstr("no worker named 'w9'"));
+        // Tensors off the CPU are refused before the transport (a GPU's would be CUDA; meta here).
+        EXPECT_THAT(std::string(w.agent.rpc_sync("w1", "echo", Writer().str("x").i64(1),
+                                                 {torch::ones({2}), torch::ones({2}, torch::Device(torch::kMeta))})
+                                    .status()
+                                    .message()),
+                    HasSubstr("tensor 1 of this RPC message is on meta: dtrain's RPC sends CPU tensors only"));
         // A body of the wrong types reaches the handler's reader, which refuses it.
         EXPECT_THAT(std::string(w.agent.rpc_sync("w1", "echo", Writer().i64(1)).status().message()),
                     HasSubstr("expected a string (tag 4) but found tag 1"));
