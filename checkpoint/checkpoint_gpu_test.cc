@@ -127,12 +127,6 @@ void expect_consolidated(const c10::IValue& full, int world) {
   }
 }
 
-comm::testing::HarnessOptions nccl() {
-  comm::testing::HarnessOptions o;
-  o.backend = "nccl";
-  return o;
-}
-
 TEST(CheckpointGpuTest, ConsolidatesGpuStateOverNccl) {
   DTRAIN_GPU_TEST_OR_SKIP();
   comm::testing::run_ranks_as_threads(1, [](comm::Group& g) {
@@ -140,7 +134,7 @@ TEST(CheckpointGpuTest, ConsolidatesGpuStateOverNccl) {
     absl::StatusOr<c10::IValue> full = consolidate_state_dict(g, gpu_part(0), 0);
     ASSERT_TRUE(full.ok()) << full.status();
     expect_consolidated(*full, 1);
-  }, nccl());
+  }, comm::testing::with_backend("nccl"));
 }
 
 // Gloo sends CPU memory only: GPU state goes through a copy of one chunk at a time on the CPU.

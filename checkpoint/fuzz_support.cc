@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <utility>
@@ -120,6 +121,38 @@ std::string pickle_of(const std::string& zip) {
     if (absl::EndsWith(name, "data.pkl")) return data;
   }
   return "";
+}
+
+bool same_values(const c10::IValue& a, const c10::IValue& b) {
+  if (a.isTensor() || b.isTensor()) {
+    return a.isTensor() && b.isTensor() && a.toTensor().dtype() == b.toTensor().dtype() &&
+           a.toTensor().sizes() == b.toTensor().sizes() && a.toTensor().strides() == b.toTensor().strides() &&
+           a.toTensor().equal(b.toTensor());
+  }
+  if (a.isGenericDict() || b.isGenericDict()) {
+    if (!a.isGenericDict() || !b.isGenericDict()) return false;
+    auto x = a.toGenericDict(), y = b.toGenericDict();
+    if (x.size() != y.size()) return false;
+    for (const auto& kv : x) {
+      if (!y.contains(kv.key()) || !same_values(kv.value(), y.at(kv.key()))) return false;
+    }
+    return true;
+  }
+  if (a.isList() || a.isTuple() || b.isList() || b.isTuple()) {
+    if (a.isList() != b.isList() || a.isTuple() != b.isTuple()) return false;
+    const auto x = a.isList() ? a.toList().vec() : a.toTupleRef().elements().vec();
+    const auto y = b.isList() ? b.toList().vec() : b.toTupleRef().elements().vec();
+    if (x.size() != y.size()) return false;
+    for (size_t i = 0; i < x.size(); ++i) {
+      if (!same_values(x[i], y[i])) return false;
+    }
+    return true;
+  }
+  if (a.isDouble() && b.isDouble()) {
+    const double x = a.toDouble(), y = b.toDouble();
+    return std::memcmp(&x, &y, sizeof(x)) == 0;
+  }
+  return a == b;
 }
 
 }  // namespace dtrain::checkpoint::testing

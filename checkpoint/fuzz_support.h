@@ -1,5 +1,7 @@
-// Test-only helpers shared by the checkpoint readers' fuzzers (checkpoint:torch_file_fuzz and the
-// libFuzzer targets in //fuzz): seed files and a walk that reads every tensor byte.
+// Test-only helpers shared by the checkpoint readers' fuzzers and mutation tests
+// (checkpoint:torch_file_fuzz, checkpoint:state_file_mutation_test, examples:
+// powersgd_state_mutation_test, the libFuzzer targets in //fuzz): seed files, a walk that reads
+// every tensor byte, and a deep comparison of loaded values.
 //
 //   for (const std::string& file : dtrain::checkpoint::testing::torch_file_seeds()) ...
 //   absl::StatusOr<c10::IValue> v = read_torch_file(bytes, "input");
@@ -30,6 +32,11 @@ std::string with_pickle(const std::string& zip, const std::string& pickle);
 
 // The data.pkl entry of a stored zip ("" when there is none).
 std::string pickle_of(const std::string& zip);
+
+// Equal values, as mutation tests compare a loaded file with the original: tensors of one dtype,
+// shape and strides holding the same numbers, doubles bit for bit, dicts, lists and tuples
+// element by element, anything else by IValue's ==.
+bool same_values(const c10::IValue& a, const c10::IValue& b);
 
 }  // namespace dtrain::checkpoint::testing
 

@@ -12,6 +12,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include "checkpoint/fuzz_support.h"
 #include "checkpoint/python_test_files.h"
 #include "checkpoint/state_file.h"
 #include "checkpoint/stored_zip.h"
@@ -19,38 +20,6 @@
 
 namespace dtrain::checkpoint {
 namespace {
-
-bool same(const c10::IValue& a, const c10::IValue& b) {
-  if (a.isTensor() || b.isTensor()) {
-    return a.isTensor() && b.isTensor() && a.toTensor().dtype() == b.toTensor().dtype() &&
-           a.toTensor().sizes() == b.toTensor().sizes() && a.toTensor().strides() == b.toTensor().strides() &&
-           a.toTensor().equal(b.toTensor());
-  }
-  if (a.isGenericDict() || b.isGenericDict()) {
-    if (!a.isGenericDict() || !b.isGenericDict()) return false;
-    auto x = a.toGenericDict(), y = b.toGenericDict();
-    if (x.size() != y.size()) return false;
-    for (const auto& kv : x) {
-      if (!y.contains(kv.key()) || !same(kv.value(), y.at(kv.key()))) return false;
-    }
-    return true;
-  }
-  if (a.isList() || a.isTuple() || b.isList() || b.isTuple()) {
-    if (a.isList() != b.isList() || a.isTuple() != b.isTuple()) return false;
-    const auto x = a.isList() ? a.toList().vec() : a.toTupleRef().elements().vec();
-    const auto y = b.isList() ? b.toList().vec() : b.toTupleRef().elements().vec();
-    if (x.size() != y.size()) return false;
-    for (size_t i = 0; i < x.size(); ++i) {
-      if (!same(x[i], y[i])) return false;
-    }
-    return true;
-  }
-  if (a.isDouble() && b.isDouble()) {
-    const double x = a.toDouble(), y = b.toDouble();
-    return std::memcmp(&x, &y, sizeof(x)) == 0;
-  }
-  return a == b;
-}
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -117,7 +86,7 @@ TEST_P(StateFileMutationTest, AnyDamageIsAnErrorOrTheSavedValue) {
           << what << ": " << v.status();
       return;
     }
-    if (same(*v, *base)) {
+    if (testing::same_values(*v, *base)) {
       ++equal;
     } else {
       ++other;

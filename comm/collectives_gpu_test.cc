@@ -18,15 +18,7 @@
 namespace dtrain::comm {
 namespace {
 
-using testing::HarnessOptions;
 using testing::run_ranks_as_threads;
-
-HarnessOptions nccl() {
-  HarnessOptions o;
-  o.backend = "nccl";
-  o.timeout = std::chrono::seconds(60);
-  return o;
-}
 
 at::TensorOptions on(const Group& g) { return at::TensorOptions().device(g.device()); }
 
@@ -36,7 +28,7 @@ TEST(NcclWorldOfOneTest, GroupDeviceIsTheCurrentGpu) {
     EXPECT_EQ(g.backend(), "nccl");
     EXPECT_TRUE(g.device().is_cuda()) << g.device();
     EXPECT_EQ(g.device().index(), 0);
-  }, nccl());
+  }, testing::with_backend("nccl"));
 }
 
 TEST(NcclWorldOfOneTest, TensorCollectives) {
@@ -54,7 +46,7 @@ TEST(NcclWorldOfOneTest, TensorCollectives) {
     reduce_scatter_tensor(g, shard, t[0]).wait();
     EXPECT_TRUE(shard.cpu().equal(at::arange(8, at::kFloat)));
     g->barrier()->wait();
-  }, nccl());
+  }, testing::with_backend("nccl"));
 }
 
 TEST(NcclWorldOfOneTest, ObjectCollectivesAndAgreement) {
@@ -75,7 +67,7 @@ TEST(NcclWorldOfOneTest, ObjectCollectivesAndAgreement) {
     absl::StatusOr<Group> sub = new_group(g, {0});
     ASSERT_TRUE(sub.ok()) << sub.status();
     EXPECT_EQ(sub->device(), g.device());
-  }, nccl());
+  }, testing::with_backend("nccl"));
 }
 
 TEST(NcclWorldOfOneTest, CoalescedCollectives) {
@@ -86,15 +78,13 @@ TEST(NcclWorldOfOneTest, CoalescedCollectives) {
     broadcast_coalesced(g, ts, 0).wait();
     EXPECT_TRUE(ts[0].cpu().equal(at::ones({3})));
     EXPECT_TRUE(ts[1].cpu().equal(at::full({5}, 2.0, at::kHalf)));
-  }, nccl());
+  }, testing::with_backend("nccl"));
 }
 
 // One backend per device type (PyTorch's default with CUDA): CPU tensors over Gloo, CUDA tensors
 // over NCCL, in one group; its own tensors (object collectives) on the CPU.
 TEST(DeviceRoutedGroupTest, CpuTensorsOverGlooCudaTensorsOverNccl) {
   DTRAIN_GPU_TEST_OR_SKIP();
-  HarnessOptions o;
-  o.backend = "cpu:gloo,cuda:nccl";
   run_ranks_as_threads(1, [](Group& g) {
     EXPECT_EQ(g.backend(), "cpu:gloo,cuda:nccl");
     EXPECT_TRUE(g.device().is_cpu());
@@ -107,7 +97,7 @@ TEST(DeviceRoutedGroupTest, CpuTensorsOverGlooCudaTensorsOverNccl) {
     g->barrier()->wait();
     std::vector<at::Tensor> mixed = {at::ones({1}), at::ones({1}, at::Device(at::kCUDA, 0))};
     EXPECT_THROW(g->allreduce(mixed), c10::Error);
-  }, o);
+  }, testing::with_backend("cpu:gloo,cuda:nccl"));
 }
 
 // Gloo reduces CUDA tensors too (staging through the host): two ranks sharing one GPU.
@@ -140,7 +130,7 @@ TEST(StreamOrderTest, CollectiveSeesTheKernelQueuedBeforeIt) {
     std::vector<at::Tensor> t = {input};
     g->allreduce(t)->wait();
     EXPECT_EQ(t[0].min().item<float>(), 1.0f);
-  }, nccl());
+  }, testing::with_backend("nccl"));
 }
 
 }  // namespace

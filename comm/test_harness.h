@@ -19,6 +19,7 @@
 #include <chrono>
 #include <functional>
 #include <string>
+#include <utility>
 
 #include "comm/process_group.h"
 
@@ -31,6 +32,14 @@ struct HarnessOptions {
   std::chrono::milliseconds grace = std::chrono::seconds(15);
   std::string backend = "gloo";
 };
+
+// HarnessOptions with `backend` ("nccl" for the GPU tests, "cpu:gloo,cuda:nccl", ...), the rest
+// at their defaults.
+inline HarnessOptions with_backend(std::string backend) {
+  HarnessOptions o;
+  o.backend = std::move(backend);
+  return o;
+}
 
 using RankFn = std::function<void(Group& world)>;
 

@@ -153,11 +153,10 @@ INSTANTIATE_TEST_SUITE_P(Hooks, DdpOnGpuTest,
 // NCCL at world size 1: DDP and ZeRO construct (their agreement checks run on the GPU) and train.
 TEST(DdpOnGpuTest, NcclWorldOfOneTrainsDdpAndZero) {
   DTRAIN_GPU_TEST_OR_SKIP();
-  comm::testing::HarnessOptions o;
-  o.backend = "nccl";
   std::vector<torch::Tensor> cpu, cuda;
   run_ranks_as_threads(1, [&](comm::Group& g) { cpu = train(g, Kind::kZero1, torch::kCPU); }, {});
-  run_ranks_as_threads(1, [&](comm::Group& g) { cuda = train(g, Kind::kZero1, g.device()); }, o);
+  run_ranks_as_threads(1, [&](comm::Group& g) { cuda = train(g, Kind::kZero1, g.device()); },
+                       comm::testing::with_backend("nccl"));
   for (size_t i = 0; i < cpu.size(); ++i) EXPECT_TRUE(torch::allclose(cuda[i], cpu[i], 1e-4, 1e-4)) << i;
 }
 

@@ -23,12 +23,6 @@ namespace {
                  << torch::cuda::device_count() << " visible";                                \
   }
 
-comm::testing::HarnessOptions nccl() {
-  comm::testing::HarnessOptions o;
-  o.backend = "nccl";
-  return o;
-}
-
 TEST(NcclTwoGpusTest, CollectivesOnEachRanksOwnGpu) {
   DTRAIN_NEEDS_TWO_GPUS();
   comm::testing::run_ranks_as_processes(2, [](comm::Group& g) {
@@ -42,7 +36,7 @@ TEST(NcclTwoGpusTest, CollectivesOnEachRanksOwnGpu) {
     auto at0 = comm::gather_object(g, c10::IValue(std::string(g.rank() == 0 ? "a" : "b")), 0);
     ASSERT_TRUE(at0.ok()) << at0.status();
     if (g.rank() == 0) EXPECT_EQ((*at0)[1].toStringRef(), "b");
-  }, nccl());
+  }, comm::testing::with_backend("nccl"));
 }
 
 struct NetImpl : torch::nn::Module {
@@ -103,7 +97,7 @@ TEST_P(NcclTwoGpusDdpTest, MatchesTheCpuRun) {
     for (size_t i = 0; i < cuda.size(); ++i) {
       EXPECT_TRUE(torch::allclose(cuda[i], cpu[g.rank()][i], 2e-3, 2e-3)) << static_cast<int>(kind) << " " << i;
     }
-  }, nccl());
+  }, comm::testing::with_backend("nccl"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Hooks, NcclTwoGpusDdpTest, ::testing::Values(Kind::kAllReduce, Kind::kPowerSGD, Kind::kZero2));

@@ -34,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "checkpoint/fuzz_support.h"
 #include "checkpoint/state_file.h"
 #include "comm/process_group.h"
 #include "comm/test_harness.h"
@@ -139,29 +140,6 @@ const std::string& original_file() {
   return *path;
 }
 
-// Equal values: tensors of one dtype, shape and strides holding the same numbers; doubles bit for bit.
-bool same(const c10::IValue& a, const c10::IValue& b) {
-  if (a.isTensor() || b.isTensor()) {
-    return a.isTensor() && b.isTensor() && a.toTensor().dtype() == b.toTensor().dtype() &&
-           a.toTensor().sizes() == b.toTensor().sizes() && a.toTensor().strides() == b.toTensor().strides() &&
-           a.toTensor().equal(b.toTensor());
-  }
-  if (a.isGenericDict() || b.isGenericDict()) {
-    if (!a.isGenericDict() || !b.isGenericDict()) return false;
-    const GenericDict x = a.toGenericDict(), y = b.toGenericDict();
-    if (x.size() != y.size()) return false;
-    for (const auto& kv : x) {
-      if (!y.contains(kv.key()) || !same(kv.value(), y.at(kv.key()))) return false;
-    }
-    return true;
-  }
-  if (a.isDouble() && b.isDouble()) {
-    const double x = a.toDouble(), y = b.toDouble();
-    return std::memcmp(&x, &y, sizeof(x)) == 0;
-  }
-  return a == b;
-}
-
 enum class Outcome { kRefusedAtLoad, kRefusedAtState, kRefusedAtFirstUse, kIdentical, kSameStep, kDifferent, kBroken };
 
 std::string read_file(const std::string& path) {
@@ -252,7 +230,7 @@ class Checker {
       return Outcome::kBroken;
     }
     if (!same_step(next, after)) return Outcome::kDifferent;
-    return same(after, reference_state_) ? Outcome::kIdentical : Outcome::kSameStep;
+    return checkpoint::testing::same_values(after, reference_state_) ? Outcome::kIdentical : Outcome::kSameStep;
   }
 
  private:
@@ -271,13 +249,13 @@ class Checker {
       if (!next.buffers[b].equal(reference_.buffers[b])) return false;
     }
     const GenericDict x = after.toGenericDict(), y = reference_state_.toGenericDict();
-    if (!same(x.at("iter"), y.at("iter"))) return false;
+    if (!checkpoint::testing::same_values(x.at("iter"), y.at("iter"))) return false;
     for (const char* key : {"error_dict", "p_memory_dict", "q_memory_dict"}) {
       const GenericDict mx = x.at(key).toGenericDict(), my = y.at(key).toGenericDict();
       for (size_t b = 0; b < model_.buckets(); ++b) {
         const c10::IValue index(static_cast<int64_t>(b));
         if (mx.contains(index) != my.contains(index)) return false;
-        if (mx.contains(index) && !same(mx.at(index), my.at(index))) return false;
+        if (mx.contains(index) && !checkpoint::testing::same_values(mx.at(index), my.at(index))) return false;
       }
     }
     return true;
