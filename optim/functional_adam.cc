@@ -7,9 +7,17 @@
 
 namespace dtrain::optim::internal {
 
-// Adam (kDecoupled = false: L2 weight decay on the gradient) and AdamW (decoupled decay).
+// Adam (kDecoupled = false: L2 weight decay on the gradient, or decoupled where its
+// decoupled_weight_decay option is on) and AdamW (kDecoupled = true: always decoupled).
 template <bool kDecoupled, typename Options>
 struct AdamDescriptor : DescriptorDefaults {
+  static bool decoupled(const Options& o) {
+    if constexpr (kDecoupled) {
+      return true;
+    } else {
+      return o.decoupled_weight_decay();
+    }
+  }
   // PyTorch checks eps before betas; its param_group lists betas first.
   static OptionTable<Options> options(const char* name) {
     return OptionTable<Options>(name, Options())
@@ -38,7 +46,7 @@ struct AdamDescriptor : DescriptorDefaults {
   static void aten(ParamState& s, at::Tensor& p, const at::Tensor& g, const Options& o, bool) {
     const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
     at::Tensor grad = o.maximize() ? g.neg() : g;
-    if (kDecoupled) {
+    if (decoupled(o)) {
       p.mul_(1 - o.lr() * o.weight_decay());
     } else if (o.weight_decay() != 0) {
       grad = grad.add(p, o.weight_decay());
@@ -58,7 +66,7 @@ struct AdamDescriptor : DescriptorDefaults {
     }
     p.addcdiv_(exp_avg, denom, -c[0]);
   }
-  template <typename T, bool kAmsgrad>
+  template <typename T, bool kAmsgrad, bool kDecoupledDecay>
   static void loop(const FusedTensor<T>& t, int64_t lo, int64_t hi, const Options& o) {
     T* __restrict p = t.p;
     const T* __restrict g = t.g;
@@ -77,7 +85,7 @@ struct AdamDescriptor : DescriptorDefaults {
     for (int64_t k = lo; k < hi; ++k) {
       T pk = p[k];
       T gk = sign * g[k];
-      if (kDecoupled) {
+      if (kDecoupledDecay) {
         pk = pk * decay;
       } else {
         gk = gk + wd * pk;
@@ -98,7 +106,10 @@ struct AdamDescriptor : DescriptorDefaults {
   template <typename T>
   static void kernel(const FusedTensor<T>& t, int64_t lo, int64_t hi, const Options& o) {
     // amsgrad off ignores (and keeps) a max_exp_avg_sq from earlier steps, as the ATen path does.
-    return o.amsgrad() ? loop<T, true>(t, lo, hi, o) : loop<T, false>(t, lo, hi, o);
+    if (decoupled(o)) {
+      return o.amsgrad() ? loop<T, true, true>(t, lo, hi, o) : loop<T, false, true>(t, lo, hi, o);
+    }
+    return o.amsgrad() ? loop<T, true, false>(t, lo, hi, o) : loop<T, false, false>(t, lo, hi, o);
   }
 
   // CUDA: PyTorch's _fused_adam, one at::_fused_adam(w)_ per (device, dtype) batch; the kernel
@@ -107,7 +118,7 @@ struct AdamDescriptor : DescriptorDefaults {
   static bool cuda_wanted(const Options& o) { return o.fused().value_or(true); }
   static std::array<bool, 4> cuda_slots(const Options& o) { return {true, true, o.amsgrad(), false}; }
   static void cuda_step(CudaBatch& b, const Options& o) {
-    fused_adam_(kDecoupled, b.params, b.grads, b.slots[0], b.slots[1], b.slots[2], b.steps, o.lr(),
+    fused_adam_(decoupled(o), b.params, b.grads, b.slots[0], b.slots[1], b.slots[2], b.steps, o.lr(),
                 std::get<0>(o.betas()), std::get<1>(o.betas()), o.weight_decay(), o.eps(), o.amsgrad(), o.maximize());
     ++cuda_path_counts().fused;
   }
@@ -116,14 +127,27 @@ struct AdamDescriptor : DescriptorDefaults {
 template <>
 struct Descriptor<AdamOptions> : AdamDescriptor<false, AdamOptions> {
   static OptionTable<AdamOptions> options() {
-    return AdamDescriptor::options("Adam").fixed("capturable", false).differentiable().fused();
+    auto table = AdamDescriptor::options("Adam").fixed("capturable", false).differentiable().fused();
+    if constexpr (kAdamHasDecoupledWeightDecay) {
+      table.option(DTRAIN_OPTION(decoupled_weight_decay));
+    } else {
+      table.check([](const AdamOptions& o) {
+        TORCH_CHECK(!o.decoupled_weight_decay(), "Adam: decoupled_weight_decay=True needs LibTorch 2.7 or newer "
+                    "(PyTorch ", TORCH_VERSION, "'s Adam has no such option and its state dict could not "
+                    "record it); use AdamW");
+      });
+    }
+    return table;
   }
 };
 
 template <>
 struct Descriptor<AdamWOptions> : AdamDescriptor<true, AdamWOptions> {
   static OptionTable<AdamWOptions> options() {
-    return AdamDescriptor::options("AdamW").fixed("capturable", false).fused();
+    // PyTorch 2.7+'s AdamW is Adam with decoupled_weight_decay=True, and its param_group says so.
+    auto table = AdamDescriptor::options("AdamW").fixed("capturable", false).differentiable().fused();
+    if constexpr (kAdamHasDecoupledWeightDecay) table.fixed("decoupled_weight_decay", true);
+    return table;
   }
 };
 

@@ -1,7 +1,8 @@
 // Functional Adam and AdamW (torch.distributed.optim's _FunctionalAdam / _FunctionalAdamW;
-// numerics of PyTorch's single-tensor implementations): AMSGrad, weight decay (L2 for Adam,
-// decoupled for AdamW), maximize. CUDA parameters take ATen's fused multi-tensor kernel
-// (at::_fused_adam_ / _fused_adamw_, PyTorch's fused=True numerics) unless fused is False.
+// numerics of PyTorch's single-tensor implementations): AMSGrad, weight decay (L2 for Adam unless
+// decoupled_weight_decay, decoupled for AdamW), maximize. CUDA parameters take ATen's fused
+// multi-tensor kernel (at::_fused_adam_ / _fused_adamw_, PyTorch's fused=True numerics) unless
+// fused is False.
 //
 //   dtrain::optim::FunctionalAdamW adamw(params, dtrain::optim::AdamWOptions().lr(3e-4).betas({0.9, 0.95}));
 //   adamw.step(grads);
@@ -28,6 +29,10 @@ struct AdamOptions {
   // (PyTorch's single-tensor numerics). CPU parameters take dtrain's own fused CPU kernel either
   // way. Unlike PyTorch, whose default on CUDA is foreach, dtrain defaults to the fused kernel.
   TORCH_ARG(OptionalBool, fused) = std::nullopt;
+  // PyTorch 2.7+'s decoupled_weight_decay: True makes this Adam an AdamW (weight decay applied to
+  // the parameter, not added to the gradient). Built against LibTorch 2.6 (whose Adam has no such
+  // option) True is refused.
+  TORCH_ARG(bool, decoupled_weight_decay) = false;
 };
 
 struct AdamWOptions {

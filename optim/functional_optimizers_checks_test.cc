@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "optim/internal/fused.h"
+#include "optim/libtorch_compat.h"
 #include "optim/reference_testing.h"
 #include "optim/registry.h"
 
@@ -454,6 +455,40 @@ TEST(FunctionalOptimizersTest, MuonRefusesParametersThatAreNotMatrices) {
   muon.step({at::ones({5, 3})});
   EXPECT_EQ(tall[0].sizes(), (std::vector<int64_t>{5, 3}));
   EXPECT_FALSE(muon.state_dict().toGenericDict().at("state").toGenericDict().at(0).toGenericDict().contains("step"));
+}
+
+// PyTorch 2.7+: Adam(decoupled_weight_decay=True) is AdamW, and both param groups say which they
+// are; built against 2.6 (no such option there) Adam refuses it and neither group has the key.
+TEST(FunctionalOptimizersTest, AdamDecoupledWeightDecayIsAdamW) {
+  std::vector<at::Tensor> a = {at::linspace(-1, 1, 7)}, b = {a[0].clone()}, c = {a[0].clone()};
+  const AdamOptions decoupled = AdamOptions().lr(0.1).weight_decay(0.5).decoupled_weight_decay(true);
+  FunctionalAdamW adamw(b, AdamWOptions().lr(0.1).weight_decay(0.5));
+  FunctionalAdam l2(c, AdamOptions().lr(0.1).weight_decay(0.5));
+  if (!kAdamHasDecoupledWeightDecay) {
+    expect_error([&] { FunctionalAdam(a, decoupled); }, "decoupled_weight_decay=True needs LibTorch 2.7");
+    EXPECT_FALSE(l2.options_dict().contains("decoupled_weight_decay"));
+    EXPECT_FALSE(adamw.options_dict().contains("decoupled_weight_decay"));
+    return;
+  }
+  FunctionalAdam adam(a, decoupled);
+  for (int i = 0; i < 3; ++i) {
+    const std::vector<at::Tensor> g = {at::cos(at::arange(7.0) * (i + 1))};
+    adam.step(g);
+    adamw.step(g);
+    l2.step(g);
+  }
+  EXPECT_TRUE(a[0].equal(b[0]));
+  EXPECT_FALSE(a[0].equal(c[0]));
+  EXPECT_TRUE(adam.options_dict().at("decoupled_weight_decay").toBool());
+  EXPECT_FALSE(l2.options_dict().at("decoupled_weight_decay").toBool());
+  EXPECT_TRUE(adamw.options_dict().at("decoupled_weight_decay").toBool());
+  // Through the registry and a loaded state dict, as PyTorch writes them.
+  OptionsDict on = new_options_dict();
+  on.insert("decoupled_weight_decay", true);
+  auto made = FunctionalRegistry::global().create("Adam", {at::zeros({2})}, on);
+  EXPECT_TRUE(made->options_dict().at("decoupled_weight_decay").toBool());
+  l2.load_state_dict(adam.state_dict());
+  EXPECT_TRUE(l2.options_dict().at("decoupled_weight_decay").toBool());
 }
 
 }  // namespace

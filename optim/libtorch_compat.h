@@ -33,8 +33,14 @@
 #include <ATen/ops/_fused_adam.h>
 #include <ATen/ops/_fused_adamw.h>
 #include <ATen/ops/_fused_sgd.h>
+#include <torch/version.h>
 
 namespace dtrain::optim {
+
+// PyTorch 2.7 gave Adam a `decoupled_weight_decay` option and made AdamW an Adam with it on
+// (both param_groups carry the key since); 2.6's have none.
+inline constexpr bool kAdamHasDecoupledWeightDecay =
+    TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 7);
 
 inline void* param_state_key(const at::Tensor& p) { return p.unsafeGetTensorImpl(); }
 

@@ -19,6 +19,7 @@ where the case asks), then saves with torch.save, as a user would:
 A C++ reader loads the file, builds its optimizer over "model", loads "state_dict", feeds "grads"
 and must end at "after".
 """
+import inspect
 import os
 import sys
 
@@ -61,7 +62,16 @@ CASES = {
               torch.float32, False),
     "radam": ("RAdam", [dict(lr=0.01, weight_decay=0.05)], [[(5,), (3,)]], torch.float32, False),
     "asgd": ("ASGD", [dict(lr=0.05, t0=1.0)], [[(6,), (2, 2)]], torch.float32, False),
+    # Built from named parameters (PyTorch 2.6+): every param group records "param_names".
+    "adamw_named": ("AdamW", [dict(lr=0.01)], [[(4,), (3, 2)]], torch.float32, False),
+    "sgd_named_two_groups": ("SGD", [dict(lr=0.1, momentum=0.9), dict(lr=0.05)], [[(5,)], [(2, 2)]],
+                             torch.float32, False),
 }
+NAMED = {"adamw_named", "sgd_named_two_groups"}
+# PyTorch 2.7+: Adam with decoupled weight decay (AdamW's update under Adam's name).
+if "decoupled_weight_decay" in inspect.signature(torch.optim.Adam).parameters:
+    CASES["adam_decoupled"] = ("Adam", [dict(lr=0.01, weight_decay=0.1, decoupled_weight_decay=True)],
+                               [[(4,), (2, 3)]], torch.float32, False)
 
 
 def run_case(name, spec, out_dir):
@@ -72,7 +82,11 @@ def run_case(name, spec, out_dir):
     for options, group_shapes in zip(group_options, shapes):
         ps = [torch.randn(s, dtype=dtype).requires_grad_() for s in group_shapes]
         params += ps
-        groups.append(dict(options, params=ps))
+        if name in NAMED:
+            groups.append(dict(options, params=[("layer%d.weight" % (len(params) - len(ps) + i), p)
+                                                for i, p in enumerate(ps)]))
+        else:
+            groups.append(dict(options, params=ps))
     opt = getattr(torch.optim, cls_name)(groups)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5) if scheduler else None
 
