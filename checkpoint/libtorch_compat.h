@@ -1,5 +1,5 @@
 // checkpoint/'s LibTorch version layer: the one file in checkpoint/ that depends on which LibTorch
-// it is built against (README, "Supported LibTorch").
+// it is built against (docs/libtorch.md).
 //
 // Named tensors (Tensor::has_names) exist in LibTorch 2.6 and are gone from 2.14's C++ API;
 // `has_dimension_names` is their test where they exist and false where they do not, so the

@@ -27,7 +27,7 @@ constexpr int64_t kMaxStep = 1'000'000'000'000'000;
 
 // std::filesystem::remove_all without libstdc++'s implementation: libstdc++ 16's (g++ 16.2, the
 // default build) crashed with SIGSEGV removing a non-empty directory on a GPU machine (kernel 6.18,
-// ext4; 5 of 5 times, on CPU and CUDA runs alike; README "GPUs"); this does not. glibc's nftw,
+// ext4; 5 of 5 times, on CPU and CUDA runs alike; docs/gpus.md); this does not. glibc's nftw,
 // depth first, never following symbolic links. A missing path is no error.
 std::error_code remove_tree(const fs::path& path) {
   struct stat st;

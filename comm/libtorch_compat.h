@@ -1,5 +1,5 @@
 // comm/'s LibTorch version layer: the one file in comm/ (and in its users) that tests LibTorch's
-// version. dtrain builds against LibTorch 2.x (README, "Supported LibTorch"; 1.13 was retired
+// version. dtrain builds against LibTorch 2.x (docs/libtorch.md; 1.13 was retired
 // after commit d5a9c1f).
 //
 // c10d::ProcessGroupGloo / ProcessGroupNCCL derive from c10d::Backend, and c10d::ProcessGroup is

@@ -101,7 +101,7 @@ BENCHMARK(BM_Backward)->Threads(kWorld)->UseRealTime()->Unit(benchmark::kMillise
 // backward allocates the gradients again (LibTorch 2.x's default for Module::zero_grad()); 0 zeroes
 // them in place (1.13's default). On this machine the two are within noise of each other: fresh
 // gradients alone do not make an iteration slower. What does is glibc returning freed blocks to
-// the kernel while DDP copies gradients into buckets (README, "Performance": the copy-to-buckets
+// the kernel while DDP copies gradients into buckets (bench/comparison.md, notes: the copy-to-buckets
 // row with and without MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_).
 void BM_BackwardZeroGrad(benchmark::State& state) {
   const bool set_to_none = state.range(0) != 0;

@@ -1,5 +1,5 @@
 // ddp_hooks/'s LibTorch version layer: the one file in ddp_hooks/ that depends on which LibTorch
-// it is built against (README, "Supported LibTorch").
+// it is built against (docs/libtorch.md).
 //
 // `make_grad_bucket` builds a dense c10d::GradBucket (its constructor's eighth argument, the
 // sparse gradient's indices, is none). `GradAccumulatorPtr` is how autograd owns a parameter's

@@ -1,5 +1,5 @@
 // optim/'s LibTorch version layer: the one file in optim/ that depends on which LibTorch it is
-// built against (README, "Supported LibTorch"; 1.13 was retired after commit d5a9c1f).
+// built against (docs/libtorch.md; 1.13 was retired after commit d5a9c1f).
 //
 // torch::optim::Optimizer::state() is keyed by the parameter's TensorImpl address (`void*`).
 // `param_state_key` gives the key, so that callers never spell the key type.
