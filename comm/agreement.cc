@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include <ATen/core/ivalue.h>
+#include <ATen/ops/full.h>
 
 #include "absl/strings/str_cat.h"
 #include "comm/object_collectives.h"
@@ -38,6 +39,23 @@ absl::Status share_verdict(const Group& group, const absl::Status& verdict, int 
   if (absl::Status s = broadcast_object(group, obj, root); !s.ok()) return s;
   const auto got = obj.toList();
   return absl::Status(static_cast<absl::StatusCode>(got.get(0).toInt()), got.get(1).toStringRef());
+}
+
+absl::Status first_failure(const Group& group, const absl::Status& mine) {
+  // The lowest failed rank, or the group's size when none failed.
+  std::vector<at::Tensor> lowest = {
+      at::full({1}, mine.ok() ? group.size() : group.rank(), at::TensorOptions().dtype(at::kInt).device(group.device()))};
+  c10d::AllreduceOptions min;
+  min.reduceOp = c10d::ReduceOp::MIN;
+  try {
+    group->allreduce(lowest, min)->wait();
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("agreeing whether every rank succeeded failed: ", e.what()));
+  }
+  if (!mine.ok()) return mine;
+  const int failed = lowest[0].item<int>();
+  if (failed < group.size()) return absl::AbortedError(absl::StrCat("rank ", failed, " failed"));
+  return absl::OkStatus();
 }
 
 }  // namespace dtrain::comm

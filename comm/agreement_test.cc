@@ -40,5 +40,28 @@ TEST(AgreementTest, TheRootsVerdictReachesEveryRank) {
   });
 }
 
+// Swept over world sizes 1-8: which ranks fail is every subset's lowest member at work.
+class FirstFailureTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(FirstFailureTest, EveryRankLearnsTheLowestFailedRank) {
+  const int world = GetParam();
+  run_ranks_as_threads(world, [&](Group& g) {
+    EXPECT_TRUE(first_failure(g, absl::OkStatus()).ok()) << "rank " << g.rank();
+    // Ranks 1 and the last fail (rank 0 alone at world 1).
+    const int a = world > 1 ? 1 : 0, b = world - 1;
+    const bool fails = g.rank() == a || g.rank() == b;
+    absl::Status s = first_failure(g, fails ? absl::NotFoundError("no such dir") : absl::OkStatus());
+    if (fails) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+      EXPECT_EQ(s.message(), "no such dir");
+    } else {
+      EXPECT_EQ(s.code(), absl::StatusCode::kAborted);
+      EXPECT_EQ(s.message(), "rank " + std::to_string(a) + " failed");
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, FirstFailureTest, ::testing::Range(1, 9));
+
 }  // namespace
 }  // namespace dtrain::comm
