@@ -1,0 +1,158 @@
+// One rank of the cluster benchmark (bench/cluster/run): DDP on //ddp_hooks:benchmark_mlp's model
+// (8 x Linear(1024, 1024), 32 MiB of float32 gradients) over Gloo across the hosts of a
+// comm/testing/netns_cluster.py cluster, one rank per host, joined from torchrun's environment
+// (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; GLOO_SOCKET_IFNAME=eth0 picks the shaped link).
+// bench/cluster/ddp_cluster_peer.py is PyTorch's side, row for row.
+//
+//   ddp_cluster_bench [--modes=backward,allreduce,ddp,fp16,...] [--iters=10] [--batch=2]
+//
+// Rows (rank 0 prints one JSON object per line: mode, ms per iteration, tx_bytes per iteration
+// sent by this host, and the parameters' checksum after the run):
+//   backward    zero_grad + forward + backward, no DDP (compute alone)
+//   allreduce   all-reduce of the same gradient bytes in 25 MiB buckets (communication alone)
+//   ddp         DDP iteration with the default all-reduce hook, gradients as bucket views
+//   fp16 bf16   DDP with the compression hooks
+//   powersgd1 powersgd4   DDP with PowerSGD at rank 1 and 4 (compressing from iteration 2)
+//   zero1       DDP + ZeroRedundancyOptimizer(Adam) step (ZeRO-1: 2(n-1)/n of the gradient bytes
+//               reduced, then parameters broadcast)
+//   zero2       the same with hook_with_zero2 (gradients reduce-scattered in backward, parameters
+//               all-gathered in step)
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <absl/flags/flag.h>
+#include <absl/flags/parse.h>
+#include <absl/strings/str_split.h>
+#include <torch/torch.h>
+
+#include "comm/coalesced.h"
+#include "comm/process_group.h"
+#include "ddp_hooks/benchmark_mlp.h"
+#include "ddp_hooks/default_hooks.h"
+#include "ddp_hooks/distributed_data_parallel.h"
+#include "ddp_hooks/powersgd_hook.h"
+#include "ddp_hooks/zero_hook.h"
+#include "optim/functional_adapter.h"
+#include "optim/zero_redundancy_optimizer.h"
+
+ABSL_FLAG(std::string, modes, "backward,allreduce,ddp,fp16,bf16,powersgd1,powersgd4,zero1,zero2",
+          "Rows to run, comma-separated (see the file's comment).");
+ABSL_FLAG(int, iters, 10, "Timed iterations per row (after 3 untimed ones).");
+ABSL_FLAG(int, batch, 2, "Samples per rank per iteration.");
+
+namespace dtrain::bench {
+namespace {
+
+using ddp_hooks::DistributedDataParallel;
+
+// Bytes this network namespace's eth0 has sent (the cluster's shaped link), or 0 without one.
+int64_t tx_bytes() {
+  std::ifstream dev("/proc/net/dev");
+  std::string line;
+  while (std::getline(dev, line)) {
+    const auto colon = line.find(':');
+    if (colon == std::string::npos || line.substr(0, colon).find("eth0") == std::string::npos) continue;
+    std::istringstream fields(line.substr(colon + 1));
+    int64_t v = 0;
+    for (int i = 0; i < 9 && (fields >> v); ++i) {
+    }
+    return v;  // the 9th field: transmitted bytes
+  }
+  return 0;
+}
+
+struct Row {
+  double ms = 0;
+  int64_t tx = 0;
+};
+
+template <typename F>
+Row timed(const comm::Group& g, int iters, F&& iteration) {
+  for (int i = 0; i < 3; ++i) iteration();
+  g->barrier()->wait();
+  const int64_t tx0 = tx_bytes();
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) iteration();
+  g->barrier()->wait();  // every rank done: the slowest rank's time
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  return {ms / iters, (tx_bytes() - tx0) / iters};
+}
+
+std::unique_ptr<c10d::CommHookInterface> make_hook(const std::string& mode, const comm::Group& g) {
+  if (mode == "fp16") return std::make_unique<ddp_hooks::CompressHook>(g, at::kHalf);
+  if (mode == "bf16") return std::make_unique<ddp_hooks::CompressHook>(g, at::kBFloat16);
+  auto state = std::make_shared<ddp_hooks::PowerSGDState>(g);
+  state->matrix_approximation_rank = mode == "powersgd1" ? 1 : 4;
+  state->start_powerSGD_iter = 2;
+  return std::make_unique<ddp_hooks::PowerSGDHook>(state);
+}
+
+Row run_mode(const std::string& mode, const comm::Group& g, int iters, int batch) {
+  torch::manual_seed(0);
+  auto mlp = ddp_hooks::benchmark_mlp();
+  const torch::Tensor x = torch::randn({batch, 1024}) * (g.rank() + 1);
+  if (mode == "backward") {
+    return timed(g, iters, [&] {
+      mlp->zero_grad();
+      mlp->forward(x).sum().backward();
+    });
+  }
+  if (mode == "allreduce") {
+    std::vector<torch::Tensor> grads;
+    for (const auto& p : mlp->parameters()) grads.push_back(torch::randn_like(p));
+    return timed(g, iters, [&] { comm::all_reduce_coalesced(g, grads, c10d::ReduceOp::SUM, 25 << 20).wait(); });
+  }
+  const bool zero1 = mode == "zero1", zero2 = mode == "zero2";
+  ddp_hooks::DDPOptions o;
+  o.group = g;
+  o.gradient_as_bucket_view = !zero2;
+  DistributedDataParallel ddp(mlp.ptr(), o);
+  if (!zero1 && !zero2) {
+    if (mode != "ddp") ddp.register_comm_hook(make_hook(mode, g));
+    return timed(g, iters, [&] {
+      mlp->zero_grad();
+      ddp.forward([&] { return mlp->forward(x).sum(); }).backward();
+    });
+  }
+  optim::ZeroOptions zo;
+  zo.group = g;
+  zo.parameters_as_bucket_view = true;
+  zo.shard_gradients = zero2;
+  optim::ZeroRedundancyOptimizer zero(
+      mlp->parameters(), optim::local_optimizer<optim::FunctionalOptimizerAdapter>("Adam", {{"lr", 1e-4}}), zo);
+  if (zero2) ddp.register_comm_hook(ddp_hooks::hook_with_zero2(ddp, zero));
+  return timed(g, iters, [&] {
+    zero.zero_grad();
+    ddp.forward([&] { return mlp->forward(x).sum(); }).backward();
+    zero.step();
+  });
+}
+
+int main_impl(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  torch::set_num_threads(1);  // one core per host, as the cluster runs every host on this machine
+  comm::InitOptions init;
+  init.timeout = std::chrono::seconds(300);
+  absl::StatusOr<comm::Group> g = comm::init_process_group(init);
+  if (!g.ok()) {
+    std::fprintf(stderr, "ddp_cluster_bench: %s\n", std::string(g.status().message()).c_str());
+    return 1;
+  }
+  for (const std::string& mode : absl::StrSplit(absl::GetFlag(FLAGS_modes), ',', absl::SkipEmpty())) {
+    const Row r = run_mode(mode, *g, absl::GetFlag(FLAGS_iters), absl::GetFlag(FLAGS_batch));
+    if (g->rank() == 0) {
+      std::printf("{\"impl\": \"dtrain\", \"mode\": \"%s\", \"world\": %d, \"ms\": %.2f, \"tx_bytes\": %lld}\n",
+                  mode.c_str(), g->size(), r.ms, static_cast<long long>(r.tx));
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace dtrain::bench
+
+int main(int argc, char** argv) { return dtrain::bench::main_impl(argc, argv); }

@@ -1,0 +1,114 @@
+#!/usr/bin/python3
+"""PyTorch's side of bench/cluster/ddp_cluster_bench.cc, row for row: one rank per host of a
+comm/testing/netns_cluster.py cluster, Gloo over the shaped link, joined from torchrun's
+environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, GLOO_SOCKET_IFNAME).
+
+    ddp_cluster_peer.py [--modes=backward,allreduce,ddp,...] [--iters=10] [--batch=2]
+
+Rank 0 prints one JSON object per row: impl "pytorch", mode, ms per iteration, tx_bytes per
+iteration sent by this host. zero2 has no PyTorch counterpart (PyTorch's ZeRO is stage 1) and is
+skipped."""
+import argparse
+import datetime
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.distributed.optim import ZeroRedundancyOptimizer
+
+
+def mlp():
+    layers = []
+    for _ in range(8):
+        layers += [torch.nn.Linear(1024, 1024), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers)
+
+
+def tx_bytes():
+    with open("/proc/net/dev") as f:
+        for line in f:
+            name, _, rest = line.partition(":")
+            if name.strip() == "eth0":
+                return int(rest.split()[8])
+    return 0
+
+
+def timed(iters, iteration):
+    for _ in range(3):
+        iteration()
+    dist.barrier()
+    tx0, start = tx_bytes(), time.perf_counter()
+    for _ in range(iters):
+        iteration()
+    dist.barrier()
+    return (time.perf_counter() - start) * 1e3 / iters, (tx_bytes() - tx0) // iters
+
+
+def run_mode(mode, iters, batch):
+    torch.manual_seed(0)
+    model = mlp()
+    x = torch.randn(batch, 1024) * (dist.get_rank() + 1)
+    if mode == "backward":
+        def step():
+            model.zero_grad()
+            model(x).sum().backward()
+        return timed(iters, step)
+    if mode == "allreduce":
+        grads = [torch.randn_like(p) for p in model.parameters()]
+        # DDP's buckets: 25 MiB, flattened, one all-reduce each.
+        buckets, cur, size = [], [], 0
+        for g in reversed(grads):
+            cur.append(g)
+            size += g.numel() * 4
+            if size >= 25 << 20:
+                buckets.append(torch.cat([t.flatten() for t in cur])); cur, size = [], 0
+        if cur:
+            buckets.append(torch.cat([t.flatten() for t in cur]))
+        return timed(iters, lambda: [w.wait() for w in [dist.all_reduce(b, async_op=True) for b in buckets]])
+    ddp = torch.nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True)
+    if mode == "zero1":
+        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=1e-4,
+                                      parameters_as_bucket_view=True)
+
+        def step():
+            opt.zero_grad()
+            ddp(x).sum().backward()
+            opt.step()
+        return timed(iters, step)
+    if mode in ("fp16", "bf16"):
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook if mode == "fp16"
+                               else default_hooks.bf16_compress_hook)
+    elif mode.startswith("powersgd"):
+        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=int(mode[-1]),
+                                            start_powerSGD_iter=2)
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+
+    def step():
+        model.zero_grad()
+        ddp(x).sum().backward()
+    return timed(iters, step)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--modes", default="backward,allreduce,ddp,fp16,bf16,powersgd1,powersgd4,zero1")
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--batch", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(1)  # one core per host, as dtrain's side
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
+    for mode in args.modes.split(","):
+        if mode == "zero2":
+            continue
+        ms, tx = run_mode(mode, args.iters, args.batch)
+        if dist.get_rank() == 0:
+            print(json.dumps({"impl": "pytorch", "mode": mode, "world": dist.get_world_size(), "ms": round(ms, 2),
+                              "tx_bytes": tx}), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
