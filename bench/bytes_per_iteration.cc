@@ -58,7 +58,9 @@ Result measure(int world, Mode mode) {
           zo.group = g;
           zo.shard_gradients = mode == kZero2;
           zero = std::make_unique<optim::ZeroRedundancyOptimizer>(
-              mlp->parameters(), optim::local_optimizer<optim::FunctionalOptimizerAdapter>("Adam", {{"lr", 1e-4}}), zo);
+              mlp->parameters(),
+              optim::local_optimizer<optim::FunctionalOptimizerAdapter>("Adam", {{"lr", 1e-4}}),
+              zo);
           if (mode == kZero2) ddp.register_comm_hook(ddp_hooks::hook_with_zero2(ddp, *zero));
         }
         const at::Tensor x = at::ones({2, 1024});
@@ -79,14 +81,18 @@ Result measure(int world, Mode mode) {
 int main() {
   const double mib = 1 << 20;
   int64_t model = 0;
-  for (const auto& p : ddp_hooks::benchmark_mlp()->parameters()) model += p.numel() * p.element_size();
-  std::printf("# world model_MiB ddp_sent ddp_formula zero1_sent zero1_formula zero2_sent zero2_formula "
-              "zero1_grad_MiB zero2_grad_MiB\n");
+  for (const auto& p : ddp_hooks::benchmark_mlp()->parameters())
+    model += p.numel() * p.element_size();
+  std::printf(
+      "# world model_MiB ddp_sent ddp_formula zero1_sent zero1_formula zero2_sent zero2_formula "
+      "zero1_grad_MiB zero2_grad_MiB\n");
   for (int world = 2; world <= 8; ++world) {
-    const Result ddp = measure(world, kDDP), z1 = measure(world, kZero1), z2 = measure(world, kZero2);
+    const Result ddp = measure(world, kDDP), z1 = measure(world, kZero1),
+                 z2 = measure(world, kZero2);
     const double f = static_cast<double>(world - 1) / world * model / mib;
-    std::printf("%d %.2f %.2f %.2f %.2f %.2f %.2f %.2f %.2f %.2f\n", world, model / mib, ddp.sent / mib, 2 * f,
-                z1.sent / mib, 3 * f, z2.sent / mib, 2 * f, z1.grad_bytes / mib, z2.grad_bytes / mib);
+    std::printf("%d %.2f %.2f %.2f %.2f %.2f %.2f %.2f %.2f %.2f\n", world, model / mib,
+                ddp.sent / mib, 2 * f, z1.sent / mib, 3 * f, z2.sent / mib, 2 * f,
+                z1.grad_bytes / mib, z2.grad_bytes / mib);
     std::fflush(stdout);
   }
   return 0;

@@ -15,8 +15,8 @@
 // and ZeRO-2's largest Adam state.
 #include <algorithm>
 #include <cstdio>
-#include <string>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -36,8 +36,18 @@ std::vector<std::vector<int64_t>> gpt_shapes() {
   constexpr int64_t d = 256, vocab = 50257, context = 1024, layers = 12;
   std::vector<std::vector<int64_t>> s = {{vocab, d}, {context, d}};
   for (int64_t l = 0; l < layers; ++l) {
-    for (auto shape : std::vector<std::vector<int64_t>>{{d}, {d}, {3 * d, d}, {3 * d}, {d, d}, {d}, {d}, {d},
-                                                         {4 * d, d}, {4 * d}, {d, 4 * d}, {d}}) {
+    for (auto shape : std::vector<std::vector<int64_t>>{{d},
+                                                        {d},
+                                                        {3 * d, d},
+                                                        {3 * d},
+                                                        {d, d},
+                                                        {d},
+                                                        {d},
+                                                        {d},
+                                                        {4 * d, d},
+                                                        {4 * d},
+                                                        {d, 4 * d},
+                                                        {d}}) {
       s.push_back(shape);
     }
   }
@@ -65,12 +75,14 @@ std::pair<int64_t, int64_t> measure(int world, optim::PartitionStrategy strategy
         zo.strategy = strategy;
         zo.parameters_as_bucket_view = true;
         optim::ZeroRedundancyOptimizer zero(
-            params, optim::local_optimizer<optim::FunctionalOptimizerAdapter>("Adam", {{"lr", 1e-3}}), zo);
+            params,
+            optim::local_optimizer<optim::FunctionalOptimizerAdapter>("Adam", {{"lr", 1e-3}}), zo);
         zero.step();
         bytes[g.rank()] = zero.local_state_bytes();
       },
       ho);
-  return {*std::max_element(bytes.begin(), bytes.end()), *std::min_element(bytes.begin(), bytes.end())};
+  return {*std::max_element(bytes.begin(), bytes.end()),
+          *std::min_element(bytes.begin(), bytes.end())};
 }
 
 struct Zero2Bytes {
@@ -97,9 +109,9 @@ Zero2Bytes measure_zero2(int world) {
         optim::ZeroOptions zo;
         zo.group = g;
         zo.shard_gradients = true;
-        optim::ZeroRedundancyOptimizer zero(module->parameters(),
-                                            optim::local_optimizer<optim::FunctionalOptimizerAdapter>("Adam", {{"lr", 1e-3}}),
-                                            zo);
+        optim::ZeroRedundancyOptimizer zero(
+            module->parameters(),
+            optim::local_optimizer<optim::FunctionalOptimizerAdapter>("Adam", {{"lr", 1e-3}}), zo);
         ddp.register_comm_hook(ddp_hooks::hook_with_zero2(ddp, zero));
         at::Tensor loss = ddp.forward([&] {
           at::Tensor sum = at::zeros({});
@@ -134,9 +146,10 @@ int main() {
     const auto flat = measure(world, optim::PartitionStrategy::kFlat);
     if (world == 1) unsharded = sg.first;
     const Zero2Bytes z2 = measure_zero2(world);
-    std::printf("%d %.2f %.2f %.2f %.2f %.2f %.2f %.2f %.2f %.2f %.2f\n", world, unsharded / mib, sg.first / mib,
-                sg.second / mib, flat.first / mib, flat.second / mib, unsharded / mib / world,
-                unsharded / 2 / mib, z2.grad_max / mib, z2.in_flight / mib, z2.state_max / mib);
+    std::printf("%d %.2f %.2f %.2f %.2f %.2f %.2f %.2f %.2f %.2f %.2f\n", world, unsharded / mib,
+                sg.first / mib, sg.second / mib, flat.first / mib, flat.second / mib,
+                unsharded / mib / world, unsharded / 2 / mib, z2.grad_max / mib, z2.in_flight / mib,
+                z2.state_max / mib);
     std::fflush(stdout);
   }
   return 0;

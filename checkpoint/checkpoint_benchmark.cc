@@ -23,12 +23,12 @@
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
 
-#include "comm/thread_world.h"
 #include "checkpoint/consolidation.h"
 #include "checkpoint/optimizer_state_dict.h"
 #include "checkpoint/sharded.h"
 #include "checkpoint/state_file.h"
 #include "checkpoint/stored_zip.h"
+#include "comm/thread_world.h"
 #include "torch/version.h"
 
 namespace dtrain::checkpoint {
@@ -36,7 +36,7 @@ namespace {
 
 constexpr int kWorld = 2;
 constexpr int kTensors = 20;
-constexpr int64_t kPerTensor = int64_t{1} << 20;  // 20M parameters in all
+constexpr int64_t kPerTensor = int64_t{1} << 20;                     // 20M parameters in all
 constexpr int64_t kStateBytes = int64_t{kTensors} * kPerTensor * 8;  // exp_avg + exp_avg_sq
 
 using Dict = c10::impl::GenericDict;
@@ -44,9 +44,9 @@ using Dict = c10::impl::GenericDict;
 // Wall milliseconds since `start`. Threaded rows report it per rank in an "ms" counter: the Time
 // column of a threaded benchmark divides by the iterations of both threads.
 double elapsed_ms(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
 }
-
 
 // Parameters i with i % world == rank, as an optimizer's local state dict.
 c10::IValue local_state(int rank, int world) {
@@ -74,9 +74,11 @@ void BM_Consolidate(benchmark::State& state) {
     if (!full.ok()) state.SkipWithError(std::string(full.status().message()).c_str());
   }
   state.counters["ms"] = elapsed_ms(start) / state.iterations() / kWorld;
-  state.counters["state_MiB"] = static_cast<double>(kStateBytes) / (1 << 20) / kWorld;  // summed over 2 threads
-  state.counters["GiBps"] = benchmark::Counter(static_cast<double>(kStateBytes) * state.iterations() / kWorld,
-                                               benchmark::Counter::kIsRate, benchmark::Counter::kIs1024);
+  state.counters["state_MiB"] =
+      static_cast<double>(kStateBytes) / (1 << 20) / kWorld;  // summed over 2 threads
+  state.counters["GiBps"] =
+      benchmark::Counter(static_cast<double>(kStateBytes) * state.iterations() / kWorld,
+                         benchmark::Counter::kIsRate, benchmark::Counter::kIs1024);
 }
 BENCHMARK(BM_Consolidate)->Threads(kWorld)->UseRealTime()->Unit(benchmark::kMillisecond);
 
@@ -89,8 +91,9 @@ void BM_RawGather(benchmark::State& state) {
   const auto start = std::chrono::steady_clock::now();
   for (auto _ : state) g->gather(out, in)->wait();
   state.counters["ms"] = elapsed_ms(start) / state.iterations() / kWorld;
-  state.counters["GiBps"] = benchmark::Counter(static_cast<double>(kStateBytes) * state.iterations() / kWorld,
-                                               benchmark::Counter::kIsRate, benchmark::Counter::kIs1024);
+  state.counters["GiBps"] =
+      benchmark::Counter(static_cast<double>(kStateBytes) * state.iterations() / kWorld,
+                         benchmark::Counter::kIsRate, benchmark::Counter::kIs1024);
 }
 BENCHMARK(BM_RawGather)->Threads(kWorld)->UseRealTime()->Unit(benchmark::kMillisecond);
 
@@ -161,7 +164,8 @@ void BM_PlainWrite(benchmark::State& state) {
   for (auto _ : state) {
     const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     for (size_t off = 0; off < bytes.size();) {
-      const ssize_t n = ::write(fd, bytes.data() + off, std::min<size_t>(8 << 20, bytes.size() - off));
+      const ssize_t n =
+          ::write(fd, bytes.data() + off, std::min<size_t>(8 << 20, bytes.size() - off));
       if (n <= 0) break;
       off += static_cast<size_t>(n);
     }
@@ -185,7 +189,8 @@ std::string python_file() {
 void BM_LoadPythonWritten(benchmark::State& state) {
   const std::string path = python_file();
   if (path.empty()) {
-    state.SkipWithError("could not write the Python file (run from the repository root, with PyTorch installed)");
+    state.SkipWithError(
+        "could not write the Python file (run from the repository root, with PyTorch installed)");
     return;
   }
   // One untimed load first, as the Python peer does: without it a run of one iteration (a
@@ -199,7 +204,8 @@ void BM_LoadPythonWritten(benchmark::State& state) {
     auto v = load_state(path);
     if (!v.ok()) state.SkipWithError(std::string(v.status().message()).c_str());
   }
-  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(std::filesystem::file_size(path)));
+  state.SetBytesProcessed(state.iterations() *
+                          static_cast<int64_t>(std::filesystem::file_size(path)));
 }
 BENCHMARK(BM_LoadPythonWritten)->UseRealTime()->Unit(benchmark::kMillisecond);
 

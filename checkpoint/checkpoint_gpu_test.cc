@@ -96,10 +96,13 @@ TEST(CheckpointGpuTest, LoadsOntoTheCpuOrWithMapLocationTheGpu) {
 c10::IValue gpu_part(int rank) {
   Dict entry = str_dict();
   entry.insert("step", at::scalar_tensor(3.0, at::TensorOptions().device(kGpu)));
-  entry.insert("exp_avg", at::arange(5000, at::TensorOptions().dtype(at::kFloat).device(kGpu)).add(rank));
+  entry.insert("exp_avg",
+               at::arange(5000, at::TensorOptions().dtype(at::kFloat).device(kGpu)).add(rank));
   entry.insert("flags", at::arange(7, at::TensorOptions().device(kGpu)).remainder(2).to(at::kBool));
   const at::Tensor x = at::arange(4, at::TensorOptions().dtype(at::kFloat).device(kGpu)).add(rank);
-  entry.insert("z", at::complex(x, x.flip(0).add(1)).conj());  // complex (NCCL has no such type), conj bit set
+  entry.insert(
+      "z",
+      at::complex(x, x.flip(0).add(1)).conj());  // complex (NCCL has no such type), conj bit set
   Dict state(c10::IntType::get(), c10::AnyType::get());
   state.insert(static_cast<int64_t>(rank), entry);
   Dict group = str_dict();
@@ -117,24 +120,29 @@ void expect_consolidated(const c10::IValue& full, int world) {
   const Dict state = full.toGenericDict().at("state").toGenericDict();
   ASSERT_EQ(state.size(), static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) {
-    const Dict want = gpu_part(r).toGenericDict().at("state").toGenericDict().at(int64_t{r}).toGenericDict();
+    const Dict want =
+        gpu_part(r).toGenericDict().at("state").toGenericDict().at(int64_t{r}).toGenericDict();
     const Dict got = state.at(int64_t{r}).toGenericDict();
     for (const auto& kv : want) {
       const at::Tensor t = got.at(kv.key()).toTensor();
       EXPECT_TRUE(t.device().is_cpu()) << r << " " << kv.key().toStringRef();
-      EXPECT_TRUE(t.equal(kv.value().toTensor().resolve_conj().cpu())) << r << " " << kv.key().toStringRef();
+      EXPECT_TRUE(t.equal(kv.value().toTensor().resolve_conj().cpu()))
+          << r << " " << kv.key().toStringRef();
     }
   }
 }
 
 TEST(CheckpointGpuTest, ConsolidatesGpuStateOverNccl) {
   DTRAIN_GPU_TEST_OR_SKIP();
-  comm::testing::run_ranks_as_threads(1, [](comm::Group& g) {
-    ASSERT_TRUE(g.device().is_cuda()) << g.device();
-    absl::StatusOr<c10::IValue> full = consolidate_state_dict(g, gpu_part(0), 0);
-    ASSERT_TRUE(full.ok()) << full.status();
-    expect_consolidated(*full, 1);
-  }, comm::testing::with_backend("nccl"));
+  comm::testing::run_ranks_as_threads(
+      1,
+      [](comm::Group& g) {
+        ASSERT_TRUE(g.device().is_cuda()) << g.device();
+        absl::StatusOr<c10::IValue> full = consolidate_state_dict(g, gpu_part(0), 0);
+        ASSERT_TRUE(full.ok()) << full.status();
+        expect_consolidated(*full, 1);
+      },
+      comm::testing::with_backend("nccl"));
 }
 
 // Gloo sends CPU memory only: GPU state goes through a copy of one chunk at a time on the CPU.
@@ -159,7 +167,8 @@ TEST(CheckpointGpuTest, ShardedSaveOfGpuStateLoadsOntoTheGpu) {
     ShardedState::Param p;
     p.shape = {40};
     p.range = {20 * g.rank(), 20 * (g.rank() + 1)};
-    p.entries.insert("exp_avg", weights.narrow(0, p.range.begin, 20));  // a view of a bigger GPU storage
+    p.entries.insert("exp_avg",
+                     weights.narrow(0, p.range.begin, 20));  // a view of a bigger GPU storage
     mine.params[0] = p;
     absl::Status s = save_sharded(g, dir, mine, "flat");
     ASSERT_TRUE(s.ok()) << s;

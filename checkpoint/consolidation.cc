@@ -36,7 +36,8 @@ struct EntryDescription {
 
   c10::IValue encode() const {
     if (!tensor) return c10::ivalue::Tuple::create({index, key, false, value, c10::IValue()});
-    return c10::ivalue::Tuple::create({index, key, true, static_cast<int64_t>(dtype), c10::List<int64_t>(shape)});
+    return c10::ivalue::Tuple::create(
+        {index, key, true, static_cast<int64_t>(dtype), c10::List<int64_t>(shape)});
   }
   static EntryDescription decode(const c10::IValue& v) {
     const auto& t = v.toTupleRef().elements();
@@ -71,8 +72,10 @@ struct RankPart {
   static absl::StatusOr<RankPart> decode(const c10::IValue& v, int rank) {
     const auto parts = v.toList();
     RankPart out;
-    for (const c10::IValue& e : parts.get(0).toListRef()) out.entries.push_back(EntryDescription::decode(e));
-    absl::StatusOr<std::vector<ParamGroup>> groups = parse_param_groups(parts.get(1), absl::StrCat("rank ", rank));
+    for (const c10::IValue& e : parts.get(0).toListRef())
+      out.entries.push_back(EntryDescription::decode(e));
+    absl::StatusOr<std::vector<ParamGroup>> groups =
+        parse_param_groups(parts.get(1), absl::StrCat("rank ", rank));
     if (!groups.ok()) return groups.status();
     out.groups = *std::move(groups);
     return out;
@@ -156,17 +159,20 @@ void receive_all(const comm::Group& group, const std::vector<std::vector<at::Ten
 
 }  // namespace
 
-absl::StatusOr<c10::IValue> consolidate_state_dict(const comm::Group& group, const c10::IValue& local_state_dict,
-                                                   int to, const ConsolidateOptions& options) {
+absl::StatusOr<c10::IValue> consolidate_state_dict(const comm::Group& group,
+                                                   const c10::IValue& local_state_dict, int to,
+                                                   const ConsolidateOptions& options) {
   if (!group.is_member()) {
-    return absl::FailedPreconditionError("consolidate_state_dict: this rank is not a member of the group");
+    return absl::FailedPreconditionError(
+        "consolidate_state_dict: this rank is not a member of the group");
   }
   if (to < 0 || to >= group.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("consolidate_state_dict: to=", to, " is not a rank of this group of ", group.size()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "consolidate_state_dict: to=", to, " is not a rank of this group of ", group.size()));
   }
   if (options.chunk_bytes < 1) return malformed("chunk_bytes must be positive");
-  absl::StatusOr<OptimizerStateDict> sd = parse_optimizer_state_dict(local_state_dict, "the local state dict");
+  absl::StatusOr<OptimizerStateDict> sd =
+      parse_optimizer_state_dict(local_state_dict, "the local state dict");
   if (!sd.ok()) return malformed(std::string(sd.status().message()));
   const bool target = group.rank() == to;
   std::vector<at::Tensor> my_tensors;
@@ -183,7 +189,8 @@ absl::StatusOr<c10::IValue> consolidate_state_dict(const comm::Group& group, con
   std::vector<RankPart> parts;
   if (target) {
     for (int r = 0; r < n && verdict.ok(); ++r) {
-      absl::StatusOr<RankPart> part = r == to ? absl::StatusOr<RankPart>(mine) : RankPart::decode((*all)[r], r);
+      absl::StatusOr<RankPart> part =
+          r == to ? absl::StatusOr<RankPart>(mine) : RankPart::decode((*all)[r], r);
       if (!part.ok()) {
         verdict = malformed(std::string(part.status().message()));
         break;
@@ -194,8 +201,9 @@ absl::StatusOr<c10::IValue> consolidate_state_dict(const comm::Group& group, con
     const size_t num_groups = mine.groups.size();
     for (int r = 0; r < n && verdict.ok(); ++r) {
       if (parts[r].groups.size() != num_groups) {
-        verdict = malformed(absl::StrCat("rank ", r, " has ", parts[r].groups.size(), " param groups, rank ", to,
-                                         " has ", num_groups, "; every rank must pass the same groups"));
+        verdict = malformed(absl::StrCat("rank ", r, " has ", parts[r].groups.size(),
+                                         " param groups, rank ", to, " has ", num_groups,
+                                         "; every rank must pass the same groups"));
         break;
       }
       std::set<int64_t> seen_here;
@@ -203,8 +211,9 @@ absl::StatusOr<c10::IValue> consolidate_state_dict(const comm::Group& group, con
         if (!seen_here.insert(e.index).second) continue;
         auto [it, inserted] = holder.emplace(e.index, r);
         if (!inserted) {
-          verdict = malformed(absl::StrCat("state of parameter ", e.index, " is held by both rank ", it->second,
-                                           " and rank ", r, "; each parameter's state must live on one rank"));
+          verdict = malformed(absl::StrCat("state of parameter ", e.index, " is held by both rank ",
+                                           it->second, " and rank ", r,
+                                           "; each parameter's state must live on one rank"));
           break;
         }
       }
@@ -214,8 +223,10 @@ absl::StatusOr<c10::IValue> consolidate_state_dict(const comm::Group& group, con
 
   auto chunks = [&](const at::Tensor& t, const std::function<void(at::Tensor)>& f) {
     at::Tensor flat = t.reshape(-1);
-    const int64_t per = std::max<int64_t>(1, options.chunk_bytes / std::max<int64_t>(1, t.element_size()));
-    for (int64_t b = 0; b < flat.numel(); b += per) f(flat.narrow(0, b, std::min(per, flat.numel() - b)));
+    const int64_t per =
+        std::max<int64_t>(1, options.chunk_bytes / std::max<int64_t>(1, t.element_size()));
+    for (int64_t b = 0; b < flat.numel(); b += per)
+      f(flat.narrow(0, b, std::min(per, flat.numel() - b)));
   };
   try {
     if (!target) {
@@ -231,7 +242,8 @@ absl::StatusOr<c10::IValue> consolidate_state_dict(const comm::Group& group, con
       return c10::IValue();
     }
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("consolidate_state_dict: sending to rank ", to, ": ", e.what()));
+    return absl::UnavailableError(
+        absl::StrCat("consolidate_state_dict: sending to rank ", to, ": ", e.what()));
   }
 
   // 3b. Target: allocate every final tensor on the CPU, then receive into it.
@@ -243,7 +255,8 @@ absl::StatusOr<c10::IValue> consolidate_state_dict(const comm::Group& group, con
       size_t next_local = 0;
       for (const EntryDescription& e : parts[r].entries) {
         auto it = received[r].state.find(e.index);
-        if (it == received[r].state.end()) it = received[r].state.emplace(e.index, new_state_entry()).first;
+        if (it == received[r].state.end())
+          it = received[r].state.emplace(e.index, new_state_entry()).first;
         if (!e.tensor) {
           it->second.insert(e.key, e.value);
           continue;
@@ -260,7 +273,8 @@ absl::StatusOr<c10::IValue> consolidate_state_dict(const comm::Group& group, con
     }
     receive_all(group, pieces);
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("consolidate_state_dict: receiving on rank ", to, ": ", e.what()));
+    return absl::UnavailableError(
+        absl::StrCat("consolidate_state_dict: receiving on rank ", to, ": ", e.what()));
   }
 
   // 4. One dict: state the union (disjoint, checked above), groups' options from the target and

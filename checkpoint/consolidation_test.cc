@@ -21,7 +21,8 @@ Dict new_dict(c10::TypePtr key) { return Dict(std::move(key), c10::AnyType::get(
 Dict global_state() {
   at::manual_seed(7);
   Dict state = new_dict(c10::IntType::get());
-  const std::vector<std::vector<int64_t>> shapes = {{300}, {4, 5}, {1}, {1000}, {3, 3, 3}, {17}, {2}};
+  const std::vector<std::vector<int64_t>> shapes = {{300},     {4, 5}, {1}, {1000},
+                                                    {3, 3, 3}, {17},   {2}};
   for (size_t i = 0; i < shapes.size(); ++i) {
     Dict e = new_dict(c10::StringType::get());
     e.insert("step", at::scalar_tensor(static_cast<double>(i + 1), at::kFloat));
@@ -71,7 +72,8 @@ void expect_equal_state(const Dict& got, const Dict& want) {
       if (e.value().isTensor()) {
         ASSERT_TRUE(gv.isTensor());
         EXPECT_EQ(gv.toTensor().scalar_type(), e.value().toTensor().scalar_type());
-        EXPECT_TRUE(gv.toTensor().equal(e.value().toTensor())) << kv.key().toInt() << " " << e.key().toStringRef();
+        EXPECT_TRUE(gv.toTensor().equal(e.value().toTensor()))
+            << kv.key().toInt() << " " << e.key().toStringRef();
       } else {
         EXPECT_EQ(gv, e.value()) << kv.key().toInt() << " " << e.key().toStringRef();
       }
@@ -123,7 +125,8 @@ TEST(ConsolidationTest, ConjugatedTransposedAndOtherDtypes) {
     Dict state = new_dict(c10::IntType::get());
     if (g.rank() == 1) state.insert(int64_t{0}, entry);  // sent to rank 0
     c10::impl::GenericList groups(c10::AnyType::get());
-    groups.push_back(groups_dict(g.rank() == 1 ? std::vector<int64_t>{0} : std::vector<int64_t>{}, 0.1));
+    groups.push_back(
+        groups_dict(g.rank() == 1 ? std::vector<int64_t>{0} : std::vector<int64_t>{}, 0.1));
     Dict sd = new_dict(c10::StringType::get());
     sd.insert("state", state);
     sd.insert("param_groups", groups);
@@ -132,7 +135,8 @@ TEST(ConsolidationTest, ConjugatedTransposedAndOtherDtypes) {
     auto full = consolidate_state_dict(g, sd, 0, o);
     ASSERT_TRUE(full.ok()) << full.status();
     if (g.rank() != 0) return;
-    const Dict got = full->toGenericDict().at("state").toGenericDict().at(int64_t{0}).toGenericDict();
+    const Dict got =
+        full->toGenericDict().at("state").toGenericDict().at(int64_t{0}).toGenericDict();
     for (const auto& kv : entry) {
       const at::Tensor want = kv.value().toTensor().detach().resolve_conj();
       const at::Tensor t = got.at(kv.key()).toTensor();

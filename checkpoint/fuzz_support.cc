@@ -49,12 +49,20 @@ std::vector<std::string> torch_file_seeds() {
   out.emplace_back(libtorch.begin(), libtorch.end());
   // Protocol 4 framing, MEMOIZE, STACK_GLOBAL, SHORT_BINUNICODE, OrderedDict + BUILD, a Parameter.
   const std::string p4 =
-      "\x80\x04\x95\x00\x00\x00\x00\x00\x00\x00\x00\x8c\x0b" "collections\x94\x8c\x0bOrderedDict\x94\x93\x94)R\x94"
-      "(\x8c\x01w\x94\x8c\x0ctorch._utils\x94\x8c\x12_rebuild_parameter\x94\x93\x94h\x05\x8c\x12_rebuild_tensor_v2"
-      "\x94\x93\x94((\x8c\x07storage\x94\x8c\x05torch\x94\x8c\x0c" "FloatStorage\x94\x93\x94\x8c\x01" "0\x94\x8c"
-      "\x06" "cuda:0\x94K\x06t\x94QK\x00K\x02K\x03\x86\x94K\x03K\x01\x86\x94\x89h\x02)R\x94t\x94R\x94\x88h\x02)R"
+      "\x80\x04\x95\x00\x00\x00\x00\x00\x00\x00\x00\x8c\x0b"
+      "collections\x94\x8c\x0bOrderedDict\x94\x93\x94)R\x94"
+      "(\x8c\x01w\x94\x8c\x0ctorch._utils\x94\x8c\x12_rebuild_parameter\x94\x93\x94h\x05\x8c\x12_"
+      "rebuild_tensor_v2"
+      "\x94\x93\x94((\x8c\x07storage\x94\x8c\x05torch\x94\x8c\x0c"
+      "FloatStorage\x94\x93\x94\x8c\x01"
+      "0\x94\x8c"
+      "\x06"
+      "cuda:0\x94K\x06t\x94QK\x00K\x02K\x03\x86\x94K\x03K\x01\x86\x94\x89h\x02)"
+      "R\x94t\x94R\x94\x88h\x02)R"
       "\x94\x87\x94R\x94u}\x94\x8c\x09_metadata\x94}\x94sb."s;
-  Entries e = {{"p4/data.pkl", p4}, {"p4/byteorder", "little"}, {"p4/data/0", std::string(24, '\x01')},
+  Entries e = {{"p4/data.pkl", p4},
+               {"p4/byteorder", "little"},
+               {"p4/data/0", std::string(24, '\x01')},
                {"p4/version", "3\n"}};
   out.push_back(make_zip(e));
   ZipOptions z64;
@@ -84,7 +92,8 @@ uint64_t touch(const c10::IValue& v, int depth) {
     const auto* p = static_cast<const unsigned char*>(c.data_ptr());
     for (size_t i = 0; i < c.nbytes(); ++i) sum += p[i];
   } else if (v.isGenericDict()) {
-    for (const auto& kv : v.toGenericDict()) sum += touch(kv.key(), depth + 1) + touch(kv.value(), depth + 1);
+    for (const auto& kv : v.toGenericDict())
+      sum += touch(kv.key(), depth + 1) + touch(kv.value(), depth + 1);
   } else if (v.isList()) {
     for (const c10::IValue& x : v.toListRef()) sum += touch(x, depth + 1);
   } else if (v.isTuple()) {
@@ -126,8 +135,8 @@ std::string pickle_of(const std::string& zip) {
 bool same_values(const c10::IValue& a, const c10::IValue& b) {
   if (a.isTensor() || b.isTensor()) {
     return a.isTensor() && b.isTensor() && a.toTensor().dtype() == b.toTensor().dtype() &&
-           a.toTensor().sizes() == b.toTensor().sizes() && a.toTensor().strides() == b.toTensor().strides() &&
-           a.toTensor().equal(b.toTensor());
+           a.toTensor().sizes() == b.toTensor().sizes() &&
+           a.toTensor().strides() == b.toTensor().strides() && a.toTensor().equal(b.toTensor());
   }
   if (a.isGenericDict() || b.isGenericDict()) {
     if (!a.isGenericDict() || !b.isGenericDict()) return false;

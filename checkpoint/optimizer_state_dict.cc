@@ -27,15 +27,18 @@ absl::StatusOr<ParamGroup> parse_group(const c10::IValue& v, size_t g, const std
   ParamGroup group;
   bool has_params = false;
   for (const auto& kv : v.toGenericDict()) {
-    if (!kv.key().isString()) return bad(what, absl::StrCat("param group ", g, " has a key that is not a string"));
+    if (!kv.key().isString())
+      return bad(what, absl::StrCat("param group ", g, " has a key that is not a string"));
     if (kv.key().toStringRef() != kParams) {
       group.options.insert(kv.key(), kv.value());
       continue;
     }
     has_params = true;
-    if (!kv.value().isList()) return bad(what, absl::StrCat("param group ", g, "'s 'params' is not a list"));
+    if (!kv.value().isList())
+      return bad(what, absl::StrCat("param group ", g, "'s 'params' is not a list"));
     for (const c10::IValue& p : kv.value().toListRef()) {
-      if (!p.isInt()) return bad(what, absl::StrCat("param group ", g, "'s 'params' holds a non-integer"));
+      if (!p.isInt())
+        return bad(what, absl::StrCat("param group ", g, "'s 'params' holds a non-integer"));
       group.params.push_back(p.toInt());
     }
   }
@@ -47,7 +50,8 @@ absl::StatusOr<ParamGroup> parse_group(const c10::IValue& v, size_t g, const std
 
 StateEntry new_state_entry() { return StateEntry(c10::StringType::get(), c10::AnyType::get()); }
 
-absl::StatusOr<std::vector<ParamGroup>> parse_param_groups(const c10::IValue& groups, const std::string& what) {
+absl::StatusOr<std::vector<ParamGroup>> parse_param_groups(const c10::IValue& groups,
+                                                           const std::string& what) {
   if (!groups.isList()) return bad(what, absl::StrCat("'", kParamGroupsKey, "' is not a list"));
   std::vector<ParamGroup> out;
   const auto list = groups.toListRef();
@@ -62,7 +66,8 @@ absl::StatusOr<std::vector<ParamGroup>> parse_param_groups(const c10::IValue& gr
 absl::StatusOr<OptimizerStateDict> parse_optimizer_state_dict(const c10::IValue& state_dict,
                                                               const std::string& what) {
   if (!state_dict.isGenericDict()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " is not a dict (got ", state_dict.tagKind(), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " is not a dict (got ", state_dict.tagKind(), ")"));
   }
   const c10::impl::GenericDict sd = state_dict.toGenericDict();
   const c10::IValue* state = find(sd, kStateKey);
@@ -76,9 +81,11 @@ absl::StatusOr<OptimizerStateDict> parse_optimizer_state_dict(const c10::IValue&
   for (const auto& kv : state->toGenericDict()) {
     if (!kv.key().isInt()) return bad(what, "state keys must be integer parameter indices");
     const int64_t index = kv.key().toInt();
-    if (!kv.value().isGenericDict()) return bad(what, absl::StrCat("state[", index, "] is not a dict"));
+    if (!kv.value().isGenericDict())
+      return bad(what, absl::StrCat("state[", index, "] is not a dict"));
     for (const auto& e : kv.value().toGenericDict()) {
-      if (!e.key().isString()) return bad(what, absl::StrCat("state[", index, "] has a key that is not a string"));
+      if (!e.key().isString())
+        return bad(what, absl::StrCat("state[", index, "] has a key that is not a string"));
     }
     out.state.emplace(index, kv.value().toGenericDict());
   }
@@ -108,10 +115,11 @@ c10::IValue to_ivalue(const OptimizerStateDict& state_dict) {
   return sd;
 }
 
-OptimizerStateDict reindexed(const OptimizerStateDict& state_dict, const std::vector<int64_t>& new_index) {
+OptimizerStateDict reindexed(const OptimizerStateDict& state_dict,
+                             const std::vector<int64_t>& new_index) {
   auto map = [&](int64_t i) {
-    TORCH_CHECK(i >= 0 && i < static_cast<int64_t>(new_index.size()), "reindexed: parameter index ", i,
-                " is outside the ", new_index.size(), " new indices");
+    TORCH_CHECK(i >= 0 && i < static_cast<int64_t>(new_index.size()), "reindexed: parameter index ",
+                i, " is outside the ", new_index.size(), " new indices");
     return new_index[static_cast<size_t>(i)];
   };
   OptimizerStateDict out;
@@ -125,8 +133,8 @@ OptimizerStateDict reindexed(const OptimizerStateDict& state_dict, const std::ve
 }
 
 OptimizerStateDict group_slice(const OptimizerStateDict& state_dict, size_t group) {
-  TORCH_CHECK(group < state_dict.param_groups.size(), "group_slice: group ", group, " out of range (",
-              state_dict.param_groups.size(), " groups)");
+  TORCH_CHECK(group < state_dict.param_groups.size(), "group_slice: group ", group,
+              " out of range (", state_dict.param_groups.size(), " groups)");
   const ParamGroup& g = state_dict.param_groups[group];
   OptimizerStateDict out;
   ParamGroup local{{}, g.options};
@@ -156,33 +164,36 @@ OptimizerStateDict concatenate(const std::vector<OptimizerStateDict>& parts) {
   return out;
 }
 
-absl::StatusOr<OptimizerStateDict> merge(const std::vector<OptimizerStateDict>& parts, size_t options_from) {
+absl::StatusOr<OptimizerStateDict> merge(const std::vector<OptimizerStateDict>& parts,
+                                         size_t options_from) {
   if (options_from >= parts.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("merge: options_from=", options_from, " but there are ", parts.size(), " parts"));
+    return absl::InvalidArgumentError(absl::StrCat("merge: options_from=", options_from,
+                                                   " but there are ", parts.size(), " parts"));
   }
   const size_t num_groups = parts[options_from].param_groups.size();
   OptimizerStateDict out;
   std::map<int64_t, size_t> holder;
   for (size_t k = 0; k < parts.size(); ++k) {
     if (parts[k].param_groups.size() != num_groups) {
-      return absl::InvalidArgumentError(absl::StrCat("merge: part ", k, " has ", parts[k].param_groups.size(),
-                                                     " param groups, part ", options_from, " has ", num_groups));
+      return absl::InvalidArgumentError(
+          absl::StrCat("merge: part ", k, " has ", parts[k].param_groups.size(),
+                       " param groups, part ", options_from, " has ", num_groups));
     }
     for (const auto& [index, entry] : parts[k].state) {
       auto [it, inserted] = holder.emplace(index, k);
       if (!inserted) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("merge: state of parameter ", index, " is in both part ", it->second, " and part ", k));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "merge: state of parameter ", index, " is in both part ", it->second, " and part ", k));
       }
       out.state.emplace(index, entry);
     }
   }
   for (size_t g = 0; g < num_groups; ++g) {
     std::set<int64_t> params;
-    for (const OptimizerStateDict& part : parts) params.insert(part.param_groups[g].params.begin(), part.param_groups[g].params.end());
-    out.param_groups.push_back(
-        ParamGroup{std::vector<int64_t>(params.begin(), params.end()), parts[options_from].param_groups[g].options});
+    for (const OptimizerStateDict& part : parts)
+      params.insert(part.param_groups[g].params.begin(), part.param_groups[g].params.end());
+    out.param_groups.push_back(ParamGroup{std::vector<int64_t>(params.begin(), params.end()),
+                                          parts[options_from].param_groups[g].options});
   }
   return out;
 }

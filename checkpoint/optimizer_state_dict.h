@@ -62,7 +62,8 @@ StateEntry new_state_entry();
 absl::StatusOr<OptimizerStateDict> parse_optimizer_state_dict(const c10::IValue& state_dict,
                                                               const std::string& what);
 // Only a "param_groups" list (as sharded metadata keeps it); errors as above.
-absl::StatusOr<std::vector<ParamGroup>> parse_param_groups(const c10::IValue& groups, const std::string& what);
+absl::StatusOr<std::vector<ParamGroup>> parse_param_groups(const c10::IValue& groups,
+                                                           const std::string& what);
 
 // PyTorch's format (see the guarantees above).
 c10::IValue to_ivalue(const OptimizerStateDict& state_dict);
@@ -70,7 +71,8 @@ c10::IValue param_groups_to_ivalue(const std::vector<ParamGroup>& groups);
 
 // Parameter i renamed new_index[i], in "state" and in every group's "params".
 // REQUIRES every index in `state_dict` to be in [0, new_index.size()) (TORCH_CHECK).
-OptimizerStateDict reindexed(const OptimizerStateDict& state_dict, const std::vector<int64_t>& new_index);
+OptimizerStateDict reindexed(const OptimizerStateDict& state_dict,
+                             const std::vector<int64_t>& new_index);
 
 // Group `group` alone, its parameters renumbered 0..n-1 in its "params" order, with their state.
 // REQUIRES group < param_groups.size() (TORCH_CHECK).
@@ -84,7 +86,8 @@ OptimizerStateDict concatenate(const std::vector<OptimizerStateDict>& parts);
 // (InvalidArgument naming both parts when an index is in two), group g's options those of
 // parts[options_from], its "params" the sorted union of every part's group g. InvalidArgument
 // when the parts' group counts differ or options_from is out of range.
-absl::StatusOr<OptimizerStateDict> merge(const std::vector<OptimizerStateDict>& parts, size_t options_from);
+absl::StatusOr<OptimizerStateDict> merge(const std::vector<OptimizerStateDict>& parts,
+                                         size_t options_from);
 
 // Bytes held by the state's tensors (step counters that are Python ints count nothing).
 int64_t state_tensor_bytes(const OptimizerStateDict& state_dict);

@@ -26,7 +26,8 @@ c10::IValue adam_like() {
   for (int g = 0; g < 2; ++g) {
     Dict d = str_dict();
     d.insert("lr", 0.1 * (g + 1));
-    d.insert("params", c10::List<int64_t>(g == 0 ? std::vector<int64_t>{0, 1} : std::vector<int64_t>{2}));
+    d.insert("params",
+             c10::List<int64_t>(g == 0 ? std::vector<int64_t>{0, 1} : std::vector<int64_t>{2}));
     d.insert("initial_lr", 0.5);  // after "params": kept, emitted before it
     groups.push_back(d);
   }
@@ -60,7 +61,8 @@ TEST(OptimizerStateDictTest, ParseKeepsEverythingAndEmitsPyTorchsOrder) {
   const Dict g1 = top.at("param_groups").toList().get(1).toGenericDict();
   EXPECT_EQ(keys(g1), (std::vector<std::string>{"lr", "initial_lr", "params"}));
   EXPECT_TRUE(g1.at("params").isIntList());
-  EXPECT_EQ(state_tensor_bytes(*sd), 2 * 2 * (2 * 4) + 2 * 4);  // 2 entries: 2 float[2], a 0-dim step
+  EXPECT_EQ(state_tensor_bytes(*sd),
+            2 * 2 * (2 * 4) + 2 * 4);  // 2 entries: 2 float[2], a 0-dim step
 
   // Round trip: parsing the emitted dict gives the same dict back.
   auto again = parse_optimizer_state_dict(out, "x");
@@ -91,14 +93,16 @@ TEST(OptimizerStateDictTest, ErrorsNameWhatIsWrong) {
     EXPECT_EQ(sd.status().code(), absl::StatusCode::kInvalidArgument);
     return std::string(sd.status().message());
   };
-  EXPECT_THAT(message(c10::IValue(int64_t{1})), HasSubstr("the local state dict is not a dict (got Int)"));
+  EXPECT_THAT(message(c10::IValue(int64_t{1})),
+              HasSubstr("the local state dict is not a dict (got Int)"));
   EXPECT_THAT(message(str_dict()), HasSubstr("needs keys 'state' and 'param_groups'"));
 
   Dict bad_key = adam_like().toGenericDict().copy();
   Dict state(c10::AnyType::get(), c10::AnyType::get());
   state.insert("zero", str_dict());
   bad_key.insert_or_assign("state", state);
-  EXPECT_THAT(message(bad_key), HasSubstr("the local state dict: state keys must be integer parameter indices"));
+  EXPECT_THAT(message(bad_key),
+              HasSubstr("the local state dict: state keys must be integer parameter indices"));
 
   Dict bad_entry = adam_like().toGenericDict().copy();
   Dict state2(c10::IntType::get(), c10::AnyType::get());
@@ -149,7 +153,8 @@ TEST(OptimizerStateDictTest, MergeUnitesDisjointParts) {
   EXPECT_THAT(std::string(merge({a, b}, 0).status().message()),
               HasSubstr("state of parameter 2 is in both part 0 and part 1"));
   b.param_groups.pop_back();
-  EXPECT_THAT(std::string(merge({a, b}, 0).status().message()), HasSubstr("part 1 has 1 param groups, part 0 has 2"));
+  EXPECT_THAT(std::string(merge({a, b}, 0).status().message()),
+              HasSubstr("part 1 has 1 param groups, part 0 has 2"));
 }
 
 }  // namespace

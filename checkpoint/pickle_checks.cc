@@ -8,22 +8,38 @@ namespace dtrain::checkpoint::pickle_internal {
 
 const char* unsupported_name(uint8_t op) {
   switch (op) {
-    case 'S': return "STRING (protocol 0 str)";
-    case 'V': return "UNICODE (protocol 0 str)";
-    case 'P': return "PERSID (protocol 0 persistent id)";
-    case 'i': return "INST (creates an object)";
-    case 'o': return "OBJ (creates an object)";
-    case 0x92: return "NEWOBJ_EX (creates an object)";
-    case 0x82: return "EXT1";
-    case 0x83: return "EXT2";
-    case 0x84: return "EXT4";
-    case 0x8f: return "EMPTY_SET (sets are not read)";
-    case 0x90: return "ADDITEMS (sets are not read)";
-    case 0x91: return "FROZENSET (sets are not read)";
-    case 0x96: return "BYTEARRAY8";
-    case 0x97: return "NEXT_BUFFER (out-of-band buffers)";
-    case 0x98: return "READONLY_BUFFER (out-of-band buffers)";
-    default: return nullptr;
+    case 'S':
+      return "STRING (protocol 0 str)";
+    case 'V':
+      return "UNICODE (protocol 0 str)";
+    case 'P':
+      return "PERSID (protocol 0 persistent id)";
+    case 'i':
+      return "INST (creates an object)";
+    case 'o':
+      return "OBJ (creates an object)";
+    case 0x92:
+      return "NEWOBJ_EX (creates an object)";
+    case 0x82:
+      return "EXT1";
+    case 0x83:
+      return "EXT2";
+    case 0x84:
+      return "EXT4";
+    case 0x8f:
+      return "EMPTY_SET (sets are not read)";
+    case 0x90:
+      return "ADDITEMS (sets are not read)";
+    case 0x91:
+      return "FROZENSET (sets are not read)";
+    case 0x96:
+      return "BYTEARRAY8";
+    case 0x97:
+      return "NEXT_BUFFER (out-of-band buffers)";
+    case 0x98:
+      return "READONLY_BUFFER (out-of-band buffers)";
+    default:
+      return nullptr;
   }
 }
 
@@ -38,21 +54,25 @@ bool valid_utf8(std::string_view s) {
       if ((d & 0xc0) != 0x80) return false;
       cp = (cp << 6) | (d & 0x3f);
     }
-    if ((n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10ffff))) return false;
+    if ((n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) ||
+        (n == 4 && (cp < 0x10000 || cp > 0x10ffff)))
+      return false;
     i += n;
   }
   return true;
 }
 
 absl::StatusOr<uint32_t> ResultCheck::visit(const c10::IValue& v, uint32_t depth) {
-  if (!(v.isList() || v.isGenericDict() || v.isTuple())) return count(1) ? absl::StatusOr<uint32_t>(1) : too_big();
+  if (!(v.isList() || v.isGenericDict() || v.isTuple()))
+    return count(1) ? absl::StatusOr<uint32_t>(1) : too_big();
   const void* id = v.internalToPointer();
   if (auto it = done_.find(id); it != done_.end()) {
     if (depth + it->second.first > kMaxDepth) return too_deep();
     return count(it->second.second) ? absl::StatusOr<uint32_t>(it->second.first) : too_big();
   }
   if (depth + 1 > kMaxDepth) return too_deep();
-  if (!on_path_.insert(id).second) return ctx_.data_loss("a container contains itself (a reference cycle)");
+  if (!on_path_.insert(id).second)
+    return ctx_.data_loss("a container contains itself (a reference cycle)");
   const uint64_t before = total_;
   uint32_t height = 0;
   auto child = [&](const c10::IValue& c) -> absl::Status {

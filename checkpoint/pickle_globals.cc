@@ -44,12 +44,18 @@ struct StorageClass {
 };
 
 constexpr StorageClass kStorageClasses[] = {
-    {"FloatStorage", at::kFloat},   {"DoubleStorage", at::kDouble},
-    {"HalfStorage", at::kHalf},     {"BFloat16Storage", at::kBFloat16},
-    {"LongStorage", at::kLong},     {"IntStorage", at::kInt},
-    {"ShortStorage", at::kShort},   {"CharStorage", at::kChar},
-    {"ByteStorage", at::kByte},     {"BoolStorage", at::kBool},
-    {"ComplexFloatStorage", at::kComplexFloat}, {"ComplexDoubleStorage", at::kComplexDouble},
+    {"FloatStorage", at::kFloat},
+    {"DoubleStorage", at::kDouble},
+    {"HalfStorage", at::kHalf},
+    {"BFloat16Storage", at::kBFloat16},
+    {"LongStorage", at::kLong},
+    {"IntStorage", at::kInt},
+    {"ShortStorage", at::kShort},
+    {"CharStorage", at::kChar},
+    {"ByteStorage", at::kByte},
+    {"BoolStorage", at::kBool},
+    {"ComplexFloatStorage", at::kComplexFloat},
+    {"ComplexDoubleStorage", at::kComplexDouble},
 };
 
 std::string global_name(int32_t g) {
@@ -62,9 +68,11 @@ std::string global_name(int32_t g) {
   return "?";
 }
 
-absl::Status arity(const Context& ctx, int32_t g, const std::vector<Item>& args, size_t lo, size_t hi) {
+absl::Status arity(const Context& ctx, int32_t g, const std::vector<Item>& args, size_t lo,
+                   size_t hi) {
   if (args.size() >= lo && args.size() <= hi) return absl::OkStatus();
-  return ctx.data_loss(absl::StrCat(global_name(g), " is called with ", args.size(), " arguments, expected ", lo,
+  return ctx.data_loss(absl::StrCat(global_name(g), " is called with ", args.size(),
+                                    " arguments, expected ", lo,
                                     lo == hi ? "" : absl::StrCat(" to ", hi)));
 }
 
@@ -107,28 +115,32 @@ absl::StatusOr<Item> rebuild_tensor(Context& ctx, int32_t g, const std::vector<I
   absl::StatusOr<std::vector<int64_t>> stride = ints(ctx, a[3], "a tensor's stride");
   if (!stride.ok()) return stride.status();
   if (size->size() != stride->size()) {
-    return ctx.data_loss(absl::StrCat("a tensor has ", size->size(), " sizes but ", stride->size(), " strides"));
+    return ctx.data_loss(
+        absl::StrCat("a tensor has ", size->size(), " sizes but ", stride->size(), " strides"));
   }
   // The highest element index the tensor reaches: offset + sum((size - 1) * stride), overflow-safe.
   int64_t numel = 1, last = offset;
   for (size_t d = 0; d < size->size(); ++d) {
     const int64_t n = (*size)[d], s = (*stride)[d];
     if (n < 0 || s < 0) return ctx.data_loss("a tensor has a negative size or stride");
-    if (__builtin_mul_overflow(numel, n, &numel)) return ctx.data_loss("a tensor's element count overflows");
+    if (__builtin_mul_overflow(numel, n, &numel))
+      return ctx.data_loss("a tensor's element count overflows");
   }
   for (size_t d = 0; d < size->size() && numel > 0; ++d) {
     int64_t reach = 0;
-    if (__builtin_mul_overflow((*size)[d] - 1, (*stride)[d], &reach) || __builtin_add_overflow(last, reach, &last)) {
+    if (__builtin_mul_overflow((*size)[d] - 1, (*stride)[d], &reach) ||
+        __builtin_add_overflow(last, reach, &last)) {
       return ctx.data_loss("a tensor's extent overflows");
     }
   }
   if (numel > 0 && last >= st.numel) {
-    return ctx.data_loss(absl::StrCat("a tensor reaches element ", last, " of a storage of ", st.numel,
-                                      " elements (its size, stride or offset is wrong)"));
+    return ctx.data_loss(absl::StrCat("a tensor reaches element ", last, " of a storage of ",
+                                      st.numel, " elements (its size, stride or offset is wrong)"));
   }
   bool requires_grad = false;
   if (v2) {
-    if (!a[4].is_value() || !a[4].value.isBool()) return ctx.data_loss("a tensor's requires_grad is not a bool");
+    if (!a[4].is_value() || !a[4].value.isBool())
+      return ctx.data_loss("a tensor's requires_grad is not a bool");
     requires_grad = a[4].value.toBool();
     if (!attributes_or_none(a[5]) || (a.size() == 7 && !attributes_or_none(a[6]))) {
       return ctx.data_loss("a tensor's backward hooks or metadata are not a dict");
@@ -139,12 +151,14 @@ absl::StatusOr<Item> rebuild_tensor(Context& ctx, int32_t g, const std::vector<I
     t = at::empty({0}, at::TensorOptions().dtype(st.dtype).device(at::kCPU));
     t.set_(st.storage, offset, *size, *stride);
   } catch (const std::exception& e) {
-    return ctx.data_loss(absl::StrCat("LibTorch refuses a tensor: ", std::string(e.what()).substr(0, 200)));
+    return ctx.data_loss(
+        absl::StrCat("LibTorch refuses a tensor: ", std::string(e.what()).substr(0, 200)));
   }
   if (requires_grad) {
     if (!at::isFloatingType(st.dtype) && !at::isComplexType(st.dtype)) {
-      return ctx.invalid(absl::StrCat("a tensor of dtype ", c10::toString(st.dtype),
-                                      " requires grad, which only floating and complex tensors can"));
+      return ctx.invalid(
+          absl::StrCat("a tensor of dtype ", c10::toString(st.dtype),
+                       " requires grad, which only floating and complex tensors can"));
     }
     t.requires_grad_(true);
   }
@@ -178,9 +192,12 @@ class TypeParser {
   c10::TypePtr parse(int depth) {
     if (depth > 64) return nullptr;
     skip();
-    if (eat('(') && eat(')')) return c10::TupleType::create(std::vector<c10::TypePtr>{});  // "Tuple[()]"
+    if (eat('(') && eat(')'))
+      return c10::TupleType::create(std::vector<c10::TypePtr>{});  // "Tuple[()]"
     const size_t start = i_;
-    while (i_ < s_.size() && (std::isalnum(static_cast<unsigned char>(s_[i_])) || s_[i_] == '_' || s_[i_] == '.')) ++i_;
+    while (i_ < s_.size() &&
+           (std::isalnum(static_cast<unsigned char>(s_[i_])) || s_[i_] == '_' || s_[i_] == '.'))
+      ++i_;
     const std::string_view name = s_.substr(start, i_ - start);
     if (name.empty()) return nullptr;
     std::vector<c10::TypePtr> args;
@@ -227,7 +244,8 @@ absl::StatusOr<Item> restore_type_tag(const Context& ctx, const std::vector<Item
     return ctx.data_loss("restore_type_tag's arguments are not a value and a type name");
   }
   const c10::IValue& v = a[0].value;
-  if (!v.isGenericDict() && !v.isList()) return ctx.data_loss("restore_type_tag of something not a dict or list");
+  if (!v.isGenericDict() && !v.isList())
+    return ctx.data_loss("restore_type_tag of something not a dict or list");
   c10::TypePtr t;
   try {
     t = TypeParser(a[1].value.toStringRef()).parse_all();
@@ -259,10 +277,12 @@ template <typename T>
 absl::StatusOr<Item> build_list(const Context& ctx, int32_t g, const std::vector<Item>& a,
                                 bool (c10::IValue::*is)() const, T (*get)(const c10::IValue&)) {
   if (absl::Status s = arity(ctx, g, a, 1, 1); !s.ok()) return s;
-  if (!a[0].is_value() || !a[0].value.isList()) return ctx.data_loss(absl::StrCat(global_name(g), " of a non-list"));
+  if (!a[0].is_value() || !a[0].value.isList())
+    return ctx.data_loss(absl::StrCat(global_name(g), " of a non-list"));
   c10::List<T> out;
   for (const c10::IValue& v : a[0].value.toListRef()) {
-    if (!(v.*is)()) return ctx.data_loss(absl::StrCat(global_name(g), " of a list holding another type"));
+    if (!(v.*is)())
+      return ctx.data_loss(absl::StrCat(global_name(g), " of a list holding another type"));
     out.push_back(get(v));
   }
   return Item::of(c10::IValue(std::move(out)));
@@ -271,7 +291,8 @@ absl::StatusOr<Item> build_list(const Context& ctx, int32_t g, const std::vector
 absl::StatusOr<Item> call_small(Context& ctx, int32_t g, const std::vector<Item>& a) {
   switch (g) {
     case kOrderedDict:
-      if (!a.empty()) return ctx.invalid("OrderedDict is called with items; dtrain reads OrderedDict() only");
+      if (!a.empty())
+        return ctx.invalid("OrderedDict is called with items; dtrain reads OrderedDict() only");
       return Item::of(ctx.new_dict());
     case kTorchSize: {
       if (absl::Status s = arity(ctx, g, a, 0, 1); !s.ok()) return s;
@@ -285,7 +306,8 @@ absl::StatusOr<Item> call_small(Context& ctx, int32_t g, const std::vector<Item>
     }
     case kTorchDevice: {
       if (absl::Status s = arity(ctx, g, a, 1, 2); !s.ok()) return s;
-      if (!a[0].is_value() || !a[0].value.isString() || (a.size() == 2 && !(a[1].is_value() && a[1].value.isInt()))) {
+      if (!a[0].is_value() || !a[0].value.isString() ||
+          (a.size() == 2 && !(a[1].is_value() && a[1].value.isInt()))) {
         return ctx.data_loss("torch.device's arguments are not a type name and an index");
       }
       std::string spec = a[0].value.toStringRef();
@@ -293,14 +315,17 @@ absl::StatusOr<Item> call_small(Context& ctx, int32_t g, const std::vector<Item>
       try {
         return Item::of(c10::IValue(c10::Device(spec)));
       } catch (const std::exception&) {
-        return ctx.invalid(absl::StrCat("torch.device('", spec.substr(0, 64), "') is not a device LibTorch knows"));
+        return ctx.invalid(absl::StrCat("torch.device('", spec.substr(0, 64),
+                                        "') is not a device LibTorch knows"));
       }
     }
     case kCodecsEncode: {  // protocol 2's bytes: _codecs.encode(str, 'latin1')
       if (absl::Status s = arity(ctx, g, a, 2, 2); !s.ok()) return s;
-      if (!a[0].is_value() || !a[0].value.isString() || !a[1].is_value() || !a[1].value.isString() ||
+      if (!a[0].is_value() || !a[0].value.isString() || !a[1].is_value() ||
+          !a[1].value.isString() ||
           (a[1].value.toStringRef() != "latin1" && a[1].value.toStringRef() != "latin-1")) {
-        return ctx.invalid("_codecs.encode is called other than as encode(str, 'latin1') for bytes");
+        return ctx.invalid(
+            "_codecs.encode is called other than as encode(str, 'latin1') for bytes");
       }
       const std::string& s = a[0].value.toStringRef();
       std::string out;
@@ -309,7 +334,8 @@ absl::StatusOr<Item> call_small(Context& ctx, int32_t g, const std::vector<Item>
         if (c < 0x80) {
           out.push_back(static_cast<char>(c));
         } else if ((c == 0xc2 || c == 0xc3) && i + 1 < s.size()) {
-          out.push_back(static_cast<char>(((c & 0x03) << 6) | (static_cast<unsigned char>(s[++i]) & 0x3f)));
+          out.push_back(
+              static_cast<char>(((c & 0x03) << 6) | (static_cast<unsigned char>(s[++i]) & 0x3f)));
         } else {
           return ctx.data_loss("_codecs.encode's str has a character outside latin-1");
         }
@@ -317,11 +343,14 @@ absl::StatusOr<Item> call_small(Context& ctx, int32_t g, const std::vector<Item>
       return Item::of(c10::IValue(std::move(out)));
     }
     case kBuildIntList:
-      return build_list<int64_t>(ctx, g, a, &c10::IValue::isInt, [](const c10::IValue& v) { return v.toInt(); });
+      return build_list<int64_t>(ctx, g, a, &c10::IValue::isInt,
+                                 [](const c10::IValue& v) { return v.toInt(); });
     case kBuildDoubleList:
-      return build_list<double>(ctx, g, a, &c10::IValue::isDouble, [](const c10::IValue& v) { return v.toDouble(); });
+      return build_list<double>(ctx, g, a, &c10::IValue::isDouble,
+                                [](const c10::IValue& v) { return v.toDouble(); });
     case kBuildBoolList:
-      return build_list<bool>(ctx, g, a, &c10::IValue::isBool, [](const c10::IValue& v) { return v.toBool(); });
+      return build_list<bool>(ctx, g, a, &c10::IValue::isBool,
+                              [](const c10::IValue& v) { return v.toBool(); });
     case kBuildTensorList:
       return build_list<at::Tensor>(ctx, g, a, &c10::IValue::isTensor,
                                     [](const c10::IValue& v) { return v.toTensor(); });
@@ -333,11 +362,13 @@ absl::StatusOr<Item> call_small(Context& ctx, int32_t g, const std::vector<Item>
 }  // namespace
 
 absl::Status Context::data_loss(std::string_view what) const {
-  return absl::DataLossError(absl::StrCat(name, " is damaged: its pickle, at byte ", offset, ": ", std::string(what)));
+  return absl::DataLossError(
+      absl::StrCat(name, " is damaged: its pickle, at byte ", offset, ": ", std::string(what)));
 }
 
 absl::Status Context::invalid(std::string_view what) const {
-  return absl::InvalidArgumentError(absl::StrCat(name, ": its pickle, at byte ", offset, ": ", std::string(what)));
+  return absl::InvalidArgumentError(
+      absl::StrCat(name, ": its pickle, at byte ", offset, ": ", std::string(what)));
 }
 
 c10::IValue Context::new_dict() {
@@ -353,12 +384,14 @@ c10::IValue Context::new_list() {
 std::vector<Item> tuple_elements(const Item& tuple) {
   if (tuple.raw != nullptr) return *tuple.raw;
   std::vector<Item> out;
-  for (const c10::IValue& v : tuple.value.toTupleRef().elements()) out.push_back(Item::of(v, v.isTuple() ? 1 : 0));
+  for (const c10::IValue& v : tuple.value.toTupleRef().elements())
+    out.push_back(Item::of(v, v.isTuple() ? 1 : 0));
   return out;
 }
 
 std::string describe(const Item& item) {
-  if (item.kind == Item::Kind::kGlobal) return absl::StrCat("the Python global ", global_name(item.ref));
+  if (item.kind == Item::Kind::kGlobal)
+    return absl::StrCat("the Python global ", global_name(item.ref));
   if (item.kind == Item::Kind::kStorage) return "a storage";
   if (item.raw != nullptr) return "a tuple holding a class or a storage";
   const c10::IValue& v = item.value;
@@ -374,7 +407,8 @@ std::string describe(const Item& item) {
   return absl::StrCat("a ", v.tagKind());
 }
 
-absl::StatusOr<Item> resolve_global(const Context& ctx, std::string_view module, std::string_view name) {
+absl::StatusOr<Item> resolve_global(const Context& ctx, std::string_view module,
+                                    std::string_view name) {
   for (const Known& k : kAllowed) {
     if (module == k.module && name == k.name) return Item::global(k.global);
   }
@@ -388,11 +422,14 @@ absl::StatusOr<Item> resolve_global(const Context& ctx, std::string_view module,
     for (char c : s.substr(0, 100)) out.push_back(c >= 0x20 && c < 0x7f ? c : '?');
     return out;
   };
-  return ctx.invalid(absl::StrCat(
-      "it refers to the Python global ", printable(module), ".", printable(name),
-      ", which dtrain does not load: it reads only plain state dicts -- tensors, numbers, strings, None and "
-      "dicts, lists and tuples of them, like torch.load(path, weights_only=True) -- and never runs code from a "
-      "file. In Python, save state dicts (model.state_dict(), optimizer.state_dict()) rather than objects"));
+  return ctx.invalid(absl::StrCat("it refers to the Python global ", printable(module), ".",
+                                  printable(name),
+                                  ", which dtrain does not load: it reads only plain state dicts "
+                                  "-- tensors, numbers, strings, None and "
+                                  "dicts, lists and tuples of them, like torch.load(path, "
+                                  "weights_only=True) -- and never runs code from a "
+                                  "file. In Python, save state dicts (model.state_dict(), "
+                                  "optimizer.state_dict()) rather than objects"));
 }
 
 // How many elements a call on `item` may visit: a container's size, 1 for anything else.
@@ -405,35 +442,45 @@ uint64_t visits(const Item& item) {
   return 1;
 }
 
-absl::StatusOr<Item> call_global(Context& ctx, const Item& callable, const std::vector<Item>& args) {
+absl::StatusOr<Item> call_global(Context& ctx, const Item& callable,
+                                 const std::vector<Item>& args) {
   const int32_t g = callable.ref;
   for (const Item& a : args) ctx.work += visits(a);
   if (ctx.work > ctx.work_limit) {
-    return ctx.data_loss(absl::StrCat("its calls visit more than ", ctx.work_limit, " elements, far more than a "
-                                      "pickle of its size needs (a hostile file repeating calls on one large value)"));
+    return ctx.data_loss(absl::StrCat(
+        "its calls visit more than ", ctx.work_limit,
+        " elements, far more than a "
+        "pickle of its size needs (a hostile file repeating calls on one large value)"));
   }
-  if (g >= kStorageClass) return ctx.invalid(absl::StrCat(global_name(g), " is called; storages come by persistent id"));
+  if (g >= kStorageClass)
+    return ctx.invalid(absl::StrCat(global_name(g), " is called; storages come by persistent id"));
   switch (g) {
     case kRebuildTensorV2:
     case kRebuildTensor:
       return rebuild_tensor(ctx, g, args);
     case kRebuildParameter:
     case kRebuildParameterWithState: {
-      if (absl::Status s = g == kRebuildParameter ? arity(ctx, g, args, 3, 3) : arity(ctx, g, args, 4, 4); !s.ok()) {
+      if (absl::Status s =
+              g == kRebuildParameter ? arity(ctx, g, args, 3, 3) : arity(ctx, g, args, 4, 4);
+          !s.ok()) {
         return s;
       }
-      if (!args[0].is_value() || !args[0].value.isTensor() || !args[1].is_value() || !args[1].value.isBool()) {
+      if (!args[0].is_value() || !args[0].value.isTensor() || !args[1].is_value() ||
+          !args[1].value.isBool()) {
         return ctx.data_loss("a Parameter's data is not a tensor or its requires_grad not a bool");
       }
       if (g == kRebuildParameterWithState) {
         const Item& state = args[3];
-        const bool empty = state.is_value() && (state.value.isNone() ||
-                                                (state.value.isGenericDict() && state.value.toGenericDict().size() == 0));
-        if (!empty) return ctx.invalid("a Parameter carries Python attributes, which dtrain does not read");
+        const bool empty =
+            state.is_value() && (state.value.isNone() || (state.value.isGenericDict() &&
+                                                          state.value.toGenericDict().size() == 0));
+        if (!empty)
+          return ctx.invalid("a Parameter carries Python attributes, which dtrain does not read");
       }
       at::Tensor p = args[0].value.toTensor().detach();  // a new tensor over the same storage
       if (args[1].value.toBool()) {
-        if (!p.is_floating_point() && !p.is_complex()) return ctx.invalid("an integer Parameter requires grad");
+        if (!p.is_floating_point() && !p.is_complex())
+          return ctx.invalid("an integer Parameter requires grad");
         p.requires_grad_(true);
       }
       return Item::of(c10::IValue(std::move(p)));
@@ -446,13 +493,15 @@ absl::StatusOr<Item> call_global(Context& ctx, const Item& callable, const std::
 }
 
 absl::StatusOr<Item> persistent_load(Context& ctx, const Item& pid) {
-  if (!pid.is_tuple()) return ctx.data_loss(absl::StrCat("a persistent id is ", describe(pid), ", not a tuple"));
+  if (!pid.is_tuple())
+    return ctx.data_loss(absl::StrCat("a persistent id is ", describe(pid), ", not a tuple"));
   const std::vector<Item> e = tuple_elements(pid);
   auto str = [](const Item& i) { return i.is_value() && i.value.isString(); };
-  if (e.size() != 5 || !str(e[0]) || e[0].value.toStringRef() != "storage" || e[1].kind != Item::Kind::kGlobal ||
-      e[1].ref < kStorageClass || !str(e[2]) || !str(e[3]) || !e[4].is_value() || !e[4].value.isInt() ||
-      e[4].value.toInt() < 0) {
-    return ctx.data_loss("a persistent id is not ('storage', torch.<Dtype>Storage, key, location, numel)");
+  if (e.size() != 5 || !str(e[0]) || e[0].value.toStringRef() != "storage" ||
+      e[1].kind != Item::Kind::kGlobal || e[1].ref < kStorageClass || !str(e[2]) || !str(e[3]) ||
+      !e[4].is_value() || !e[4].value.isInt() || e[4].value.toInt() < 0) {
+    return ctx.data_loss(
+        "a persistent id is not ('storage', torch.<Dtype>Storage, key, location, numel)");
   }
   const auto dtype = static_cast<at::ScalarType>(e[1].ref - kStorageClass);
   const std::string& key = e[2].value.toStringRef();
@@ -470,7 +519,8 @@ absl::StatusOr<Item> persistent_load(Context& ctx, const Item& pid) {
   absl::StatusOr<at::Storage> storage = ctx.load_storage(key, dtype, numel);
   if (!storage.ok()) return storage.status();
   if (static_cast<int64_t>(storage->nbytes()) < nbytes) {
-    return ctx.data_loss(absl::StrCat("storage ", key.substr(0, 64), " is shorter than its ", numel, " elements"));
+    return ctx.data_loss(
+        absl::StrCat("storage ", key.substr(0, 64), " is shorter than its ", numel, " elements"));
   }
   ctx.storages.push_back({std::move(*storage), dtype, numel});
   const auto index = static_cast<int32_t>(ctx.storages.size() - 1);

@@ -77,10 +77,12 @@ struct Item {
 std::vector<Item> tuple_elements(const Item& tuple);
 
 struct Context {
-  Context(const std::string& name, const StorageLoader& loader) : name(name), load_storage(loader) {}
+  Context(const std::string& name, const StorageLoader& loader)
+      : name(name), load_storage(loader) {}
 
-  absl::Status data_loss(std::string_view what) const;  // DataLoss: "<name>'s pickle, at byte N: what"
-  absl::Status invalid(std::string_view what) const;    // InvalidArgument, same shape
+  absl::Status data_loss(
+      std::string_view what) const;  // DataLoss: "<name>'s pickle, at byte N: what"
+  absl::Status invalid(std::string_view what) const;  // InvalidArgument, same shape
   // A new empty Dict(Any, Any) / List(Any), remembered in `containers`.
   c10::IValue new_dict();
   c10::IValue new_list();
@@ -106,7 +108,8 @@ struct Context {
 };
 
 // The allow-listed global `module.name`, or InvalidArgument naming it.
-absl::StatusOr<Item> resolve_global(const Context& ctx, std::string_view module, std::string_view name);
+absl::StatusOr<Item> resolve_global(const Context& ctx, std::string_view module,
+                                    std::string_view name);
 // Calls `callable` (REQUIRES kind == kGlobal) with `args` (REDUCE).
 absl::StatusOr<Item> call_global(Context& ctx, const Item& callable, const std::vector<Item>& args);
 // BINPERSID: ('storage', <storage class>, key, location, numel) -> the storage, loaded once per key.

@@ -29,7 +29,8 @@ class Machine {
   absl::StatusOr<c10::IValue> run() {
     while (true) {
       ctx_.offset = pos_;
-      if (pos_ >= p_.size()) return ctx_.data_loss("the pickle ends without a STOP opcode (truncated)");
+      if (pos_ >= p_.size())
+        return ctx_.data_loss("the pickle ends without a STOP opcode (truncated)");
       const auto op = static_cast<uint8_t>(p_[pos_++]);
       if (op == '.') return stop();
       if (absl::Status s = step(op); !s.ok()) return s;
@@ -40,7 +41,8 @@ class Machine {
   // --- reading arguments ---
   absl::StatusOr<std::string_view> take(uint64_t n, const char* what) {
     if (n > p_.size() - pos_) {
-      return ctx_.data_loss(absl::StrCat(what, " needs ", n, " bytes but only ", p_.size() - pos_, " remain"));
+      return ctx_.data_loss(
+          absl::StrCat(what, " needs ", n, " bytes but only ", p_.size() - pos_, " remain"));
     }
     std::string_view v = p_.substr(pos_, static_cast<size_t>(n));
     pos_ += static_cast<size_t>(n);
@@ -50,12 +52,14 @@ class Machine {
     absl::StatusOr<std::string_view> b = take(static_cast<uint64_t>(n), what);
     if (!b.ok()) return b.status();
     uint64_t v = 0;
-    for (int i = n - 1; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>((*b)[static_cast<size_t>(i)]);
+    for (int i = n - 1; i >= 0; --i)
+      v = (v << 8) | static_cast<unsigned char>((*b)[static_cast<size_t>(i)]);
     return v;
   }
   absl::StatusOr<std::string_view> line(const char* what) {
     const size_t nl = p_.find('\n', pos_);
-    if (nl == std::string_view::npos) return ctx_.data_loss(absl::StrCat(what, "'s line has no end"));
+    if (nl == std::string_view::npos)
+      return ctx_.data_loss(absl::StrCat(what, "'s line has no end"));
     std::string_view v = p_.substr(pos_, nl - pos_);
     pos_ = nl + 1;
     return v;
@@ -75,8 +79,9 @@ class Machine {
   }
   absl::StatusOr<std::vector<Item>> pop_mark(const char* op) {
     if (marks_.empty()) return ctx_.data_loss(absl::StrCat(op, " finds no MARK"));
-    std::vector<Item> items(std::make_move_iterator(stack_.begin() + static_cast<std::ptrdiff_t>(marks_.back())),
-                            std::make_move_iterator(stack_.end()));
+    std::vector<Item> items(
+        std::make_move_iterator(stack_.begin() + static_cast<std::ptrdiff_t>(marks_.back())),
+        std::make_move_iterator(stack_.end()));
     stack_.resize(marks_.back());
     marks_.pop_back();
     return items;
@@ -103,10 +108,12 @@ class Machine {
     const bool negative = !bytes.empty() && (static_cast<unsigned char>(bytes.back()) & 0x80) != 0;
     for (size_t i = 8; i < bytes.size(); ++i) {
       if (static_cast<unsigned char>(bytes[i]) != (negative ? 0xff : 0x00)) {
-        return ctx_.invalid(absl::StrCat("an integer of ", bytes.size(), " bytes does not fit 64 bits"));
+        return ctx_.invalid(
+            absl::StrCat("an integer of ", bytes.size(), " bytes does not fit 64 bits"));
       }
     }
-    if (bytes.size() > 8 && (static_cast<unsigned char>(bytes[7]) & 0x80) != (negative ? 0x80 : 0)) {
+    if (bytes.size() > 8 &&
+        (static_cast<unsigned char>(bytes[7]) & 0x80) != (negative ? 0x80 : 0)) {
       return ctx_.invalid("an integer does not fit 64 bits");
     }
     uint64_t v = negative ? ~uint64_t{0} : 0;
@@ -123,7 +130,8 @@ class Machine {
       depth = std::max(depth, item.tuple_depth);
       values = values && item.is_value();
     }
-    if (depth + 1 > kMaxDepth) return ctx_.data_loss(absl::StrCat("tuples nest deeper than ", kMaxDepth));
+    if (depth + 1 > kMaxDepth)
+      return ctx_.data_loss(absl::StrCat("tuples nest deeper than ", kMaxDepth));
     Item t;
     t.tuple_depth = depth + 1;
     if (values) {
@@ -140,7 +148,8 @@ class Machine {
   absl::Status append(const Item& list_item, const Item& value) {
     if (!list_item.is_value() || !list_item.value.isList() ||
         list_item.value.toList().elementType()->kind() != c10::TypeKind::AnyType) {
-      return ctx_.data_loss(absl::StrCat("APPEND(S) onto ", pickle_internal::describe(list_item), ", not a list"));
+      return ctx_.data_loss(
+          absl::StrCat("APPEND(S) onto ", pickle_internal::describe(list_item), ", not a list"));
     }
     absl::StatusOr<c10::IValue> v = plain(value, "a list");
     if (!v.ok()) return v.status();
@@ -151,18 +160,22 @@ class Machine {
     if (!dict_item.is_value() || !dict_item.value.isGenericDict() ||
         dict_item.value.toGenericDict().keyType()->kind() != c10::TypeKind::AnyType ||
         dict_item.value.toGenericDict().valueType()->kind() != c10::TypeKind::AnyType) {
-      return ctx_.data_loss(absl::StrCat("SETITEM(S) on ", pickle_internal::describe(dict_item), ", not a dict"));
+      return ctx_.data_loss(
+          absl::StrCat("SETITEM(S) on ", pickle_internal::describe(dict_item), ", not a dict"));
     }
     const c10::IValue& k = key.value;
-    if (!key.is_value() || !(k.isString() || k.isInt() || k.isDouble() || k.isBool() || k.isTensor())) {
-      return ctx_.invalid(absl::StrCat("a dict key is ", pickle_internal::describe(key),
-                                       "; dtrain reads dict keys that are str, int, float, bool or tensors"));
+    if (!key.is_value() ||
+        !(k.isString() || k.isInt() || k.isDouble() || k.isBool() || k.isTensor())) {
+      return ctx_.invalid(
+          absl::StrCat("a dict key is ", pickle_internal::describe(key),
+                       "; dtrain reads dict keys that are str, int, float, bool or tensors"));
     }
     absl::StatusOr<c10::IValue> v = plain(value, "a dict");
     if (!v.ok()) return v.status();
     if (dict_item.value.toGenericDict().contains(k)) {
       // Python never pickles a key twice (and 1, 1.0 and True are one key there).
-      return ctx_.data_loss(absl::StrCat("a dict key occurs twice: ", pickle_internal::describe(key)));
+      return ctx_.data_loss(
+          absl::StrCat("a dict key occurs twice: ", pickle_internal::describe(key)));
     }
     dict_item.value.toGenericDict().insert(k, std::move(*v));
     return absl::OkStatus();
@@ -175,7 +188,8 @@ class Machine {
   }
   absl::Status memo_get(uint64_t index) {
     auto it = memo_.find(index);
-    if (it == memo_.end()) return ctx_.data_loss(absl::StrCat("GET of memo entry ", index, ", never stored"));
+    if (it == memo_.end())
+      return ctx_.data_loss(absl::StrCat("GET of memo entry ", index, ", never stored"));
     stack_.push_back(it->second);
     return absl::OkStatus();
   }
@@ -183,7 +197,8 @@ class Machine {
     absl::StatusOr<std::string_view> l = line(what);
     uint64_t v = 0;
     if (!l.ok()) return l.status();
-    if (!absl::SimpleAtoi(std::string(*l), &v)) return ctx_.data_loss(absl::StrCat(what, " has a malformed index"));
+    if (!absl::SimpleAtoi(std::string(*l), &v))
+      return ctx_.data_loss(absl::StrCat(what, " has a malformed index"));
     return v;
   }
 
@@ -205,16 +220,20 @@ absl::Status Machine::step(uint8_t op) {
   switch (op) {
     case 0x80: {  // PROTO
       if (!(n = le(1, "PROTO")).ok()) return n.status();
-      if (*n > 5) return ctx_.invalid(absl::StrCat("pickle protocol ", *n, " is newer than 5, the newest read"));
+      if (*n > 5)
+        return ctx_.invalid(
+            absl::StrCat("pickle protocol ", *n, " is newer than 5, the newest read"));
       return absl::OkStatus();
     }
     case 0x95: {  // FRAME: a length prefix for the opcodes that follow; nothing to do but check it
       if (!(n = le(8, "FRAME")).ok()) return n.status();
-      if (*n > p_.size() - pos_) return ctx_.data_loss("a FRAME is longer than the bytes left (truncated)");
+      if (*n > p_.size() - pos_)
+        return ctx_.data_loss("a FRAME is longer than the bytes left (truncated)");
       return absl::OkStatus();
     }
     case '(':
-      if (marks_.size() >= kMaxMarks) return ctx_.data_loss(absl::StrCat("more than ", kMaxMarks, " open MARKs"));
+      if (marks_.size() >= kMaxMarks)
+        return ctx_.data_loss(absl::StrCat("more than ", kMaxMarks, " open MARKs"));
       marks_.push_back(stack_.size());
       return absl::OkStatus();
     case '0':  // POP (of the mark itself when nothing is above it, as Python does)
@@ -223,23 +242,31 @@ absl::Status Machine::step(uint8_t op) {
         return absl::OkStatus();
       }
       return pop_mark("POP").status();
-    case '1': return pop_mark("POP_MARK").status();
+    case '1':
+      return pop_mark("POP_MARK").status();
     case '2': {
       absl::StatusOr<Item*> t = top("DUP");
       if (!t.ok()) return t.status();
       stack_.push_back(**t);
       return absl::OkStatus();
     }
-    case 'N': stack_.push_back(Item::of(c10::IValue())); return absl::OkStatus();
-    case 0x88: stack_.push_back(Item::of(c10::IValue(true))); return absl::OkStatus();
-    case 0x89: stack_.push_back(Item::of(c10::IValue(false))); return absl::OkStatus();
+    case 'N':
+      stack_.push_back(Item::of(c10::IValue()));
+      return absl::OkStatus();
+    case 0x88:
+      stack_.push_back(Item::of(c10::IValue(true)));
+      return absl::OkStatus();
+    case 0x89:
+      stack_.push_back(Item::of(c10::IValue(false)));
+      return absl::OkStatus();
     case 'J':
     case 'K':
     case 'M': {
       const int width = op == 'J' ? 4 : op == 'K' ? 1 : 2;
       if (!(n = le(width, "BININT")).ok()) return n.status();
-      const int64_t v = op == 'J' ? static_cast<int64_t>(static_cast<int32_t>(static_cast<uint32_t>(*n)))
-                                  : static_cast<int64_t>(*n);
+      const int64_t v = op == 'J'
+                            ? static_cast<int64_t>(static_cast<int32_t>(static_cast<uint32_t>(*n)))
+                            : static_cast<int64_t>(*n);
       stack_.push_back(Item::of(c10::IValue(v)));
       return absl::OkStatus();
     }
@@ -261,7 +288,8 @@ absl::Status Machine::step(uint8_t op) {
       }
       if (op == 'L' && !text.empty() && text.back() == 'L') text.remove_suffix(1);
       int64_t v = 0;
-      if (!absl::SimpleAtoi(std::string(text), &v)) return ctx_.invalid("a text integer is malformed or does not fit 64 bits");
+      if (!absl::SimpleAtoi(std::string(text), &v))
+        return ctx_.invalid("a text integer is malformed or does not fit 64 bits");
       stack_.push_back(Item::of(c10::IValue(v)));
       return absl::OkStatus();
     }
@@ -269,7 +297,8 @@ absl::Status Machine::step(uint8_t op) {
       absl::StatusOr<std::string_view> l = line("FLOAT");
       double v = 0;
       if (!l.ok()) return l.status();
-      if (!absl::SimpleAtod(std::string(*l), &v)) return ctx_.data_loss("a FLOAT's text is malformed");
+      if (!absl::SimpleAtod(std::string(*l), &v))
+        return ctx_.data_loss("a FLOAT's text is malformed");
       stack_.push_back(Item::of(c10::IValue(v)));
       return absl::OkStatus();
     }
@@ -283,28 +312,43 @@ absl::Status Machine::step(uint8_t op) {
       stack_.push_back(Item::of(c10::IValue(v)));
       return absl::OkStatus();
     }
-    case 'X': return push_sized_str(4, true, "BINUNICODE");
-    case 0x8c: return push_sized_str(1, true, "SHORT_BINUNICODE");
-    case 0x8d: return push_sized_str(8, true, "BINUNICODE8");
-    case 'T': return push_sized_str(4, true, "BINSTRING");
-    case 'U': return push_sized_str(1, true, "SHORT_BINSTRING");
-    case 'B': return push_sized_str(4, false, "BINBYTES");
-    case 'C': return push_sized_str(1, false, "SHORT_BINBYTES");
-    case 0x8e: return push_sized_str(8, false, "BINBYTES8");
+    case 'X':
+      return push_sized_str(4, true, "BINUNICODE");
+    case 0x8c:
+      return push_sized_str(1, true, "SHORT_BINUNICODE");
+    case 0x8d:
+      return push_sized_str(8, true, "BINUNICODE8");
+    case 'T':
+      return push_sized_str(4, true, "BINSTRING");
+    case 'U':
+      return push_sized_str(1, true, "SHORT_BINSTRING");
+    case 'B':
+      return push_sized_str(4, false, "BINBYTES");
+    case 'C':
+      return push_sized_str(1, false, "SHORT_BINBYTES");
+    case 0x8e:
+      return push_sized_str(8, false, "BINBYTES8");
     case 'q':
-    case 'r': return (n = le(op == 'q' ? 1 : 4, "BINPUT")).ok() ? memo_put(*n) : n.status();
-    case 0x94: return memo_put(memo_.size());  // MEMOIZE
-    case 'p': return (n = text_index("PUT")).ok() ? memo_put(*n) : n.status();
+    case 'r':
+      return (n = le(op == 'q' ? 1 : 4, "BINPUT")).ok() ? memo_put(*n) : n.status();
+    case 0x94:
+      return memo_put(memo_.size());  // MEMOIZE
+    case 'p':
+      return (n = text_index("PUT")).ok() ? memo_put(*n) : n.status();
     case 'h':
-    case 'j': return (n = le(op == 'h' ? 1 : 4, "BINGET")).ok() ? memo_get(*n) : n.status();
-    case 'g': return (n = text_index("GET")).ok() ? memo_get(*n) : n.status();
-    default: break;
+    case 'j':
+      return (n = le(op == 'h' ? 1 : 4, "BINGET")).ok() ? memo_get(*n) : n.status();
+    case 'g':
+      return (n = text_index("GET")).ok() ? memo_get(*n) : n.status();
+    default:
+      break;
   }
   bool handled = false;
   if (absl::Status s = step_containers(op, &handled); !s.ok() || handled) return s;
   if (absl::Status s = step_objects(op, &handled); !s.ok() || handled) return s;
   if (const char* name = unsupported_name(op)) {
-    return ctx_.invalid(absl::StrCat("opcode ", name, " is not read by dtrain, which reads plain state dicts "
+    return ctx_.invalid(absl::StrCat("opcode ", name,
+                                     " is not read by dtrain, which reads plain state dicts "
                                      "(tensors, numbers, strings, None, dicts, lists, tuples)"));
   }
   return ctx_.data_loss(absl::StrFormat("0x%02x is not a pickle opcode", op));
@@ -313,9 +357,14 @@ absl::Status Machine::step(uint8_t op) {
 absl::Status Machine::step_containers(uint8_t op, bool* handled) {
   *handled = true;
   switch (op) {
-    case '}': stack_.push_back(Item::of(ctx_.new_dict())); return absl::OkStatus();
-    case ']': stack_.push_back(Item::of(ctx_.new_list())); return absl::OkStatus();
-    case ')': return push_tuple({});
+    case '}':
+      stack_.push_back(Item::of(ctx_.new_dict()));
+      return absl::OkStatus();
+    case ']':
+      stack_.push_back(Item::of(ctx_.new_list()));
+      return absl::OkStatus();
+    case ')':
+      return push_tuple({});
     case 't': {
       absl::StatusOr<std::vector<Item>> items = pop_mark("TUPLE");
       return items.ok() ? push_tuple(std::move(*items)) : items.status();
@@ -324,9 +373,11 @@ absl::Status Machine::step_containers(uint8_t op, bool* handled) {
     case 0x86:
     case 0x87: {  // TUPLE1..3
       const size_t k = op - 0x84u;
-      if (stack_.size() < floor() + k) return ctx_.data_loss(absl::StrCat("TUPLE", k, " finds too few items"));
-      std::vector<Item> items(std::make_move_iterator(stack_.end() - static_cast<std::ptrdiff_t>(k)),
-                              std::make_move_iterator(stack_.end()));
+      if (stack_.size() < floor() + k)
+        return ctx_.data_loss(absl::StrCat("TUPLE", k, " finds too few items"));
+      std::vector<Item> items(
+          std::make_move_iterator(stack_.end() - static_cast<std::ptrdiff_t>(k)),
+          std::make_move_iterator(stack_.end()));
       stack_.resize(stack_.size() - k);
       return push_tuple(std::move(items));
     }
@@ -335,9 +386,11 @@ absl::Status Machine::step_containers(uint8_t op, bool* handled) {
       absl::StatusOr<std::vector<Item>> items = pop_mark(op == 'l' ? "LIST" : "DICT");
       if (!items.ok()) return items.status();
       const Item container = Item::of(op == 'l' ? ctx_.new_list() : ctx_.new_dict());
-      if (op == 'd' && items->size() % 2 != 0) return ctx_.data_loss("DICT has an odd number of items");
+      if (op == 'd' && items->size() % 2 != 0)
+        return ctx_.data_loss("DICT has an odd number of items");
       for (size_t i = 0; i < items->size(); i += op == 'l' ? 1 : 2) {
-        absl::Status s = op == 'l' ? append(container, (*items)[i]) : set_item(container, (*items)[i], (*items)[i + 1]);
+        absl::Status s = op == 'l' ? append(container, (*items)[i])
+                                   : set_item(container, (*items)[i], (*items)[i + 1]);
         if (!s.ok()) return s;
       }
       stack_.push_back(container);
@@ -378,7 +431,9 @@ absl::Status Machine::step_containers(uint8_t op, bool* handled) {
       }
       return absl::OkStatus();
     }
-    default: *handled = false; return absl::OkStatus();
+    default:
+      *handled = false;
+      return absl::OkStatus();
   }
 }
 
@@ -400,11 +455,12 @@ absl::Status Machine::step_objects(uint8_t op, bool* handled) {
       if (!name.ok()) return name.status();
       absl::StatusOr<Item> module = pop("STACK_GLOBAL");
       if (!module.ok()) return module.status();
-      if (!module->is_value() || !module->value.isString() || !name->is_value() || !name->value.isString()) {
+      if (!module->is_value() || !module->value.isString() || !name->is_value() ||
+          !name->value.isString()) {
         return ctx_.data_loss("STACK_GLOBAL's module and name are not strings");
       }
-      absl::StatusOr<Item> g =
-          pickle_internal::resolve_global(ctx_, module->value.toStringRef(), name->value.toStringRef());
+      absl::StatusOr<Item> g = pickle_internal::resolve_global(ctx_, module->value.toStringRef(),
+                                                               name->value.toStringRef());
       if (!g.ok()) return g.status();
       stack_.push_back(std::move(*g));
       return absl::OkStatus();
@@ -416,7 +472,8 @@ absl::Status Machine::step_objects(uint8_t op, bool* handled) {
       absl::StatusOr<Item> callable = pop(op == 'R' ? "REDUCE" : "NEWOBJ");
       if (!callable.ok()) return callable.status();
       if (callable->kind != Item::Kind::kGlobal) {
-        return ctx_.data_loss(absl::StrCat("REDUCE/NEWOBJ calls ", pickle_internal::describe(*callable)));
+        return ctx_.data_loss(
+            absl::StrCat("REDUCE/NEWOBJ calls ", pickle_internal::describe(*callable)));
       }
       if (!args->is_tuple()) return ctx_.data_loss("REDUCE/NEWOBJ's arguments are not a tuple");
       if (op == 0x81 && callable->ref != pickle_internal::kOrderedDict) {
@@ -434,16 +491,20 @@ absl::Status Machine::step_objects(uint8_t op, bool* handled) {
       absl::StatusOr<Item*> target = top("BUILD");
       if (!target.ok()) return target.status();
       if (!(*target)->is_value() || !(*target)->value.isGenericDict()) {
-        return ctx_.invalid(absl::StrCat("BUILD sets the state of ", pickle_internal::describe(**target),
-                                         "; only an OrderedDict's attributes are accepted (and dropped)"));
+        return ctx_.invalid(
+            absl::StrCat("BUILD sets the state of ", pickle_internal::describe(**target),
+                         "; only an OrderedDict's attributes are accepted (and dropped)"));
       }
-      auto attributes_only = [](const Item& s) { return s.is_value() && (s.value.isNone() || s.value.isGenericDict()); };
+      auto attributes_only = [](const Item& s) {
+        return s.is_value() && (s.value.isNone() || s.value.isGenericDict());
+      };
       bool ok = attributes_only(*state);
       if (!ok && state->is_tuple()) {
         const std::vector<Item> parts = pickle_internal::tuple_elements(*state);
         ok = parts.size() == 2 && attributes_only(parts[0]) && attributes_only(parts[1]);
       }
-      if (!ok) return ctx_.data_loss("BUILD's state for an OrderedDict is not a dict of attributes");
+      if (!ok)
+        return ctx_.data_loss("BUILD's state for an OrderedDict is not a dict of attributes");
       return absl::OkStatus();  // attributes such as _metadata have no place in an IValue dict
     }
     case 'Q': {  // BINPERSID
@@ -454,7 +515,9 @@ absl::Status Machine::step_objects(uint8_t op, bool* handled) {
       stack_.push_back(std::move(*storage));
       return absl::OkStatus();
     }
-    default: *handled = false; return absl::OkStatus();
+    default:
+      *handled = false;
+      return absl::OkStatus();
   }
 }
 
@@ -462,9 +525,11 @@ absl::StatusOr<c10::IValue> Machine::stop() {
   absl::StatusOr<Item> result = pop("STOP");
   if (!result.ok()) return result.status();
   if (!stack_.empty() || !marks_.empty()) {
-    return ctx_.data_loss(absl::StrCat("STOP leaves ", stack_.size(), " items and ", marks_.size(), " marks behind"));
+    return ctx_.data_loss(
+        absl::StrCat("STOP leaves ", stack_.size(), " items and ", marks_.size(), " marks behind"));
   }
-  if (pos_ != p_.size()) return ctx_.data_loss(absl::StrCat(p_.size() - pos_, " bytes follow the STOP opcode"));
+  if (pos_ != p_.size())
+    return ctx_.data_loss(absl::StrCat(p_.size() - pos_, " bytes follow the STOP opcode"));
   return plain(*result, "the pickle's result");
 }
 
@@ -481,10 +546,13 @@ absl::StatusOr<c10::IValue> read_pickle(std::string_view pickle, const std::stri
     try {
       result = machine.run();
       if (result.ok()) {
-        if (absl::StatusOr<uint32_t> height = check.visit(*result, 0); !height.ok()) result = height.status();
+        if (absl::StatusOr<uint32_t> height = check.visit(*result, 0); !height.ok())
+          result = height.status();
       }
-    } catch (const std::exception& e) {  // LibTorch calls (tensor rebuilds) are guarded; this is a backstop
-      result = ctx.data_loss(absl::StrCat("reading failed: ", std::string(e.what()).substr(0, 300)));
+    } catch (const std::exception&
+                 e) {  // LibTorch calls (tensor rebuilds) are guarded; this is a backstop
+      result =
+          ctx.data_loss(absl::StrCat("reading failed: ", std::string(e.what()).substr(0, 300)));
     }
     // Empty every list and dict the result does not hold (all of them on failure): breaks any cycle
     // and any deep chain a hostile pickle built, before the stack and memo are destroyed.

@@ -38,8 +38,8 @@ namespace dtrain::checkpoint {
 // Returns the storage persistent id ('storage', torch.<Dtype>Storage, key, location, numel)
 // refers to: REQUIRED to hold at least numel * itemsize(dtype) bytes on the CPU, not aliasing
 // anything the caller frees. Called once per key. Its errors are returned as they are.
-using StorageLoader =
-    std::function<absl::StatusOr<at::Storage>(const std::string& key, at::ScalarType dtype, int64_t numel)>;
+using StorageLoader = std::function<absl::StatusOr<at::Storage>(
+    const std::string& key, at::ScalarType dtype, int64_t numel)>;
 
 // Reads one pickled value. `name_for_errors` is how messages refer to the file ("state file
 // /ckpt/a.pt"); messages also give the byte offset inside the pickle. Errors: InvalidArgument for

@@ -17,7 +17,8 @@ using namespace std::string_literals;
 
 std::string unhex(const std::string& hex) {
   std::string out;
-  for (size_t i = 0; i + 1 < hex.size(); i += 2) out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  for (size_t i = 0; i + 1 < hex.size(); i += 2)
+    out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
   return out;
 }
 
@@ -25,35 +26,53 @@ std::string unhex(const std::string& hex) {
 std::map<std::string, std::string> g_storages;
 
 absl::StatusOr<c10::IValue> read(const std::string& pickle) {
-  return read_pickle(pickle, "file t.pt", [](const std::string& key, at::ScalarType dtype, int64_t numel)
-                                              -> absl::StatusOr<at::Storage> {
-    auto it = g_storages.find(key);
-    if (it == g_storages.end()) return absl::DataLossError("no storage " + key);
-    at::Tensor b = at::empty({static_cast<int64_t>(it->second.size())}, at::kByte);
-    std::memcpy(b.data_ptr(), it->second.data(), it->second.size());
-    return b.storage();
-  });
+  return read_pickle(pickle, "file t.pt",
+                     [](const std::string& key, at::ScalarType dtype,
+                        int64_t numel) -> absl::StatusOr<at::Storage> {
+                       auto it = g_storages.find(key);
+                       if (it == g_storages.end()) return absl::DataLossError("no storage " + key);
+                       at::Tensor b =
+                           at::empty({static_cast<int64_t>(it->second.size())}, at::kByte);
+                       std::memcpy(b.data_ptr(), it->second.data(), it->second.size());
+                       return b.storage();
+                     });
 }
 
-std::string message(const absl::StatusOr<c10::IValue>& v) { return std::string(v.status().message()); }
+std::string message(const absl::StatusOr<c10::IValue>& v) {
+  return std::string(v.status().message());
+}
 
 // Python 3.11: pickle.dumps(V, protocol=p) for
 // V = {'a': [1, 2.5, True, None, 'xé中'], 'b': (1, (2,), ()), 3: {'n': -5, 'm': 70000, 'k': -2**31},
 //      'big': 2**62, 'neg': -2**40, 'f': False, 'e': [], 1.5: 'float key', False: 'bool key'}
 const std::map<int, std::string> kPythonPickles = {
-    {1, "7d71002858010000006171015d7102284b014740040000000000004930310a4e580600000078c3a9e4b8ad7103655801000000627104"
-        "284b01284b02747105297471064b037d71072858010000006e71084afbffffff58010000006d71094a7011010058010000006b710a4a"
-        "00000080755803000000626967710b4c343631313638363031383432373338373930344c0a58030000006e6567710c4c2d3130393935"
-        "31313632373737364c0a580100000066710d4930300a580100000065710e5d710f473ff80000000000005809000000666c6f6174206b"
-        "657971104930300a5808000000626f6f6c206b65797111752e"},
-    {2, "80027d71002858010000006171015d7102284b01474004000000000000884e580600000078c3a9e4b8ad71036558010000006271044b"
-        "014b02857105298771064b037d71072858010000006e71084afbffffff58010000006d71094a7011010058010000006b710a4a000000"
-        "80755803000000626967710b8a08000000000000004058030000006e6567710c8a060000000000ff580100000066710d895801000000"
-        "65710e5d710f473ff80000000000005809000000666c6f6174206b65797110895808000000626f6f6c206b65797111752e"},
-    {4, "8004959b000000000000007d94288c0161945d94284b01474004000000000000884e8c0678c3a9e4b8ad94658c0162944b014b028594"
-        "2987944b037d94288c016e944afbffffff8c016d944a701101008c016b944a00000080758c03626967948a0800000000000000408c03"
-        "6e6567948a060000000000ff8c016694898c0165945d94473ff80000000000008c09666c6f6174206b657994898c08626f6f6c206b65"
-        "7994752e"},
+    {1,
+     "7d71002858010000006171015d7102284b014740040000000000004930310a4e580600000078c3a9e4b8ad7103655"
+     "801000000627104"
+     "284b01284b02747105297471064b037d71072858010000006e71084afbffffff58010000006d71094a70110100580"
+     "10000006b710a4a"
+     "00000080755803000000626967710b4c343631313638363031383432373338373930344c0a58030000006e6567710"
+     "c4c2d3130393935"
+     "31313632373737364c0a580100000066710d4930300a580100000065710e5d710f473ff8000000000000580900000"
+     "0666c6f6174206b"
+     "657971104930300a5808000000626f6f6c206b65797111752e"},
+    {2,
+     "80027d71002858010000006171015d7102284b01474004000000000000884e580600000078c3a9e4b8ad710365580"
+     "10000006271044b"
+     "014b02857105298771064b037d71072858010000006e71084afbffffff58010000006d71094a70110100580100000"
+     "06b710a4a000000"
+     "80755803000000626967710b8a08000000000000004058030000006e6567710c8a060000000000ff5801000000667"
+     "10d895801000000"
+     "65710e5d710f473ff80000000000005809000000666c6f6174206b65797110895808000000626f6f6c206b6579711"
+     "1752e"},
+    {4,
+     "8004959b000000000000007d94288c0161945d94284b01474004000000000000884e8c0678c3a9e4b8ad94658c016"
+     "2944b014b028594"
+     "2987944b037d94288c016e944afbffffff8c016d944a701101008c016b944a00000080758c03626967948a0800000"
+     "000000000408c03"
+     "6e6567948a060000000000ff8c016694898c0165945d94473ff80000000000008c09666c6f6174206b657994898c0"
+     "8626f6f6c206b65"
+     "7994752e"},
 };
 
 TEST(PickleReaderTest, ReadsPythonPicklesOfEveryProtocol) {
@@ -65,8 +84,10 @@ TEST(PickleReaderTest, ReadsPythonPicklesOfEveryProtocol) {
     c10::impl::GenericDict d = v->toGenericDict();
     EXPECT_EQ(d.keyType()->kind(), c10::TypeKind::AnyType);
     std::vector<std::string> keys;
-    for (const auto& kv : d) keys.push_back(kv.key().isString() ? kv.key().toStringRef() : kv.key().tagKind());
-    EXPECT_EQ(keys, (std::vector<std::string>{"a", "b", "Int", "big", "neg", "f", "e", "Double", "Bool"}));
+    for (const auto& kv : d)
+      keys.push_back(kv.key().isString() ? kv.key().toStringRef() : kv.key().tagKind());
+    EXPECT_EQ(keys, (std::vector<std::string>{"a", "b", "Int", "big", "neg", "f", "e", "Double",
+                                              "Bool"}));
     c10::impl::GenericList a = d.at("a").toList();
     EXPECT_EQ(a.elementType()->kind(), c10::TypeKind::AnyType);
     ASSERT_EQ(a.size(), 5u);
@@ -94,14 +115,17 @@ TEST(PickleReaderTest, ReadsPythonPicklesOfEveryProtocol) {
 
 TEST(PickleReaderTest, MemoSharesContainersAndOrderedDictKeepsOrder) {
   // l = [1]; pickle.dumps({'a': l, 'b': l}, protocol=2)
-  absl::StatusOr<c10::IValue> shared = read(unhex("80027d71002858010000006171015d71024b016158010000006271036802752e"));
+  absl::StatusOr<c10::IValue> shared =
+      read(unhex("80027d71002858010000006171015d71024b016158010000006271036802752e"));
   ASSERT_TRUE(shared.ok()) << shared.status();
   const c10::IValue a = shared->toGenericDict().at("a"), b = shared->toGenericDict().at("b");
   EXPECT_EQ(a.internalToPointer(), b.internalToPointer());
   // OrderedDict([('z', 1), ('a', 2)]), protocols 2 and 4 (STACK_GLOBAL, MEMOIZE, FRAME)
-  for (const char* hex : {"800263636f6c6c656374696f6e730a4f726465726564446963740a7100295271012858010000007a71024b01580100"
+  for (const char* hex : {"800263636f6c6c656374696f6e730a4f726465726564446963740a710029527101285801"
+                          "0000007a71024b01580100"
                           "00006171034b02752e",
-                          "80049530000000000000008c0b636f6c6c656374696f6e73948c0b4f72646572656444696374949394295294288c"
+                          "80049530000000000000008c0b636f6c6c656374696f6e73948c0b4f7264657265644469"
+                          "6374949394295294288c"
                           "017a944b018c0161944b02752e"}) {
     absl::StatusOr<c10::IValue> od = read(unhex(hex));
     ASSERT_TRUE(od.ok()) << od.status();
@@ -118,11 +142,16 @@ TEST(PickleReaderTest, DisallowedGlobalsAreNamedAndNeverRun) {
     absl::StatusOr<c10::IValue> v = read(p);
     EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(message(v), HasSubstr("file t.pt: its pickle, at byte "));
-    EXPECT_THAT(message(v), HasSubstr("refers to the Python global os.system, which dtrain does not load"));
+    EXPECT_THAT(message(v),
+                HasSubstr("refers to the Python global os.system, which dtrain does not load"));
     EXPECT_THAT(message(v), HasSubstr("weights_only=True"));
   }
-  EXPECT_THAT(message(read("\x80\x02" "cbuiltins\neval\n.")), HasSubstr("global builtins.eval"));
-  EXPECT_THAT(message(read("\x80\x02" "ctorch._utils\n_rebuild_qtensor\n.")), HasSubstr("torch._utils._rebuild_qtensor"));
+  EXPECT_THAT(message(read("\x80\x02"
+                           "cbuiltins\neval\n.")),
+              HasSubstr("global builtins.eval"));
+  EXPECT_THAT(message(read("\x80\x02"
+                           "ctorch._utils\n_rebuild_qtensor\n.")),
+              HasSubstr("torch._utils._rebuild_qtensor"));
 }
 
 TEST(PickleReaderTest, MalformedPicklesAreDataLossWithTheirOffset) {
@@ -130,15 +159,20 @@ TEST(PickleReaderTest, MalformedPicklesAreDataLossWithTheirOffset) {
       {"\x80\x02\x00"s, "at byte 2: 0x00 is not a pickle opcode"},
       {"\x80\x02}", "at byte 3: the pickle ends without a STOP opcode"},
       {"\x80\x02s.", "SETITEM finds the stack empty"},
-      {"\x80\x02]K\x01" "e.", "APPENDS finds no MARK"},
+      {"\x80\x02]K\x01"
+       "e.",
+       "APPENDS finds no MARK"},
       {"\x80\x02h\x05.", "GET of memo entry 5, never stored"},
-      {std::string("\x80\x02X\xff\xff\xff\xff", 7), "BINUNICODE needs 4294967295 bytes but only 0 remain"},
+      {std::string("\x80\x02X\xff\xff\xff\xff", 7),
+       "BINUNICODE needs 4294967295 bytes but only 0 remain"},
       {std::string("\x80\x02\x8b\xff\xff\xff\x7f", 7), "LONG needs 2147483647 bytes"},
       {std::string("\x80\x02\x95\xff\0\0\0\0\0\0\0", 11), "FRAME is longer than the bytes left"},
       {"\x80\x02X\x02\0\0\0\xc3(."s, "not valid UTF-8"},
       {"\x80\x02K\x01K\x02.", "STOP leaves 1 items"},
       {"\x80\x02N.N", "1 bytes follow the STOP opcode"},
-      {"\x80\x02]q\x00h\x00" "a."s, "a container contains itself"},
+      {"\x80\x02]q\x00h\x00"
+       "a."s,
+       "a container contains itself"},
       {"\x80\x02K\x01}q\x00"s, "ends without a STOP"},
       {"\x80\x02}(K\x01K\x02K\x01K\x03u."s, "a dict key occurs twice"},
   };
@@ -156,7 +190,8 @@ TEST(PickleReaderTest, RepeatedCallsOnALargeValueExhaustTheWorkBudget) {
   std::string p = "\x80\x02]q\x00("s;
   for (int i = 0; i < 1000; ++i) p += "K\x01";
   p += "ectorch.jit._pickle\nbuild_intlist\nq\x01";
-  for (int i = 0; i < 5000; ++i) p += "h\x01h\x00\x85R0"s;  // build_intlist(the list), result dropped
+  for (int i = 0; i < 5000; ++i)
+    p += "h\x01h\x00\x85R0"s;  // build_intlist(the list), result dropped
   p += "N.";
   absl::StatusOr<c10::IValue> v = read(p);
   EXPECT_EQ(v.status().code(), absl::StatusCode::kDataLoss) << v.status();
@@ -189,7 +224,8 @@ TEST(PickleReaderTest, DeepNestingIsRefusedWithoutRecursingIntoIt) {
   absl::StatusOr<c10::IValue> tuples = read("\x80\x02N" + std::string(100000, '\x85') + ".");
   EXPECT_THAT(message(tuples), HasSubstr("tuples nest deeper than 1000"));
   std::string lists = "\x80\x02";
-  for (int i = 0; i < 100000; ++i) lists += "]r" + std::string(reinterpret_cast<const char*>(&i), 4) + "0";
+  for (int i = 0; i < 100000; ++i)
+    lists += "]r" + std::string(reinterpret_cast<const char*>(&i), 4) + "0";
   for (int i = 0; i + 1 < 100000; ++i) {
     const int j = i + 1;
     lists += "j" + std::string(reinterpret_cast<const char*>(&i), 4) + "j" +
@@ -203,17 +239,23 @@ TEST(PickleReaderTest, DeepNestingIsRefusedWithoutRecursingIntoIt) {
   EXPECT_EQ(unreachable->toInt(), 7);
 }
 
-std::string tensor_pickle(const std::string& dtype_class, int64_t numel, const std::string& offset_size_stride,
+std::string tensor_pickle(const std::string& dtype_class, int64_t numel,
+                          const std::string& offset_size_stride,
                           const std::string& requires_grad = "\x89") {
-  return "\x80\x02" "ctorch._utils\n_rebuild_tensor_v2\n((X\x07\0\0\0storagectorch\n"s + dtype_class +
-         "\nX\x01\0\0\0" "0X\x03\0\0\0cpuK"s + std::string(1, static_cast<char>(numel)) + "tQ" + offset_size_stride +
-         requires_grad + "ccollections\nOrderedDict\n)RtR.";
+  return "\x80\x02"
+         "ctorch._utils\n_rebuild_tensor_v2\n((X\x07\0\0\0storagectorch\n"s +
+         dtype_class +
+         "\nX\x01\0\0\0"
+         "0X\x03\0\0\0cpuK"s +
+         std::string(1, static_cast<char>(numel)) + "tQ" + offset_size_stride + requires_grad +
+         "ccollections\nOrderedDict\n)RtR.";
 }
 
 TEST(PickleReaderTest, TensorsAreBoundsCheckedAgainstTheirStorage) {
   g_storages = {{"0", std::string(24, '\0')}};
   // offset 1, size (2, 2), stride (2, 1): reaches element 4 of 6 floats.
-  absl::StatusOr<c10::IValue> t = read(tensor_pickle("FloatStorage", 6, "K\x01(K\x02K\x02t(K\x02K\x01t"));
+  absl::StatusOr<c10::IValue> t =
+      read(tensor_pickle("FloatStorage", 6, "K\x01(K\x02K\x02t(K\x02K\x01t"));
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ(t->toTensor().sizes(), (std::vector<int64_t>{2, 2}));
   EXPECT_EQ(t->toTensor().storage_offset(), 1);
@@ -223,7 +265,8 @@ TEST(PickleReaderTest, TensorsAreBoundsCheckedAgainstTheirStorage) {
               HasSubstr("negative size or stride"));
   EXPECT_THAT(message(read(tensor_pickle("FloatStorage", 6, "K\x00(K\x02K\x02t(K\x01t"s))),
               HasSubstr("a tensor has 2 sizes but 1 strides"));
-  EXPECT_THAT(message(read(tensor_pickle("FloatStorage", 6, "K\x00(\x8a\x08\0\0\0\0\0\0\0\x40K\x01t(K\x01K\x01t"s))),
+  EXPECT_THAT(message(read(tensor_pickle("FloatStorage", 6,
+                                         "K\x00(\x8a\x08\0\0\0\0\0\0\0\x40K\x01t(K\x01K\x01t"s))),
               HasSubstr("a tensor reaches element"));
   EXPECT_THAT(message(read(tensor_pickle("LongStorage", 3, "K\x00(K\x03t(K\x01t"s, "\x88"))),
               HasSubstr("a tensor of dtype Long requires grad"));
@@ -235,21 +278,32 @@ TEST(PickleReaderTest, TensorsAreBoundsCheckedAgainstTheirStorage) {
 
 TEST(PickleReaderTest, TypeTagsAndTypedLists) {
   // restore_type_tag({'a': 1}, 'Dict[str, int]') and build_intlist([1, 2])
-  absl::StatusOr<c10::IValue> d =
-      read("\x80\x02" "ctorch.jit._pickle\nrestore_type_tag\n}X\x01\0\0\0aK\x01sX\x0e\0\0\0Dict[str, int]\x86R."s);
+  absl::StatusOr<c10::IValue> d = read(
+      "\x80\x02"
+      "ctorch.jit._pickle\nrestore_type_tag\n}X\x01\0\0\0aK\x01sX\x0e\0\0\0Dict[str, int]\x86R."s);
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ(d->type()->str(), "Dict(str, int)");
-  absl::StatusOr<c10::IValue> mismatch =
-      read("\x80\x02" "ctorch.jit._pickle\nrestore_type_tag\n}X\x01\0\0\0aN" "sX\x0e\0\0\0Dict[str, int]\x86R."s);
+  absl::StatusOr<c10::IValue> mismatch = read(
+      "\x80\x02"
+      "ctorch.jit._pickle\nrestore_type_tag\n}X\x01\0\0\0aN"
+      "sX\x0e\0\0\0Dict[str, int]\x86R."s);
   ASSERT_TRUE(mismatch.ok()) << mismatch.status();
-  EXPECT_EQ(mismatch->type()->str(), "Dict(Any, Any)");  // a tag never claims what the dict does not hold
-  absl::StatusOr<c10::IValue> l = read("\x80\x02" "ctorch.jit._pickle\nbuild_intlist\n](K\x01K\x02" "e\x85R.");
+  EXPECT_EQ(mismatch->type()->str(),
+            "Dict(Any, Any)");  // a tag never claims what the dict does not hold
+  absl::StatusOr<c10::IValue> l = read(
+      "\x80\x02"
+      "ctorch.jit._pickle\nbuild_intlist\n](K\x01K\x02"
+      "e\x85R.");
   ASSERT_TRUE(l.ok()) << l.status();
   EXPECT_TRUE(l->isIntList());
   EXPECT_EQ(l->toIntVector(), (std::vector<int64_t>{1, 2}));
-  EXPECT_THAT(message(read("\x80\x02" "ctorch.jit._pickle\nbuild_intlist\n](X\x01\0\0\0a" "e\x85R."s)),
+  EXPECT_THAT(message(read("\x80\x02"
+                           "ctorch.jit._pickle\nbuild_intlist\n](X\x01\0\0\0a"
+                           "e\x85R."s)),
               HasSubstr("build_intlist of a list holding another type"));
-  absl::StatusOr<c10::IValue> size = read("\x80\x02" "ctorch\nSize\n(K\x02K\x03t\x85R.");
+  absl::StatusOr<c10::IValue> size = read(
+      "\x80\x02"
+      "ctorch\nSize\n(K\x02K\x03t\x85R.");
   ASSERT_TRUE(size.ok()) << size.status();
   EXPECT_EQ(size->toTupleRef().elements().size(), 2u);
 }

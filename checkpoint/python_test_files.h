@@ -57,15 +57,19 @@ inline std::string test_tmpdir() {
 // The directory holding the script's files, written once per process.
 inline absl::StatusOr<std::string> python_files_dir() {
   static const absl::StatusOr<std::string> dir = []() -> absl::StatusOr<std::string> {
-    if (const char* given = std::getenv("DTRAIN_PYTHON_FILES_DIR"); given != nullptr && *given != '\0') {
+    if (const char* given = std::getenv("DTRAIN_PYTHON_FILES_DIR");
+        given != nullptr && *given != '\0') {
       return std::string(given);
     }
     const std::string out = test_tmpdir() + "/python_files";
     std::string output;
     if (run_command(absl::StrCat(python_binary(), " ", kScript, " write ", out), &output) != 0) {
-      return absl::UnavailableError(absl::StrCat(python_binary(), " ", kScript, " failed (is python3-torch "
-                                                 "installed? ./bazelw installs it; DTRAIN_PYTHON picks another "
-                                                 "python):\n", output));
+      return absl::UnavailableError(
+          absl::StrCat(python_binary(), " ", kScript,
+                       " failed (is python3-torch "
+                       "installed? ./bazelw installs it; DTRAIN_PYTHON picks another "
+                       "python):\n",
+                       output));
     }
     return out;
   }();
@@ -81,7 +85,8 @@ inline std::vector<std::string> read_lines(const std::string& path) {
 
 inline std::string hex_of(const void* data, size_t n) {
   std::string out;
-  for (size_t i = 0; i < n; ++i) absl::StrAppendFormat(&out, "%02x", static_cast<const unsigned char*>(data)[i]);
+  for (size_t i = 0; i < n; ++i)
+    absl::StrAppendFormat(&out, "%02x", static_cast<const unsigned char*>(data)[i]);
   return out;
 }
 
@@ -99,32 +104,43 @@ inline std::string key_text(const c10::IValue& k) {
   return "?";
 }
 
-inline void walk(const std::string& path, const c10::IValue& v, std::map<const void*, int>& storages,
-                 std::vector<std::string>& out) {
-  static const std::map<at::ScalarType, std::string> kNames = {
-      {at::kFloat, "float32"}, {at::kDouble, "float64"}, {at::kHalf, "float16"},   {at::kBFloat16, "bfloat16"},
-      {at::kLong, "int64"},    {at::kInt, "int32"},      {at::kShort, "int16"},    {at::kChar, "int8"},
-      {at::kByte, "uint8"},    {at::kBool, "bool"},      {at::kComplexFloat, "complex64"},
-      {at::kComplexDouble, "complex128"}};
+inline void walk(const std::string& path, const c10::IValue& v,
+                 std::map<const void*, int>& storages, std::vector<std::string>& out) {
+  static const std::map<at::ScalarType, std::string> kNames = {{at::kFloat, "float32"},
+                                                               {at::kDouble, "float64"},
+                                                               {at::kHalf, "float16"},
+                                                               {at::kBFloat16, "bfloat16"},
+                                                               {at::kLong, "int64"},
+                                                               {at::kInt, "int32"},
+                                                               {at::kShort, "int16"},
+                                                               {at::kChar, "int8"},
+                                                               {at::kByte, "uint8"},
+                                                               {at::kBool, "bool"},
+                                                               {at::kComplexFloat, "complex64"},
+                                                               {at::kComplexDouble, "complex128"}};
   if (v.isGenericDict()) {
     out.push_back(absl::StrCat(path, " dict ", v.toGenericDict().size()));
-    for (const auto& kv : v.toGenericDict()) walk(path + "/" + key_text(kv.key()), kv.value(), storages, out);
+    for (const auto& kv : v.toGenericDict())
+      walk(path + "/" + key_text(kv.key()), kv.value(), storages, out);
   } else if (v.isList() || v.isTuple()) {
-    const std::vector<c10::IValue> items = v.isList() ? v.toList().vec() : v.toTupleRef().elements().vec();
+    const std::vector<c10::IValue> items =
+        v.isList() ? v.toList().vec() : v.toTupleRef().elements().vec();
     out.push_back(absl::StrCat(path, v.isList() ? " list " : " tuple ", items.size()));
-    for (size_t i = 0; i < items.size(); ++i) walk(absl::StrCat(path, "/", i), items[i], storages, out);
+    for (size_t i = 0; i < items.size(); ++i)
+      walk(absl::StrCat(path, "/", i), items[i], storages, out);
   } else if (v.isTensor()) {
     const at::Tensor& t = v.toTensor();
     std::string storage = "s-";
     if (t.numel() > 0) {
       const void* impl = t.storage().unsafeGetStorageImpl();
-      storage = absl::StrCat("s", storages.emplace(impl, static_cast<int>(storages.size())).first->second);
+      storage = absl::StrCat(
+          "s", storages.emplace(impl, static_cast<int>(storages.size())).first->second);
     }
     const at::Tensor c = t.detach().contiguous();
-    out.push_back(absl::StrFormat("%s tensor torch.%s [%s] [%s] %d %s %s %s", path, kNames.at(t.scalar_type()),
-                                  absl::StrJoin(t.sizes(), ", "), absl::StrJoin(t.strides(), ", "),
-                                  t.storage_offset(), t.requires_grad() ? "True" : "False", storage,
-                                  hex_of(c.data_ptr(), c.nbytes())));
+    out.push_back(absl::StrFormat(
+        "%s tensor torch.%s [%s] [%s] %d %s %s %s", path, kNames.at(t.scalar_type()),
+        absl::StrJoin(t.sizes(), ", "), absl::StrJoin(t.strides(), ", "), t.storage_offset(),
+        t.requires_grad() ? "True" : "False", storage, hex_of(c.data_ptr(), c.nbytes())));
   } else if (v.isBool()) {
     out.push_back(absl::StrCat(path, " bool ", v.toBool() ? "True" : "False"));
   } else if (v.isInt()) {
@@ -134,7 +150,8 @@ inline void walk(const std::string& path, const c10::IValue& v, std::map<const v
   } else if (v.isNone()) {
     out.push_back(path + " None");
   } else if (v.isString()) {
-    out.push_back(absl::StrCat(path, " str ", hex_of(v.toStringRef().data(), v.toStringRef().size())));
+    out.push_back(
+        absl::StrCat(path, " str ", hex_of(v.toStringRef().data(), v.toStringRef().size())));
   } else {
     out.push_back(absl::StrCat(path, " ? ", v.tagKind()));
   }

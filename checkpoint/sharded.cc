@@ -36,8 +36,9 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
 absl::Status check_param(int64_t index, const ShardedState::Param& p) {
   const int64_t numel = numel_of(p.shape);
   if (p.range.begin < 0 || p.range.end > numel || p.range.begin > p.range.end) {
-    return absl::InvalidArgumentError(absl::StrCat("parameter ", index, ": range [", p.range.begin, ", ", p.range.end,
-                                                   ") does not fit its ", numel, " elements"));
+    return absl::InvalidArgumentError(absl::StrCat("parameter ", index, ": range [", p.range.begin,
+                                                   ", ", p.range.end, ") does not fit its ", numel,
+                                                   " elements"));
   }
   for (const auto& kv : p.entries) {
     if (!kv.value().isTensor()) continue;
@@ -45,16 +46,18 @@ absl::Status check_param(int64_t index, const ShardedState::Param& p) {
     if (t.numel() != p.range.size() && !(t.dim() == 0 && numel == 1)) {
       // 0-dim tensors (PyTorch's float "step") are per parameter, not per element.
       if (t.dim() != 0) {
-        return absl::InvalidArgumentError(absl::StrCat("parameter ", index, ": state '", kv.key().toStringRef(),
-                                                       "' has ", t.numel(), " elements for a range of ",
-                                                       p.range.size()));
+        return absl::InvalidArgumentError(
+            absl::StrCat("parameter ", index, ": state '", kv.key().toStringRef(), "' has ",
+                         t.numel(), " elements for a range of ", p.range.size()));
       }
     }
   }
   return absl::OkStatus();
 }
 
-std::string shard_name(const std::string& id, int rank) { return absl::StrCat("shard-", id, "-", rank, ".pt"); }
+std::string shard_name(const std::string& id, int rank) {
+  return absl::StrCat("shard-", id, "-", rank, ".pt");
+}
 
 // A list of ints as the file holds it: typed (List[int]) or not (List[Any], as from Python or
 // dtrain's own writer); nullopt for anything else.
@@ -78,8 +81,8 @@ struct ShardReport {
   c10::IValue encode() const {
     Dict described = int_dict();
     for (const auto& [index, held] : params) {
-      described.insert(index, c10::ivalue::Tuple::create(
-                                  {held.first.begin, held.first.end, c10::List<int64_t>(held.second)}));
+      described.insert(index, c10::ivalue::Tuple::create({held.first.begin, held.first.end,
+                                                          c10::List<int64_t>(held.second)}));
     }
     c10::impl::GenericList out(c10::AnyType::get());
     out.push_back(error);
@@ -92,7 +95,8 @@ struct ShardReport {
     out.error = list.get(0).toStringRef();
     for (const auto& kv : list.get(1).toGenericDict()) {
       const auto& t = kv.value().toTupleRef().elements();
-      out.params[kv.key().toInt()] = {partition::Range{t[0].toInt(), t[1].toInt()}, t[2].toIntVector()};
+      out.params[kv.key().toInt()] = {partition::Range{t[0].toInt(), t[1].toInt()},
+                                      t[2].toIntVector()};
     }
     return out;
   }
@@ -100,12 +104,14 @@ struct ShardReport {
 
 }  // namespace
 
-absl::Status save_sharded(const comm::Group& group, const std::string& dir, const ShardedState& mine,
-                          const std::string& strategy) {
-  if (!group.is_member()) return absl::FailedPreconditionError("save_sharded: this rank is not in the group");
+absl::Status save_sharded(const comm::Group& group, const std::string& dir,
+                          const ShardedState& mine, const std::string& strategy) {
+  if (!group.is_member())
+    return absl::FailedPreconditionError("save_sharded: this rank is not in the group");
   // 1. One id for this save, from rank 0.
   c10::IValue id{std::string()};
-  if (group.rank() == 0) id = absl::StrFormat("%016x", std::random_device{}() * 4294967296ULL + std::random_device{}());
+  if (group.rank() == 0)
+    id = absl::StrFormat("%016x", std::random_device{}() * 4294967296ULL + std::random_device{}());
   if (absl::Status s = comm::broadcast_object(group, id, 0); !s.ok()) return s;
 
   // 2. This rank's shard, in parallel with the others.
@@ -134,7 +140,8 @@ absl::Status save_sharded(const comm::Group& group, const std::string& dir, cons
   if (!reports.ok()) return reports.status();
   absl::Status verdict;
   auto failed = [&](const std::string& why) {
-    return absl::UnavailableError(absl::StrCat("save_sharded(", dir, ") failed, nothing committed: ", why));
+    return absl::UnavailableError(
+        absl::StrCat("save_sharded(", dir, ") failed, nothing committed: ", why));
   };
   if (group.rank() == 0) {
     c10::impl::GenericList shards(c10::AnyType::get());
@@ -176,7 +183,8 @@ absl::Status save_sharded(const comm::Group& group, const std::string& dir, cons
         const std::string keep = absl::StrCat("shard-", id.toStringRef(), "-");
         while (dirent* e = ::readdir(d)) {
           const std::string name = e->d_name;
-          if (absl::StartsWith(name, "shard-") && !absl::StartsWith(name, keep)) ::unlink((dir + "/" + name).c_str());
+          if (absl::StartsWith(name, "shard-") && !absl::StartsWith(name, keep))
+            ::unlink((dir + "/" + name).c_str());
         }
         ::closedir(d);
       }
@@ -200,7 +208,8 @@ struct ParsedMetadata {
 
 absl::StatusOr<ParsedMetadata> parse_metadata(const c10::IValue& meta, const std::string& file) {
   auto bad = [&](const std::string& what) {
-    return absl::DataLossError(absl::StrCat(file, ": ", what, "; it is not metadata a dtrain save_sharded wrote"));
+    return absl::DataLossError(
+        absl::StrCat(file, ": ", what, "; it is not metadata a dtrain save_sharded wrote"));
   };
   if (!meta.isGenericDict()) return bad("not a dict");
   const Dict m = meta.toGenericDict();
@@ -214,17 +223,20 @@ absl::StatusOr<ParsedMetadata> parse_metadata(const c10::IValue& meta, const std
   }
   ParsedMetadata out;
   const auto world = field("world_size");
-  if (!world || !world->isInt() || world->toInt() < 1 || world->toInt() > (1 << 20)) return bad("bad world_size");
+  if (!world || !world->isInt() || world->toInt() < 1 || world->toInt() > (1 << 20))
+    return bad("bad world_size");
   out.info.world_size = static_cast<int>(world->toInt());
   const auto strategy = field("strategy"), save_id = field("save_id");
-  if (!strategy || !strategy->isString() || !save_id || !save_id->isString()) return bad("bad strategy or save_id");
+  if (!strategy || !strategy->isString() || !save_id || !save_id->isString())
+    return bad("bad strategy or save_id");
   out.info.strategy = strategy->toStringRef();
   out.info.save_id = save_id->toStringRef();
   const auto shapes = field("shapes");
   if (!shapes || !shapes->isGenericDict()) return bad("no shapes");
   for (const auto& kv : shapes->toGenericDict()) {
     std::optional<std::vector<int64_t>> shape = int_list(kv.value());
-    if (!shape || !kv.key().isInt() || kv.key().toInt() < 0) return bad("a parameter shape is not a list of ints");
+    if (!shape || !kv.key().isInt() || kv.key().toInt() < 0)
+      return bad("a parameter shape is not a list of ints");
     int64_t numel = 1;
     for (int64_t d : *shape) {
       if (d < 0 || __builtin_mul_overflow(numel, d, &numel) || numel > (int64_t{1} << 48)) {
@@ -247,18 +259,22 @@ absl::StatusOr<ParsedMetadata> parse_metadata(const c10::IValue& meta, const std
     }
     ParsedShard ps;
     ps.file = d.at(c10::IValue("file")).toStringRef();
-    if (ps.file.empty() || ps.file.find('/') != std::string::npos || ps.file == "." || ps.file == "..") {
-      return bad(absl::StrCat("shard file name '", ps.file.substr(0, 64), "' is not a file in this directory"));
+    if (ps.file.empty() || ps.file.find('/') != std::string::npos || ps.file == "." ||
+        ps.file == "..") {
+      return bad(absl::StrCat("shard file name '", ps.file.substr(0, 64),
+                              "' is not a file in this directory"));
     }
     for (const auto& kv : d.at(c10::IValue("ranges")).toGenericDict()) {
       const std::optional<std::vector<int64_t>> r = int_list(kv.value());
-      if (!kv.key().isInt() || !r || r->size() != 2) return bad("a shard's element range is not [begin, end]");
+      if (!kv.key().isInt() || !r || r->size() != 2)
+        return bad("a shard's element range is not [begin, end]");
       auto shape = out.info.shapes.find(kv.key().toInt());
-      if (shape == out.info.shapes.end()) return bad(absl::StrCat("a shard holds parameter ", kv.key().toInt(), " without a shape"));
+      if (shape == out.info.shapes.end())
+        return bad(absl::StrCat("a shard holds parameter ", kv.key().toInt(), " without a shape"));
       const int64_t n = numel_of(shape->second);
       if ((*r)[0] < 0 || (*r)[0] > (*r)[1] || (*r)[1] > n) {
-        return bad(absl::StrCat("shard ", ps.file, " holds elements [", (*r)[0], ", ", (*r)[1], ") of parameter ",
-                                kv.key().toInt(), ", which has ", n));
+        return bad(absl::StrCat("shard ", ps.file, " holds elements [", (*r)[0], ", ", (*r)[1],
+                                ") of parameter ", kv.key().toInt(), ", which has ", n));
       }
       ps.ranges[kv.key().toInt()] = {(*r)[0], (*r)[1]};
     }
@@ -279,10 +295,12 @@ absl::StatusOr<ParsedMetadata> read_metadata(const std::string& dir) {
       return absl::NotFoundError(absl::StrCat("checkpoint directory ", dir, " does not exist"));
     }
     if (has_shards) {
-      return absl::FailedPreconditionError(absl::StrCat("incomplete checkpoint: ", dir, " has shards but no ", kMetadata,
-                                                        " (its commit marker); the save did not finish"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("incomplete checkpoint: ", dir, " has shards but no ", kMetadata,
+                       " (its commit marker); the save did not finish"));
     }
-    return absl::NotFoundError(absl::StrCat(dir, " holds no sharded checkpoint (no ", kMetadata, ")"));
+    return absl::NotFoundError(
+        absl::StrCat(dir, " holds no sharded checkpoint (no ", kMetadata, ")"));
   }
   // Everything is validated once, here, before any of it is used: types, ranges, shapes, names.
   absl::StatusOr<ParsedMetadata> parsed = parse_metadata(*meta, absl::StrCat(dir, "/", kMetadata));
@@ -300,7 +318,8 @@ absl::StatusOr<ShardedInfo> read_sharded_info(const std::string& dir) {
 
 namespace {
 
-absl::StatusOr<ShardedState> load_checked(const std::string& dir, const std::map<int64_t, partition::Range>& wanted) {
+absl::StatusOr<ShardedState> load_checked(const std::string& dir,
+                                          const std::map<int64_t, partition::Range>& wanted) {
   absl::StatusOr<ParsedMetadata> meta = read_metadata(dir);
   if (!meta.ok()) return meta.status();
   const ShardedInfo& info = meta->info;
@@ -313,11 +332,13 @@ absl::StatusOr<ShardedState> load_checked(const std::string& dir, const std::map
     const std::string& file = meta->shards[s].file;
     absl::StatusOr<c10::IValue> v = load_state(absl::StrCat(dir, "/", file));
     if (!v.ok()) {
-      return absl::DataLossError(absl::StrCat("checkpoint ", dir, ": shard ", file, ": ", v.status().message()));
+      return absl::DataLossError(
+          absl::StrCat("checkpoint ", dir, ": shard ", file, ": ", v.status().message()));
     }
     if (!v->isGenericDict() || !v->toGenericDict().contains(c10::IValue("params")) ||
         !v->toGenericDict().at(c10::IValue("params")).isGenericDict()) {
-      return absl::DataLossError(absl::StrCat("checkpoint ", dir, ": shard ", file, " has no 'params' dict"));
+      return absl::DataLossError(
+          absl::StrCat("checkpoint ", dir, ": shard ", file, " has no 'params' dict"));
     }
     Dict params = v->toGenericDict().at(c10::IValue("params")).toGenericDict();
     loaded.emplace(s, params);
@@ -327,12 +348,14 @@ absl::StatusOr<ShardedState> load_checked(const std::string& dir, const std::map
   for (const auto& [index, range] : wanted) {
     auto shape_it = info.shapes.find(index);
     if (shape_it == info.shapes.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("checkpoint ", dir, " has no state for parameter ", index));
+      return absl::InvalidArgumentError(
+          absl::StrCat("checkpoint ", dir, " has no state for parameter ", index));
     }
     const int64_t numel = numel_of(shape_it->second);
     if (range.begin < 0 || range.end > numel || range.begin > range.end) {
-      return absl::InvalidArgumentError(absl::StrCat("parameter ", index, ": range [", range.begin, ", ", range.end,
-                                                     ") outside its ", numel, " elements"));
+      return absl::InvalidArgumentError(absl::StrCat("parameter ", index, ": range [", range.begin,
+                                                     ", ", range.end, ") outside its ", numel,
+                                                     " elements"));
     }
     ShardedState::Param p;
     p.shape = shape_it->second;
@@ -346,24 +369,30 @@ absl::StatusOr<ShardedState> load_checked(const std::string& dir, const std::map
       if (hi <= lo && !(range.size() == 0 && r0 <= range.begin && range.begin <= r1)) continue;
       absl::StatusOr<Dict> params = shard_params(s);
       if (!params.ok()) return params.status();
-      const std::string where = absl::StrCat("checkpoint ", dir, ": shard ", meta->shards[s].file, ", parameter ", index);
+      const std::string where =
+          absl::StrCat("checkpoint ", dir, ": shard ", meta->shards[s].file, ", parameter ", index);
       const c10::IValue key(index);
       if (!params->contains(key) || !params->at(key).isGenericDict() ||
           !params->at(key).toGenericDict().contains(c10::IValue("entries")) ||
           !params->at(key).toGenericDict().at(c10::IValue("entries")).isGenericDict()) {
-        return absl::DataLossError(absl::StrCat(where, ": no state entries, though the metadata says it is there"));
+        return absl::DataLossError(
+            absl::StrCat(where, ": no state entries, though the metadata says it is there"));
       }
-      const Dict entries = params->at(key).toGenericDict().at(c10::IValue("entries")).toGenericDict();
+      const Dict entries =
+          params->at(key).toGenericDict().at(c10::IValue("entries")).toGenericDict();
       for (const auto& kv : entries) {
         const c10::IValue& v = kv.value();
-        if (!kv.key().isString()) return absl::DataLossError(absl::StrCat(where, ": a state key is not a string"));
+        if (!kv.key().isString())
+          return absl::DataLossError(absl::StrCat(where, ": a state key is not a string"));
         if (!v.isTensor() || v.toTensor().dim() == 0) {
           if (!p.entries.contains(kv.key())) p.entries.insert(kv.key(), v);
           continue;
         }
-        const at::Tensor src = v.toTensor().reshape(-1);  // whole parameters keep their shape in a shard
+        const at::Tensor src =
+            v.toTensor().reshape(-1);  // whole parameters keep their shape in a shard
         if (src.numel() != r1 - r0) {
-          return absl::DataLossError(absl::StrCat(where, ": state '", kv.key().toStringRef(), "' holds ", src.numel(),
+          return absl::DataLossError(absl::StrCat(where, ": state '", kv.key().toStringRef(),
+                                                  "' holds ", src.numel(),
                                                   " elements for the range [", r0, ", ", r1, ")"));
         }
         if (!p.entries.contains(kv.key())) {
@@ -371,10 +400,14 @@ absl::StatusOr<ShardedState> load_checked(const std::string& dir, const std::map
         }
         const c10::IValue& have = p.entries.at(kv.key());
         if (!have.isTensor() || have.toTensor().scalar_type() != src.scalar_type()) {
-          return absl::DataLossError(absl::StrCat(where, ": state '", kv.key().toStringRef(),
-                                                  "' has another type or dtype than in the other shards"));
+          return absl::DataLossError(
+              absl::StrCat(where, ": state '", kv.key().toStringRef(),
+                           "' has another type or dtype than in the other shards"));
         }
-        if (hi > lo) have.toTensor().narrow(0, lo - range.begin, hi - lo).copy_(src.narrow(0, lo - r0, hi - lo));
+        if (hi > lo)
+          have.toTensor()
+              .narrow(0, lo - range.begin, hi - lo)
+              .copy_(src.narrow(0, lo - r0, hi - lo));
       }
       if (hi > lo) pieces.emplace_back(lo, hi);
     }
@@ -384,19 +417,21 @@ absl::StatusOr<ShardedState> load_checked(const std::string& dir, const std::map
     int64_t at_element = range.begin;
     for (const auto& [lo, hi] : pieces) {
       if (lo != at_element) {
-        return absl::DataLossError(absl::StrCat("checkpoint ", dir, ": the shards ", lo < at_element ? "overlap" : "leave a gap",
-                                                " at element ", std::min(lo, at_element), " of parameter ", index));
+        return absl::DataLossError(absl::StrCat(
+            "checkpoint ", dir, ": the shards ", lo < at_element ? "overlap" : "leave a gap",
+            " at element ", std::min(lo, at_element), " of parameter ", index));
       }
       at_element = hi;
     }
     if (at_element != range.end) {
-      return absl::DataLossError(absl::StrCat("checkpoint ", dir, ": the shards cover elements [", range.begin, ", ",
-                                              at_element, ") of the requested [", range.begin, ", ", range.end,
-                                              ") of parameter ", index));
+      return absl::DataLossError(absl::StrCat(
+          "checkpoint ", dir, ": the shards cover elements [", range.begin, ", ", at_element,
+          ") of the requested [", range.begin, ", ", range.end, ") of parameter ", index));
     }
     if (range.begin == 0 && range.end == numel) {
       for (const auto& kv : p.entries) {
-        if (kv.value().isTensor() && kv.value().toTensor().dim() == 1 && kv.value().toTensor().numel() == numel) {
+        if (kv.value().isTensor() && kv.value().toTensor().dim() == 1 &&
+            kv.value().toTensor().numel() == numel) {
           p.entries.insert_or_assign(kv.key(), kv.value().toTensor().view(p.shape));
         }
       }
@@ -408,14 +443,15 @@ absl::StatusOr<ShardedState> load_checked(const std::string& dir, const std::map
 
 }  // namespace
 
-absl::StatusOr<ShardedState> load_sharded(const std::string& dir, const std::map<int64_t, partition::Range>& wanted,
+absl::StatusOr<ShardedState> load_sharded(const std::string& dir,
+                                          const std::map<int64_t, partition::Range>& wanted,
                                           const LoadOptions& options) {
   absl::StatusOr<ShardedState> out = absl::UnknownError("not loaded");
   try {
     out = load_checked(dir, wanted);
   } catch (const std::exception& e) {  // a backstop: every check above should have caught it first
-    return absl::DataLossError(absl::StrCat("checkpoint ", dir, " cannot be loaded: ",
-                                            std::string(e.what()).substr(0, 300)));
+    return absl::DataLossError(absl::StrCat(
+        "checkpoint ", dir, " cannot be loaded: ", std::string(e.what()).substr(0, 300)));
   }
   if (!out.ok() || options.map_location.is_cpu()) return out;
   const c10::Device device = options.map_location;
@@ -429,14 +465,14 @@ absl::StatusOr<ShardedState> load_sharded(const std::string& dir, const std::map
       for (auto& [key, t] : moved) entries.insert_or_assign(key, std::move(t));
     }
   } catch (const c10::OutOfMemoryError& e) {
-    return absl::ResourceExhaustedError(absl::StrCat("checkpoint ", dir, ": out of memory on ", device.str(),
-                                                     " (map_location): ", std::string(e.what()).substr(0, 300),
-                                                     "; load fewer parameters at once, or onto the CPU"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "checkpoint ", dir, ": out of memory on ", device.str(), " (map_location): ",
+        std::string(e.what()).substr(0, 300), "; load fewer parameters at once, or onto the CPU"));
   } catch (const std::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", dir, ": cannot move the loaded state to ",
-                                                    device.str(), " (map_location): ",
-                                                    std::string(e.what()).substr(0, 300),
-                                                    "; pass a device this process has, or the CPU (the default)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint ", dir, ": cannot move the loaded state to ", device.str(),
+                     " (map_location): ", std::string(e.what()).substr(0, 300),
+                     "; pass a device this process has, or the CPU (the default)"));
   }
   return out;
 }

@@ -62,8 +62,8 @@ struct ShardedInfo {
 // the only collectives are object collectives, which run on the group's device.
 // Errors: the first failing rank's I/O error, on every rank; InvalidArgument for a range that
 // does not fit its shape or tensors that do not match their range.
-absl::Status save_sharded(const comm::Group& group, const std::string& dir, const ShardedState& mine,
-                          const std::string& strategy);
+absl::Status save_sharded(const comm::Group& group, const std::string& dir,
+                          const ShardedState& mine, const std::string& strategy);
 
 // The commit marker's contents. FailedPrecondition "incomplete checkpoint" when the directory
 // has shards but no metadata (a save that did not finish), NotFound when it has neither.
@@ -74,7 +74,8 @@ absl::StatusOr<ShardedInfo> read_sharded_info(const std::string& dir);
 // Errors: those of read_sharded_info; InvalidArgument for an unknown parameter or a range
 // outside it, or a map_location this process cannot use; DataLoss when a shard is corrupt or the
 // shards do not cover a range; ResourceExhausted when map_location runs out of memory.
-absl::StatusOr<ShardedState> load_sharded(const std::string& dir, const std::map<int64_t, partition::Range>& wanted,
+absl::StatusOr<ShardedState> load_sharded(const std::string& dir,
+                                          const std::map<int64_t, partition::Range>& wanted,
                                           const LoadOptions& options = {});
 
 }  // namespace dtrain::checkpoint

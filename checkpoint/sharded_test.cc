@@ -61,7 +61,8 @@ std::map<int64_t, partition::Range> owned(const std::string& strategy, int world
   return out;
 }
 
-ShardedState shard_of(const std::vector<Dict>& global, const std::map<int64_t, partition::Range>& pieces) {
+ShardedState shard_of(const std::vector<Dict>& global,
+                      const std::map<int64_t, partition::Range>& pieces) {
   ShardedState s;
   for (const auto& [i, r] : pieces) {
     ShardedState::Param p;
@@ -94,7 +95,8 @@ void save_at(const std::string& dir, const std::string& strategy, int world) {
   // Drawn once, here: rank threads would race on the global generator.
   const auto global = global_state();
   comm::testing::run_ranks_as_threads(world, [&](comm::Group& g) {
-    absl::Status s = save_sharded(g, dir, shard_of(global, owned(strategy, world, g.rank())), strategy);
+    absl::Status s =
+        save_sharded(g, dir, shard_of(global, owned(strategy, world, g.rank())), strategy);
     ASSERT_TRUE(s.ok()) << s;
   });
 }
@@ -112,7 +114,8 @@ void expect_loads_at(const std::string& dir, const std::string& strategy, int wo
       for (const auto& kv : p.entries) {
         const c10::IValue& a = q.entries.at(kv.key());
         if (kv.value().isTensor()) {
-          EXPECT_TRUE(a.toTensor().equal(kv.value().toTensor())) << "rank " << rank << " param " << i << " " << kv.key().toStringRef();
+          EXPECT_TRUE(a.toTensor().equal(kv.value().toTensor()))
+              << "rank " << rank << " param " << i << " " << kv.key().toStringRef();
         } else {
           EXPECT_EQ(a, kv.value());
         }
@@ -126,7 +129,8 @@ TEST(ShardedTest, ReshardsAcrossWorldSizesAndStrategies) {
   for (const std::string saved : {"sorted_greedy", "flat"}) {
     for (auto [from, to] : std::vector<std::pair<int, int>>{{2, 1}, {2, 3}, {3, 2}}) {
       for (const std::string loaded : {"sorted_greedy", "flat"}) {
-        SCOPED_TRACE(saved + " " + std::to_string(from) + " -> " + loaded + " " + std::to_string(to));
+        SCOPED_TRACE(saved + " " + std::to_string(from) + " -> " + loaded + " " +
+                     std::to_string(to));
         const std::string dir = temp_dir();
         save_at(dir, saved, from);
         auto info = read_sharded_info(dir);
@@ -162,7 +166,8 @@ TEST(ShardedTest, IncompleteAndCorruptCheckpoints) {
   // A shard damaged on disk: the load names it.
   std::string shard;
   DIR* d = ::opendir(dir.c_str());
-  while (dirent* e = ::readdir(d)) if (std::string(e->d_name).rfind("shard-", 0) == 0) shard = e->d_name;
+  while (dirent* e = ::readdir(d))
+    if (std::string(e->d_name).rfind("shard-", 0) == 0) shard = e->d_name;
   ::closedir(d);
   {
     std::fstream f(dir + "/" + shard, std::ios::in | std::ios::out | std::ios::binary);
@@ -176,7 +181,8 @@ TEST(ShardedTest, IncompleteAndCorruptCheckpoints) {
   ASSERT_EQ(::unlink((dir + "/metadata.pt").c_str()), 0);
   auto incomplete = load_sharded(dir, owned("flat", 1, 0));
   EXPECT_EQ(incomplete.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(incomplete.status().message()), HasSubstr("incomplete checkpoint: " + dir));
+  EXPECT_THAT(std::string(incomplete.status().message()),
+              HasSubstr("incomplete checkpoint: " + dir));
   EXPECT_EQ(read_sharded_info(temp_dir()).status().code(), absl::StatusCode::kNotFound);
 }
 
@@ -185,7 +191,9 @@ TEST(ShardedTest, IncompleteAndCorruptCheckpoints) {
 TEST(ShardedTest, HostileMetadataIsAStatusNeverAThrow) {
   using Mutation = std::function<void(Dict&)>;
   auto shard = [](Dict& m, size_t i) { return m.at("shards").toList().get(i).toGenericDict(); };
-  auto first_range_key = [&](Dict& m) { return (*shard(m, 0).at("ranges").toGenericDict().begin()).key(); };
+  auto first_range_key = [&](Dict& m) {
+    return (*shard(m, 0).at("ranges").toGenericDict().begin()).key();
+  };
   auto set_range = [&](std::vector<c10::IValue> r) {
     return Mutation([&, r](Dict& m) {
       c10::impl::GenericList l(c10::AnyType::get());
@@ -200,22 +208,26 @@ TEST(ShardedTest, HostileMetadataIsAStatusNeverAThrow) {
       {"one-element range", set_range({int64_t{3}})},
       {"negative range", set_range({int64_t{-3}, int64_t{5}})},
       {"range past the parameter", set_range({int64_t{0}, int64_t{1} << 40})},
-      {"negative shape", [](Dict& m) {
+      {"negative shape",
+       [](Dict& m) {
          c10::impl::GenericList l(c10::AnyType::get());
          l.push_back(int64_t{-2});
          l.push_back(int64_t{-3});
          m.at("shapes").toGenericDict().insert_or_assign(int64_t{0}, l);
        }},
-      {"overflowing shape", [](Dict& m) {
+      {"overflowing shape",
+       [](Dict& m) {
          c10::impl::GenericList l(c10::AnyType::get());
          l.push_back(int64_t{1} << 40);
          l.push_back(int64_t{1} << 40);
          m.at("shapes").toGenericDict().insert_or_assign(int64_t{0}, l);
        }},
-      {"two shards claim the same elements", [&](Dict& m) {
+      {"two shards claim the same elements",
+       [&](Dict& m) {
          shard(m, 1).insert_or_assign("ranges", shard(m, 0).at("ranges").toGenericDict().copy());
        }},
-      {"a shard file outside the directory", [&](Dict& m) { shard(m, 0).insert_or_assign("file", std::string("../x.pt")); }},
+      {"a shard file outside the directory",
+       [&](Dict& m) { shard(m, 0).insert_or_assign("file", std::string("../x.pt")); }},
       {"shards not a list", [](Dict& m) { m.insert_or_assign("shards", int64_t{7}); }},
   };
   for (const auto& [name, mutate] : cases) {
@@ -235,8 +247,10 @@ TEST(ShardedTest, HostileMetadataIsAStatusNeverAThrow) {
 TEST(ShardedTest, BadRequests) {
   const std::string dir = temp_dir();
   save_at(dir, "sorted_greedy", 2);
-  EXPECT_THAT(std::string(load_sharded(dir, {{9, {0, 1}}}).status().message()), HasSubstr("no state for parameter 9"));
-  EXPECT_THAT(std::string(load_sharded(dir, {{0, {0, 41}}}).status().message()), HasSubstr("outside its 40 elements"));
+  EXPECT_THAT(std::string(load_sharded(dir, {{9, {0, 1}}}).status().message()),
+              HasSubstr("no state for parameter 9"));
+  EXPECT_THAT(std::string(load_sharded(dir, {{0, {0, 41}}}).status().message()),
+              HasSubstr("outside its 40 elements"));
 }
 
 // load_sharded's map_location, on the meta device (no GPU needed): every tensor moves, the rest
@@ -278,7 +292,8 @@ TEST(LoadMapLocationTest, MovesStorageByStorage) {
   d.insert("transposed", base.view({4, 6}).t());
   d.insert("again", base);
   d.insert("grad", at::ones({2}).requires_grad_());
-  d.insert("tuple", c10::ivalue::Tuple::create({c10::IValue(base.narrow(0, 1, 2)), c10::IValue(int64_t{7})}));
+  d.insert("tuple", c10::ivalue::Tuple::create(
+                        {c10::IValue(base.narrow(0, 1, 2)), c10::IValue(int64_t{7})}));
   d.insert("list", c10::List<at::Tensor>({at::zeros({3}, at::kLong)}));
   Dict keyed(c10::AnyType::get(), c10::AnyType::get());
   keyed.insert(at::ones({1}), std::string("tensor key"));
@@ -332,7 +347,14 @@ TEST(LoadMapLocationTest, FilesSavedFromAGpuLoadWithoutOne) {
   absl::StatusOr<StoredZip> zip = read_stored_zip(*bytes, "written");
   ASSERT_TRUE(zip.ok()) << zip.status();
   // BINUNICODE 'cpu' -> 'cuda:0', written once (memoized after).
-  const std::string cpu("X\x03\x00\x00\x00" "cpu", 8), cuda("X\x06\x00\x00\x00" "cuda:0", 11);
+  const std::string cpu(
+      "X\x03\x00\x00\x00"
+      "cpu",
+      8),
+      cuda(
+          "X\x06\x00\x00\x00"
+          "cuda:0",
+          11);
   std::vector<std::pair<std::string, std::string>> entries;
   for (const ZipEntry& e : zip->entries) {
     std::string data(e.data);
@@ -348,7 +370,8 @@ TEST(LoadMapLocationTest, FilesSavedFromAGpuLoadWithoutOne) {
   std::ofstream(path, std::ios::binary) << dtrain::checkpoint::testing::make_zip(entries);
   absl::StatusOr<c10::IValue> back = load_state(path);
   ASSERT_TRUE(back.ok()) << back.status();
-  const at::Tensor w = back->toGenericDict().at("w").toTensor(), view = back->toGenericDict().at("view").toTensor();
+  const at::Tensor w = back->toGenericDict().at("w").toTensor(),
+                   view = back->toGenericDict().at("view").toTensor();
   EXPECT_TRUE(w.device().is_cpu());
   EXPECT_TRUE(w.equal(base));
   EXPECT_TRUE(view.equal(base.narrow(0, 2, 3)));
@@ -368,7 +391,8 @@ TEST(LoadMapLocationTest, FilesSavedFromAGpuLoadWithoutOne) {
 TEST(ShardedTest, FailedWriteCommitsNothingAndFailsEveryRank) {
   comm::testing::run_ranks_as_threads(2, [](comm::Group& g) {
     // Each rank writes into a directory that exists only for rank 0.
-    const std::string dir = g.rank() == 0 ? std::string("/tmp") : std::string("/nonexistent-dtrain-dir");
+    const std::string dir =
+        g.rank() == 0 ? std::string("/tmp") : std::string("/nonexistent-dtrain-dir");
     absl::Status s = save_sharded(g, dir, ShardedState{}, "flat");
     EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
     EXPECT_THAT(std::string(s.message()), HasSubstr("nothing committed: rank 1:"));

@@ -42,7 +42,8 @@ std::shared_ptr<char> file_buffer(size_t size) {
   }
   // Mapped with a 2 MiB margin, then trimmed to a 2 MiB-aligned, 2 MiB-multiple region.
   const size_t length = (size + kHuge - 1) / kHuge * kHuge;
-  void* raw = ::mmap(nullptr, length + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void* raw =
+      ::mmap(nullptr, length + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (raw == MAP_FAILED) return nullptr;
   const auto start = reinterpret_cast<uintptr_t>(raw);
   const uintptr_t aligned = (start + kHuge - 1) / kHuge * kHuge;
@@ -68,10 +69,15 @@ absl::Status os_error(const std::string& what, const std::string& path) {
   return absl::UnavailableError(msg);
 }
 
-bool starts_with(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
-bool contains(std::string_view s, std::string_view part) { return s.find(part) != std::string_view::npos; }
+bool starts_with(std::string_view s, std::string_view prefix) {
+  return s.substr(0, prefix.size()) == prefix;
+}
+bool contains(std::string_view s, std::string_view part) {
+  return s.find(part) != std::string_view::npos;
+}
 
-constexpr char kUseAnotherCopy[] = "The file cannot be used as it is: load another copy, or save it again";
+constexpr char kUseAnotherCopy[] =
+    "The file cannot be used as it is: load another copy, or save it again";
 
 std::string printable(std::string_view s) {
   std::string out;
@@ -117,26 +123,30 @@ Comment classify(std::string_view comment) {
   if (parse_trailer(comment)) return Comment::kTrailer;
   const std::string_view prefix = kTrailerPrefix;
   size_t same = 0;
-  for (size_t i = 0; i < std::min(prefix.size(), comment.size()); ++i) same += comment[i] == prefix[i];
+  for (size_t i = 0; i < std::min(prefix.size(), comment.size()); ++i)
+    same += comment[i] == prefix[i];
   const bool close = 2 * same >= prefix.size() || contains(comment, "dtrain-state") ||
                      contains(comment, " crc32=") || contains(comment, " size=");
   return close ? Comment::kDamaged : Comment::kForeign;
 }
 
-absl::Status verify_trailer(std::string_view all, uint64_t eocd, std::string_view comment, const std::string& name) {
+absl::Status verify_trailer(std::string_view all, uint64_t eocd, std::string_view comment,
+                            const std::string& name) {
   const Trailer t = *parse_trailer(comment);
   const uint64_t content = eocd + kEocdSize;  // the bytes the checksum covers
   if (t.size != content) {
     return absl::DataLossError(absl::StrCat(name, " is damaged: its trailer says ", t.size,
-                                            " bytes of zip precede it, the file has ", content, ". ",
-                                            kUseAnotherCopy));
+                                            " bytes of zip precede it, the file has ", content,
+                                            ". ", kUseAnotherCopy));
   }
   // The checksum was taken with the comment length still 0: the last two bytes before the comment.
   static constexpr char kZeroLength[2] = {0, 0};
-  const uint32_t actual = crc32_of(std::string_view(kZeroLength, 2), crc32_of(all.substr(0, content - 2)));
+  const uint32_t actual =
+      crc32_of(std::string_view(kZeroLength, 2), crc32_of(all.substr(0, content - 2)));
   if (actual != t.crc) {
-    return absl::DataLossError(absl::StrFormat("%s is corrupted: checksum %08x, expected %08x (its trailer). %s",
-                                               name, actual, t.crc, kUseAnotherCopy));
+    return absl::DataLossError(
+        absl::StrFormat("%s is corrupted: checksum %08x, expected %08x (its trailer). %s", name,
+                        actual, t.crc, kUseAnotherCopy));
   }
   return absl::OkStatus();
 }
@@ -144,15 +154,19 @@ absl::Status verify_trailer(std::string_view all, uint64_t eocd, std::string_vie
 // For a file whose zip structure is broken: when an end record followed by something like a
 // dtrain trailer sits near the end, says how the trailer fails to end the file.
 absl::Status misplaced_trailer(std::string_view all, const std::string& name) {
-  const size_t lowest = all.size() > kEocdSize + 0xffff + 64 ? all.size() - kEocdSize - 0xffff - 64 : 0;
+  const size_t lowest =
+      all.size() > kEocdSize + 0xffff + 64 ? all.size() - kEocdSize - 0xffff - 64 : 0;
   for (size_t p = all.size() >= kEocdSize ? all.size() - kEocdSize + 1 : 0; p-- > lowest;) {
     if (all.compare(p, 4, "PK\x05\x06") != 0) continue;
     const std::string_view after = all.substr(p + kEocdSize);
-    const size_t announced = static_cast<unsigned char>(all[p + 20]) | static_cast<unsigned char>(all[p + 21]) << 8;
-    const std::string_view prefix = std::string_view(kTrailerPrefix).substr(0, std::min<size_t>(after.size(), 10));
+    const size_t announced =
+        static_cast<unsigned char>(all[p + 20]) | static_cast<unsigned char>(all[p + 21]) << 8;
+    const std::string_view prefix =
+        std::string_view(kTrailerPrefix).substr(0, std::min<size_t>(after.size(), 10));
     if (after.empty() ? announced == 0 : !starts_with(after, prefix)) continue;
     return absl::DataLossError(absl::StrCat(
-        name, " is damaged: its dtrain trailer does not end the file: the zip's end record announces a ",
+        name,
+        " is damaged: its dtrain trailer does not end the file: the zip's end record announces a ",
         announced, "-byte comment but ", after.size(), " bytes follow it (",
         after.size() < announced ? "the file was cut inside its trailer"
                                  : "bytes were appended after its trailer",
@@ -170,22 +184,27 @@ std::string dir_of(const std::string& path) {
 
 }  // namespace
 
-absl::Status save_state(const std::string& path, const c10::IValue& state, const SaveOptions& options) {
+absl::Status save_state(const std::string& path, const c10::IValue& state,
+                        const SaveOptions& options) {
   // dtrain's own writer: the file Python's torch.save would write, which torch.load reads with
   // weights_only=True (LibTorch's pickle_save adds globals PyTorch 2.6's default load refuses).
   absl::StatusOr<std::string> written = write_torch_file(state);
   if (!written.ok()) {
-    return absl::Status(written.status().code(),
-                        absl::StrCat("cannot serialize the state for ", path, ": ", written.status().message()));
+    return absl::Status(
+        written.status().code(),
+        absl::StrCat("cannot serialize the state for ", path, ": ", written.status().message()));
   }
   std::vector<char> bytes(written->begin(), written->end());
   written->clear();
-  if (bytes.size() < kEocdSize || std::memcmp(bytes.data() + bytes.size() - kEocdSize, "PK\x05\x06", 4) != 0 ||
+  if (bytes.size() < kEocdSize ||
+      std::memcmp(bytes.data() + bytes.size() - kEocdSize, "PK\x05\x06", 4) != 0 ||
       bytes[bytes.size() - 2] != 0 || bytes[bytes.size() - 1] != 0) {
-    return absl::InternalError("the zip writer produced an unexpected layout (no plain zip trailer)");
+    return absl::InternalError(
+        "the zip writer produced an unexpected layout (no plain zip trailer)");
   }
   const std::string trailer =
-      absl::StrFormat("%s%08x size=%d", kTrailerPrefix, crc32_of(std::string_view(bytes.data(), bytes.size())), bytes.size());
+      absl::StrFormat("%s%08x size=%d", kTrailerPrefix,
+                      crc32_of(std::string_view(bytes.data(), bytes.size())), bytes.size());
   bytes[bytes.size() - 2] = static_cast<char>(trailer.size() & 0xff);
   bytes[bytes.size() - 1] = static_cast<char>(trailer.size() >> 8);
   bytes.insert(bytes.end(), trailer.begin(), trailer.end());
@@ -235,7 +254,8 @@ absl::StatusOr<c10::IValue> load_state(const std::string& path, const LoadOption
   // O_NONBLOCK: a FIFO (or another special file) at `path` must not block the open.
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
-    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat("state file ", path, " does not exist"));
+    if (errno == ENOENT)
+      return absl::NotFoundError(absl::StrCat("state file ", path, " does not exist"));
     return os_error("cannot open", path);
   }
   struct stat st;
@@ -246,8 +266,10 @@ absl::StatusOr<c10::IValue> load_state(const std::string& path, const LoadOption
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat("state file ", path, " is not a regular file (a directory, FIFO "
-                                                   "or device); give the path of a checkpoint file"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("state file ", path,
+                     " is not a regular file (a directory, FIFO "
+                     "or device); give the path of a checkpoint file"));
   }
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   // Shared: the tensors read are views into it (no second copy).
@@ -255,15 +277,18 @@ absl::StatusOr<c10::IValue> load_state(const std::string& path, const LoadOption
   std::shared_ptr<char> buffer = file_buffer(size);
   if (buffer == nullptr) {
     ::close(fd);
-    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", size, " bytes to read state file ", path));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate ", size, " bytes to read state file ", path));
   }
   const std::string_view bytes(buffer.get(), size);
   for (size_t off = 0; off < bytes.size();) {
     const ssize_t n = ::read(fd, buffer.get() + off, bytes.size() - off);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      absl::Status s = n < 0 ? os_error("cannot read", path)
-                             : absl::DataLossError(absl::StrCat("state file ", path, " shrank while being read"));
+      absl::Status s =
+          n < 0
+              ? os_error("cannot read", path)
+              : absl::DataLossError(absl::StrCat("state file ", path, " shrank while being read"));
       ::close(fd);
       return s;
     }
@@ -289,8 +314,9 @@ absl::StatusOr<c10::IValue> load_state(const std::string& path, const LoadOption
     case Comment::kForeign:  // a comment some other zip tool wrote: likewise
       break;
     case Comment::kDamaged:
-      return absl::DataLossError(absl::StrCat(name, " is damaged: its dtrain trailer (the zip comment) is malformed: \"",
-                                              printable(comment.substr(0, 80)), "\". ", kUseAnotherCopy));
+      return absl::DataLossError(
+          absl::StrCat(name, " is damaged: its dtrain trailer (the zip comment) is malformed: \"",
+                       printable(comment.substr(0, 80)), "\". ", kUseAnotherCopy));
     case Comment::kTrailer:
       if (absl::Status s = verify_trailer(all, *eocd, comment, name); !s.ok()) return s;
       options.verify_entry_crcs = false;  // the whole file's CRC-32 just covered every entry

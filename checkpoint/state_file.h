@@ -65,7 +65,8 @@ struct LoadOptions {
 // file records them as on the CPU (checkpoint/torch_file_writer.h), so it loads anywhere.
 // Errors: Internal (cannot serialise), Unavailable/PermissionDenied/NotFound (I/O: the message
 // names the path and the OS error).
-absl::Status save_state(const std::string& path, const c10::IValue& state, const SaveOptions& options = {});
+absl::Status save_state(const std::string& path, const c10::IValue& state,
+                        const SaveOptions& options = {});
 
 // Reads a file written by save_state or by PyTorch's torch.save (see above), every byte verified
 // by a checksum before it is decoded. Dicts and lists come back typed where their contents say

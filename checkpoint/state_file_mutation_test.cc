@@ -34,10 +34,14 @@ enum class Kind { kDtrain, kNoTrailer, kPythonProtocol2, kPythonProtocol4 };
 
 std::string kind_name(Kind k) {
   switch (k) {
-    case Kind::kDtrain: return "dtrain";
-    case Kind::kNoTrailer: return "no_trailer";
-    case Kind::kPythonProtocol2: return "python_protocol2";
-    case Kind::kPythonProtocol4: return "python_protocol4";
+    case Kind::kDtrain:
+      return "dtrain";
+    case Kind::kNoTrailer:
+      return "no_trailer";
+    case Kind::kPythonProtocol2:
+      return "python_protocol2";
+    case Kind::kPythonProtocol4:
+      return "python_protocol4";
   }
   return "?";
 }
@@ -57,7 +61,8 @@ TEST_P(StateFileMutationTest, AnyDamageIsAnErrorOrTheSavedValue) {
     d.insert("groups", c10::List<int64_t>({0, 1}));
     ASSERT_TRUE(save_state(path, d).ok());
     good = read_file(path);
-    if (kind == Kind::kNoTrailer) {  // drop the trailer and zero the comment length: torch.save's layout
+    if (kind ==
+        Kind::kNoTrailer) {  // drop the trailer and zero the comment length: torch.save's layout
       good.resize(good.rfind("dtrain-state-file"));
       good[good.size() - 2] = 0;
       good[good.size() - 1] = 0;
@@ -93,7 +98,8 @@ TEST_P(StateFileMutationTest, AnyDamageIsAnErrorOrTheSavedValue) {
       EXPECT_TRUE(may_differ) << what << " loaded different data";
     }
   };
-  for (size_t cut = 0; cut < good.size(); ++cut) check(good.substr(0, cut), "cut at " + std::to_string(cut));
+  for (size_t cut = 0; cut < good.size(); ++cut)
+    check(good.substr(0, cut), "cut at " + std::to_string(cut));
   for (size_t i = 0; i < good.size(); ++i) {
     std::string b = good;
     b[i] = static_cast<char>(b[i] ^ (1 << (i % 8)));
@@ -103,10 +109,13 @@ TEST_P(StateFileMutationTest, AnyDamageIsAnErrorOrTheSavedValue) {
   for (int k = 0; k < 400; ++k) {
     std::string b = good;
     const size_t at = rng() % b.size(), len = 1 + rng() % 64;
-    for (size_t i = at; i < std::min(b.size(), at + len); ++i) b[i] = k % 2 ? '\0' : static_cast<char>(rng());
-    check(b, (k % 2 ? "zeroed " : "random ") + std::to_string(len) + " bytes at " + std::to_string(at));
+    for (size_t i = at; i < std::min(b.size(), at + len); ++i)
+      b[i] = k % 2 ? '\0' : static_cast<char>(rng());
+    check(b, (k % 2 ? "zeroed " : "random ") + std::to_string(len) + " bytes at " +
+                 std::to_string(at));
   }
-  for (const std::string& tail : {std::string("x"), std::string(100, '\0'), good.substr(good.size() - 40)}) {
+  for (const std::string& tail :
+       {std::string("x"), std::string(100, '\0'), good.substr(good.size() - 40)}) {
     check(good + tail, "appended " + std::to_string(tail.size()) + " bytes");
   }
   // Valid zips with altered content: every bit of the pickle flipped in turn (and every 7th byte of
@@ -118,23 +127,28 @@ TEST_P(StateFileMutationTest, AnyDamageIsAnErrorOrTheSavedValue) {
   testing::ZipOptions o;
   o.comment = std::string(zip->comment);
   for (size_t n = 0; n < entries.size(); ++n) {
-    const bool pickle = entries[n].first.size() > 9 && entries[n].first.substr(entries[n].first.size() - 9) == "/data.pkl";
+    const bool pickle = entries[n].first.size() > 9 &&
+                        entries[n].first.substr(entries[n].first.size() - 9) == "/data.pkl";
     for (size_t i = 0; i < entries[n].second.size(); i += pickle ? 1 : 7) {
       auto altered = entries;
       altered[n].second[i] = static_cast<char>(altered[n].second[i] ^ (1 << (i % 8)));
-      check(testing::make_zip(altered, o), "rebuilt zip with byte " + std::to_string(i) + " of " + entries[n].first +
-                                               " altered", kind != Kind::kDtrain);
+      check(testing::make_zip(altered, o),
+            "rebuilt zip with byte " + std::to_string(i) + " of " + entries[n].first + " altered",
+            kind != Kind::kDtrain);
     }
   }
   EXPECT_GT(errors, 0);
-  std::cout << kind_name(kind) << " file (" << good.size() << " bytes): " << errors << " errors, " << equal
-            << " loads equal to the saved value, " << other << " other values from rebuilt valid zips\n";
+  std::cout << kind_name(kind) << " file (" << good.size() << " bytes): " << errors << " errors, "
+            << equal << " loads equal to the saved value, " << other
+            << " other values from rebuilt valid zips\n";
 }
 
 INSTANTIATE_TEST_SUITE_P(AllKinds, StateFileMutationTest,
                          ::testing::Values(Kind::kDtrain, Kind::kNoTrailer, Kind::kPythonProtocol2,
                                            Kind::kPythonProtocol4),
-                         [](const ::testing::TestParamInfo<Kind>& info) { return kind_name(info.param); });
+                         [](const ::testing::TestParamInfo<Kind>& info) {
+                           return kind_name(info.param);
+                         });
 
 }  // namespace
 }  // namespace dtrain::checkpoint

@@ -26,9 +26,9 @@ class PythonFilesTest : public ::testing::Test {
 };
 
 TEST_F(PythonFilesTest, ValuesEqualWhatPythonSaved) {
-  for (const char* name : {"adam_one", "adam_many", "adam_two_groups", "adam_amsgrad", "sgd_momentum",
-                           "rmsprop_centered", "adagrad", "adamw", "scheduler", "nested", "float64", "protocol4",
-                           "protocol5", "views", "dtypes"}) {
+  for (const char* name : {"adam_one", "adam_many", "adam_two_groups", "adam_amsgrad",
+                           "sgd_momentum", "rmsprop_centered", "adagrad", "adamw", "scheduler",
+                           "nested", "float64", "protocol4", "protocol5", "views", "dtypes"}) {
     SCOPED_TRACE(name);
     const std::string path = dir_ + "/" + name + ".pt";
     absl::StatusOr<c10::IValue> v = load_state(path);
@@ -66,7 +66,8 @@ TEST_F(PythonFilesTest, OptimizerStateHasTheShapeOtherCodeExpects) {
 
   absl::StatusOr<c10::IValue> sched = load_state(dir_ + "/scheduler.pt");
   ASSERT_TRUE(sched.ok()) << sched.status();
-  const c10::impl::GenericDict group = sched->toGenericDict().at("param_groups").toList().get(0).toGenericDict();
+  const c10::impl::GenericDict group =
+      sched->toGenericDict().at("param_groups").toList().get(0).toGenericDict();
   EXPECT_EQ(group.at("initial_lr").toDouble(), 0.1);
   EXPECT_EQ(group.at("lr").toDouble(), 0.05);
 
@@ -74,14 +75,20 @@ TEST_F(PythonFilesTest, OptimizerStateHasTheShapeOtherCodeExpects) {
   ASSERT_TRUE(views.ok()) << views.status();
   const c10::impl::GenericDict vd = views->toGenericDict();
   for (const char* name : {"slice", "t", "strided"}) {
-    EXPECT_TRUE(vd.at("base").toTensor().storage().is_alias_of(vd.at(name).toTensor().storage())) << name;
+    EXPECT_TRUE(vd.at("base").toTensor().storage().is_alias_of(vd.at(name).toTensor().storage()))
+        << name;
   }
   EXPECT_FALSE(vd.at("base").toTensor().storage().is_alias_of(vd.at("other").toTensor().storage()));
 
   absl::StatusOr<c10::IValue> nested = load_state(dir_ + "/nested.pt");
   ASSERT_TRUE(nested.ok()) << nested.status();
   EXPECT_TRUE(nested->toGenericDict().at("param").toTensor().requires_grad());
-  EXPECT_EQ(nested->toGenericDict().at("model").toGenericDict().at("1.num_batches_tracked").toTensor().item<int64_t>(),
+  EXPECT_EQ(nested->toGenericDict()
+                .at("model")
+                .toGenericDict()
+                .at("1.num_batches_tracked")
+                .toTensor()
+                .item<int64_t>(),
             2);
 }
 
@@ -89,15 +96,18 @@ TEST_F(PythonFilesTest, LegacyFormatIsRefusedWithWhatToDo) {
   const std::string path = dir_ + "/legacy.pt";
   absl::StatusOr<c10::IValue> v = load_state(path);
   EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(v.status().message()), HasSubstr("state file " + path + " is in PyTorch's legacy"));
+  EXPECT_THAT(std::string(v.status().message()),
+              HasSubstr("state file " + path + " is in PyTorch's legacy"));
   EXPECT_THAT(std::string(v.status().message()), HasSubstr("_use_new_zipfile_serialization=True"));
 }
 
 TEST_F(PythonFilesTest, PicklesOfObjectsAreRefusedAndNothingRuns) {
   absl::StatusOr<c10::IValue> object = load_state(dir_ + "/object.pt");
   EXPECT_EQ(object.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(object.status().message()), HasSubstr("the Python global __main__.Thing"));
-  EXPECT_THAT(std::string(object.status().message()), HasSubstr("state file " + dir_ + "/object.pt"));
+  EXPECT_THAT(std::string(object.status().message()),
+              HasSubstr("the Python global __main__.Thing"));
+  EXPECT_THAT(std::string(object.status().message()),
+              HasSubstr("state file " + dir_ + "/object.pt"));
 
   absl::StatusOr<c10::IValue> system = load_state(dir_ + "/os_system.pt");
   EXPECT_EQ(system.status().code(), absl::StatusCode::kInvalidArgument);

@@ -69,9 +69,11 @@ std::vector<std::string> digest(const c10::IValue& v) { return testing::digest(v
 Dict every_kind_of_value() {
   Dict d(c10::StringType::get(), c10::AnyType::get());
   Dict tensors(c10::StringType::get(), c10::AnyType::get());
-  for (at::ScalarType t : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kLong, at::kInt, at::kShort,
-                           at::kChar, at::kByte, at::kBool, at::kComplexFloat, at::kComplexDouble}) {
-    tensors.insert(c10::toString(t), at::arange(-6, 6, at::kDouble).mul(0.75).reshape({3, 4}).to(t));
+  for (at::ScalarType t :
+       {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kLong, at::kInt, at::kShort,
+        at::kChar, at::kByte, at::kBool, at::kComplexFloat, at::kComplexDouble}) {
+    tensors.insert(c10::toString(t),
+                   at::arange(-6, 6, at::kDouble).mul(0.75).reshape({3, 4}).to(t));
   }
   d.insert("tensors", tensors);
   at::Tensor base = at::arange(24, at::kFloat);
@@ -142,14 +144,17 @@ TEST(StateFileTest, RoundTripsEveryKindOfValueWithLibTorchsTypes) {
   const c10::IValue libtorch = torch::jit::pickle_load(bytes);
   type_homogeneous_containers(libtorch);  // load_state types what is homogeneous (next test)
   std::vector<std::string> ours_types, libtorch_types;
-  for (const auto& [v, out] : {std::make_pair(*back, &ours_types), std::make_pair(libtorch, &libtorch_types)}) {
-    for (const auto& kv : v.toGenericDict()) out->push_back(kv.key().toStringRef() + ": " + kv.value().type()->str());
+  for (const auto& [v, out] :
+       {std::make_pair(*back, &ours_types), std::make_pair(libtorch, &libtorch_types)}) {
+    for (const auto& kv : v.toGenericDict())
+      out->push_back(kv.key().toStringRef() + ": " + kv.value().type()->str());
     out->push_back(v.type()->str());
   }
   EXPECT_EQ(ours_types, libtorch_types);
   EXPECT_EQ(back->type()->str(), "Dict(str, Any)");
   const Dict d = back->toGenericDict();
-  EXPECT_TRUE(d.at("slice").toTensor().storage().is_alias_of(d.at("transposed").toTensor().storage()));
+  EXPECT_TRUE(
+      d.at("slice").toTensor().storage().is_alias_of(d.at("transposed").toTensor().storage()));
   EXPECT_FALSE(d.at("transposed").toTensor().is_contiguous());
 }
 
@@ -199,11 +204,13 @@ TEST(StateFileTest, PythonTorchLoadReadsTheSameDict) {
   std::string output;
   const int rc = testing::run_command(
       absl::StrCat(testing::python_binary(), " ", testing::kScript, " digest ", path), &output);
-  ASSERT_EQ(rc, 0) << "python failed (is python3-torch installed? ./bazelw installs it):\n" << output;
+  ASSERT_EQ(rc, 0) << "python failed (is python3-torch installed? ./bazelw installs it):\n"
+                   << output;
   std::vector<std::string> lines;
   std::istringstream in(output);
   for (std::string line; std::getline(in, line);) {
-    if (line.find("Warning") == std::string::npos && (line.empty() || line[0] == ' ' || line[0] == '/')) {
+    if (line.find("Warning") == std::string::npos &&
+        (line.empty() || line[0] == ' ' || line[0] == '/')) {
       lines.push_back(line);
     }
   }
@@ -215,12 +222,15 @@ std::string read_all(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
-void write_all(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
+void write_all(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
 
 TEST(StateFileTest, AFifoOrADirectoryIsAnErrorNotAHang) {
   const std::string dir = temp_dir();
   ASSERT_EQ(::mkfifo((dir + "/fifo.pt").c_str(), 0600), 0);
-  absl::StatusOr<c10::IValue> fifo = load_state(dir + "/fifo.pt");  // no writer: a blocking open never returns
+  absl::StatusOr<c10::IValue> fifo =
+      load_state(dir + "/fifo.pt");  // no writer: a blocking open never returns
   EXPECT_EQ(fifo.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(fifo.status().message()), HasSubstr("is not a regular file"));
   EXPECT_EQ(load_state(dir).status().code(), absl::StatusCode::kInvalidArgument);
@@ -237,7 +247,8 @@ TEST(StateFileTest, CorruptedTruncatedAndMissingFiles) {
   write_all(path, flipped);
   auto corrupted = load_state(path);
   EXPECT_EQ(corrupted.status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(std::string(corrupted.status().message()), HasSubstr("state file " + path + " is corrupted: checksum"));
+  EXPECT_THAT(std::string(corrupted.status().message()),
+              HasSubstr("state file " + path + " is corrupted: checksum"));
 
   write_all(path, good.substr(0, good.size() - 10));
   auto cut_trailer = load_state(path);
@@ -247,14 +258,17 @@ TEST(StateFileTest, CorruptedTruncatedAndMissingFiles) {
   write_all(path, good.substr(0, good.size() / 3));
   auto truncated = load_state(path);
   EXPECT_EQ(truncated.status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(std::string(truncated.status().message()), HasSubstr("no end-of-central-directory record ends at the end"));
+  EXPECT_THAT(std::string(truncated.status().message()),
+              HasSubstr("no end-of-central-directory record ends at the end"));
 
   write_all(path, "");
-  EXPECT_THAT(std::string(load_state(path).status().message()), HasSubstr("only 0 bytes, too short for a zip"));
+  EXPECT_THAT(std::string(load_state(path).status().message()),
+              HasSubstr("only 0 bytes, too short for a zip"));
 
   auto missing = load_state(dir + "/nope.pt");
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(std::string(missing.status().message()), HasSubstr("state file " + dir + "/nope.pt does not exist"));
+  EXPECT_THAT(std::string(missing.status().message()),
+              HasSubstr("state file " + dir + "/nope.pt does not exist"));
 
   auto no_dir = save_state("/nonexistent-dir/x.pt", sample());
   EXPECT_EQ(no_dir.code(), absl::StatusCode::kNotFound);
@@ -277,7 +291,8 @@ TEST(StateFileTest, TrailerMustVerifyAndEndTheFile) {
   const size_t trailer = good.rfind("dtrain-state-file v1 crc32=");
   ASSERT_NE(trailer, std::string::npos);
   ASSERT_GE(good.size() - trailer, 42u) << good.substr(trailer);  // "...crc32=xxxxxxxx size=NNNN"
-  auto expect_loss = [&](const std::string& bytes, const std::string& what, const std::string& why) {
+  auto expect_loss = [&](const std::string& bytes, const std::string& what,
+                         const std::string& why) {
     write_all(path, bytes);
     absl::StatusOr<c10::IValue> v = load_state(path);
     EXPECT_EQ(v.status().code(), absl::StatusCode::kDataLoss) << why << ": " << v.status();
@@ -285,10 +300,13 @@ TEST(StateFileTest, TrailerMustVerifyAndEndTheFile) {
     EXPECT_THAT(std::string(v.status().message()), HasSubstr(what)) << why;
   };
   for (size_t cut = trailer; cut < good.size(); ++cut) {
-    expect_loss(good.substr(0, cut), "the file was cut inside its trailer", absl::StrCat("cut at ", cut));
+    expect_loss(good.substr(0, cut), "the file was cut inside its trailer",
+                absl::StrCat("cut at ", cut));
   }
-  for (const std::string& tail : {std::string("x"), std::string(1000, '\0'), good.substr(trailer)}) {
-    expect_loss(good + tail, "bytes were appended after its trailer", absl::StrCat(tail.size(), " bytes appended"));
+  for (const std::string& tail :
+       {std::string("x"), std::string(1000, '\0'), good.substr(trailer)}) {
+    expect_loss(good + tail, "bytes were appended after its trailer",
+                absl::StrCat(tail.size(), " bytes appended"));
   }
   for (size_t i = trailer; i < good.size(); ++i) {
     for (int bit = 0; bit < 8; ++bit) {
@@ -296,16 +314,17 @@ TEST(StateFileTest, TrailerMustVerifyAndEndTheFile) {
       b[i] = static_cast<char>(b[i] ^ (1 << bit));
       write_all(path, b);
       absl::StatusOr<c10::IValue> v = load_state(path);
-      EXPECT_EQ(v.status().code(), absl::StatusCode::kDataLoss) << "bit " << bit << " of byte " << i;
+      EXPECT_EQ(v.status().code(), absl::StatusCode::kDataLoss)
+          << "bit " << bit << " of byte " << i;
     }
   }
-  expect_loss(with_comment(good, "dtrain-state-file v1 crc32=00000000 size=1"), "its trailer says 1 bytes",
-              "wrong size");
+  expect_loss(with_comment(good, "dtrain-state-file v1 crc32=00000000 size=1"),
+              "its trailer says 1 bytes", "wrong size");
   std::string other_crc = good;
   other_crc[trailer + 27] = other_crc[trailer + 27] == '0' ? '1' : '0';
   expect_loss(other_crc, "is corrupted: checksum", "another checksum");
-  expect_loss(with_comment(good, "dtrain-state-file v2 crc32=xyz"), "its dtrain trailer (the zip comment) is malformed",
-              "malformed");
+  expect_loss(with_comment(good, "dtrain-state-file v2 crc32=xyz"),
+              "its dtrain trailer (the zip comment) is malformed", "malformed");
 }
 
 // Without a trailer (as torch.save writes) or with a comment of another zip tool, the zip's
@@ -358,7 +377,8 @@ TEST(StateFileTest, KilledSaveLeavesPreviousFile) {
     ::dup2(fds[1], 1);
     ::setenv("DTRAIN_SAVE_CHILD", path.c_str(), 1);
     ::unsetenv("XML_OUTPUT_FILE");
-    ::execl("/proc/self/exe", "/proc/self/exe", "--gtest_filter=StateFileTest.KilledSaveLeavesPreviousFile",
+    ::execl("/proc/self/exe", "/proc/self/exe",
+            "--gtest_filter=StateFileTest.KilledSaveLeavesPreviousFile",
             static_cast<char*>(nullptr));
     std::_Exit(127);
   }

@@ -36,7 +36,9 @@ std::error_code remove_tree(const fs::path& path) {
   }
   const int rc = ::nftw(
       path.c_str(),
-      [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p) == 0 ? 0 : errno; },
+      [](const char* p, const struct stat*, int, struct FTW*) {
+        return ::remove(p) == 0 ? 0 : errno;
+      },
       /*nopenfd=*/16, FTW_DEPTH | FTW_PHYS);
   if (rc == 0) return {};
   return std::error_code(rc > 0 ? rc : errno, std::generic_category());
@@ -55,7 +57,8 @@ int64_t step_of(const std::string& name) {
   const std::string prefix = kStepPrefix;
   if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) return -1;
   const std::string digits = name.substr(prefix.size());
-  if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) return -1;
+  if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return -1;
   int64_t step = -1;
   if (!absl::SimpleAtoi(digits, &step) || step < 0 || step >= kMaxStep) return -1;
   return step;
@@ -73,7 +76,8 @@ absl::Status fsync_path(const std::string& path) {
 
 // Points `link` at `target` atomically: a new symlink under a temporary name, renamed over it.
 absl::Status replace_symlink(const fs::path& link, const std::string& target) {
-  const fs::path tmp = link.parent_path() / absl::StrCat(".", link.filename().string(), ".tmp.", ::getpid());
+  const fs::path tmp =
+      link.parent_path() / absl::StrCat(".", link.filename().string(), ".tmp.", ::getpid());
   std::error_code ec;
   fs::remove(tmp, ec);
   fs::create_symlink(target, tmp, ec);
@@ -98,11 +102,13 @@ std::string StepCheckpoints::dir_of(int64_t step) const {
 
 absl::StatusOr<std::string> StepCheckpoints::begin(int64_t step) {
   if (step < 0 || step >= kMaxStep) {
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint: step ", step, " is out of range [0, ", kMaxStep, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint: step ", step, " is out of range [0, ", kMaxStep, ")"));
   }
   if (absl::StatusOr<CommittedStep> cur = latest(); cur.ok() && cur->step == step) {
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint: step ", step, " is the committed step in ", root_,
-                                                   "; saving over it would leave no complete step if interrupted"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint: step ", step, " is the committed step in ", root_,
+                     "; saving over it would leave no complete step if interrupted"));
   }
   const std::string dir = dir_of(step);
   std::error_code ec;
@@ -117,8 +123,9 @@ absl::Status StepCheckpoints::commit(int64_t step) {
   const std::string dir = dir_of(step);
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
-    return absl::FailedPreconditionError(absl::StrCat("checkpoint: cannot commit step ", step, ": ", dir,
-                                                      " does not exist (call begin(step) and write it first)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint: cannot commit step ", step, ": ", dir,
+                     " does not exist (call begin(step) and write it first)"));
   }
   // Everything in the step directory is durable before it becomes current.
   for (const auto& e : fs::recursive_directory_iterator(dir, ec)) {
@@ -128,14 +135,23 @@ absl::Status StepCheckpoints::commit(int64_t step) {
   }
   if (absl::Status s = fsync_path(dir); !s.ok()) return s;
   // The commit point.
-  if (absl::Status s = replace_symlink(fs::path(root_) / kLatest, fs::path(dir).filename().string()); !s.ok()) return s;
+  if (absl::Status s =
+          replace_symlink(fs::path(root_) / kLatest, fs::path(dir).filename().string());
+      !s.ok())
+    return s;
   if (absl::Status s = fsync_path(root_); !s.ok()) return s;
   // After it: the marker that tells an older step directory from an interrupted save, and the
   // stable name Python users load.
-  { std::FILE* f = std::fopen((fs::path(dir) / kCommitted).c_str(), "w"); if (f != nullptr) std::fclose(f); }
+  {
+    std::FILE* f = std::fopen((fs::path(dir) / kCommitted).c_str(), "w");
+    if (f != nullptr) std::fclose(f);
+  }
   const fs::path ckpt_link = fs::path(root_) / "checkpoint.pt";
-  if (!fs::is_symlink(ckpt_link, ec) || fs::read_symlink(ckpt_link, ec) != fs::path(kLatest) / "checkpoint.pt") {
-    if (absl::Status s = replace_symlink(ckpt_link, (fs::path(kLatest) / "checkpoint.pt").string()); !s.ok()) return s;
+  if (!fs::is_symlink(ckpt_link, ec) ||
+      fs::read_symlink(ckpt_link, ec) != fs::path(kLatest) / "checkpoint.pt") {
+    if (absl::Status s = replace_symlink(ckpt_link, (fs::path(kLatest) / "checkpoint.pt").string());
+        !s.ok())
+      return s;
   }
   // Clean up: keep the newest `keep` committed steps; drop interrupted saves and temporaries.
   std::vector<int64_t> kept = steps_on_disk();
@@ -143,13 +159,15 @@ absl::Status StepCheckpoints::commit(int64_t step) {
   for (const auto& e : fs::directory_iterator(root_, ec)) {
     const std::string name = e.path().filename().string();
     const int64_t s = step_of(name);
-    const bool stale_step = s >= 0 && e.is_directory(ec) && std::find(kept.begin(), kept.end(), s) == kept.end();
+    const bool stale_step =
+        s >= 0 && e.is_directory(ec) && std::find(kept.begin(), kept.end(), s) == kept.end();
     const bool temporary = name.find(".tmp.") != std::string::npos;
     if (stale_step || temporary) ec = remove_tree(e.path());
   }
   for (int64_t s : kept) {
     for (const auto& e : fs::recursive_directory_iterator(dir_of(s), ec)) {
-      if (e.path().filename().string().find(".tmp.") != std::string::npos) ec = remove_tree(e.path());
+      if (e.path().filename().string().find(".tmp.") != std::string::npos)
+        ec = remove_tree(e.path());
     }
   }
   return absl::OkStatus();
@@ -159,14 +177,16 @@ absl::StatusOr<CommittedStep> StepCheckpoints::latest() const {
   const fs::path link = fs::path(root_) / kLatest;
   std::error_code ec;
   if (!fs::is_symlink(link, ec)) {
-    return absl::NotFoundError(absl::StrCat("no committed checkpoint in ", root_, " (no ", link.string(), ")"));
+    return absl::NotFoundError(
+        absl::StrCat("no committed checkpoint in ", root_, " (no ", link.string(), ")"));
   }
   const fs::path target = fs::read_symlink(link, ec);
   const int64_t step = ec ? -1 : step_of(target.filename().string());
   if (step < 0 || target.has_parent_path() || !fs::is_directory(dir_of(step), ec)) {
-    return absl::DataLossError(absl::StrCat("checkpoint: ", link.string(), " points at '", target.string(),
-                                            "', which is not a step directory here; point it at the newest ",
-                                            "step-* directory (ln -sfn step-N ", link.string(), ") or start afresh"));
+    return absl::DataLossError(
+        absl::StrCat("checkpoint: ", link.string(), " points at '", target.string(),
+                     "', which is not a step directory here; point it at the newest ",
+                     "step-* directory (ln -sfn step-N ", link.string(), ") or start afresh"));
   }
   return CommittedStep{step, dir_of(step)};
 }

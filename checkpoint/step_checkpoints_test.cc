@@ -30,9 +30,7 @@ std::string fresh_root(const std::string& name) {
   return root.string();
 }
 
-void write_file(const fs::path& path, const std::string& text) {
-  std::ofstream(path) << text;
-}
+void write_file(const fs::path& path, const std::string& text) { std::ofstream(path) << text; }
 std::string read_file(const fs::path& path) {
   std::ifstream in(path);
   return std::string(std::istreambuf_iterator<char>(in), {});
@@ -137,7 +135,8 @@ TEST(StepCheckpointsTest, StepsPastEightDigitsKeepTheirNumber) {
   EXPECT_EQ(read_file(fs::path(root) / "checkpoint.pt"), "model at " + std::to_string(kBig));
   absl::StatusOr<std::string> too_big = c.begin(1'000'000'000'000'000);
   EXPECT_EQ(too_big.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(too_big.status().message()), HasSubstr("is out of range [0, 1000000000000000)"));
+  EXPECT_THAT(std::string(too_big.status().message()),
+              HasSubstr("is out of range [0, 1000000000000000)"));
 }
 
 // Kills a process saving steps at random moments, many times: every time, the current step is a
@@ -166,7 +165,8 @@ TEST(StepCheckpointsTest, KillsAtRandomPointsAlwaysLeaveACompleteStep) {
     }
     // Up to 3 ms, a window that widens while no save completes (a slow or loaded machine, or
     // the sanitizers), so that some kills land after commits and the test checks something.
-    std::this_thread::sleep_for(std::chrono::microseconds(std::uniform_int_distribution<int>(0, window_us)(rng)));
+    std::this_thread::sleep_for(
+        std::chrono::microseconds(std::uniform_int_distribution<int>(0, window_us)(rng)));
     ::kill(pid, SIGKILL);
     int status = 0;
     ::waitpid(pid, &status, 0);
@@ -176,9 +176,12 @@ TEST(StepCheckpointsTest, KillsAtRandomPointsAlwaysLeaveACompleteStep) {
     ASSERT_TRUE(last.ok()) << "attempt " << attempt << ": " << last.status();
     ASSERT_GE(last->step, committed) << "attempt " << attempt << ": a committed step was lost";
     const std::string s = std::to_string(last->step);
-    EXPECT_EQ(read_file(fs::path(last->dir) / "checkpoint.pt"), "model at " + s) << "attempt " << attempt;
-    EXPECT_EQ(read_file(fs::path(last->dir) / "hook-rank1.pt"), "hook at " + s) << "attempt " << attempt;
-    EXPECT_EQ(read_file(fs::path(root) / "checkpoint.pt"), "model at " + s) << "attempt " << attempt;
+    EXPECT_EQ(read_file(fs::path(last->dir) / "checkpoint.pt"), "model at " + s)
+        << "attempt " << attempt;
+    EXPECT_EQ(read_file(fs::path(last->dir) / "hook-rank1.pt"), "hook at " + s)
+        << "attempt " << attempt;
+    EXPECT_EQ(read_file(fs::path(root) / "checkpoint.pt"), "model at " + s)
+        << "attempt " << attempt;
     if (last->step == committed) window_us = std::min(2 * window_us, 500000);
     committed = last->step;
   }

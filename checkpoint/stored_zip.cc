@@ -25,7 +25,8 @@ class Bytes {
   bool has(uint64_t at, uint64_t n) const { return at <= b_.size() && n <= b_.size() - at; }
   uint64_t le(uint64_t at, int n) const {
     uint64_t v = 0;
-    for (int i = n - 1; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(b_[at + static_cast<uint64_t>(i)]);
+    for (int i = n - 1; i >= 0; --i)
+      v = (v << 8) | static_cast<unsigned char>(b_[at + static_cast<uint64_t>(i)]);
     return v;
   }
   std::string_view view(uint64_t at, uint64_t n) const { return b_.substr(at, n); }
@@ -40,13 +41,15 @@ class Parser {
 
   absl::StatusOr<StoredZip> parse(bool verify_crcs) {
     if (b_.size() < kEocdSize) {
-      return loss(absl::StrCat("only ", b_.size(), " bytes, too short for a zip archive (at least ", kEocdSize,
-                               ")"));
+      return loss(absl::StrCat("only ", b_.size(), " bytes, too short for a zip archive (at least ",
+                               kEocdSize, ")"));
     }
     const std::optional<uint64_t> end = find_end_record(bytes_);
     if (!end) {
-      return loss("no end-of-central-directory record ends at the end of the file: it was truncated, or "
-                  "bytes were appended after its end (a zip archive must end with that record and its comment)");
+      return loss(
+          "no end-of-central-directory record ends at the end of the file: it was truncated, or "
+          "bytes were appended after its end (a zip archive must end with that record and its "
+          "comment)");
     }
     const uint64_t e = *end;
     if (b_.le(e + 4, 2) != 0 || b_.le(e + 6, 2) != 0) {
@@ -55,7 +58,8 @@ class Parser {
     }
     uint64_t count = b_.le(e + 10, 2), cd_size = b_.le(e + 12, 4), cd_offset = b_.le(e + 16, 4);
     uint64_t cd_limit = e;  // the central directory ends before this
-    const bool has_locator = e >= kZip64LocatorSize && b_.le(e - kZip64LocatorSize, 4) == kZip64LocatorSig;
+    const bool has_locator =
+        e >= kZip64LocatorSize && b_.le(e - kZip64LocatorSize, 4) == kZip64LocatorSig;
     if (has_locator) {
       const uint64_t loc = e - kZip64LocatorSize;
       const uint64_t z = b_.le(loc + 8, 8);
@@ -78,8 +82,9 @@ class Parser {
                                ") lies outside the file or overlaps its end records"));
     }
     if (count > cd_size / kCentralSize) {
-      return loss(absl::StrCat("its end record announces ", count, " entries, more than a central directory of ",
-                               cd_size, " bytes can hold"));
+      return loss(absl::StrCat("its end record announces ", count,
+                               " entries, more than a central directory of ", cd_size,
+                               " bytes can hold"));
     }
     StoredZip zip;
     zip.entries.reserve(static_cast<size_t>(count));
@@ -94,7 +99,8 @@ class Parser {
       at = *next;
     }
     for (const ZipEntry& entry : zip.entries) {
-      if (!names.insert(entry.name).second) return loss(absl::StrCat("the entry name ", entry.name, " occurs twice"));
+      if (!names.insert(entry.name).second)
+        return loss(absl::StrCat("the entry name ", entry.name, " occurs twice"));
     }
     // Entries never share bytes (a real zip's do not; overlapping ones would make the CRC checks
     // below quadratic and let two tensors alias): checked before any CRC is computed.
@@ -107,7 +113,8 @@ class Parser {
     if (verify_crcs) {
       for (const ZipEntry& entry : zip.entries) {
         if (crc32_of(entry.data) != entry.crc32) {
-          return loss(absl::StrCat("entry ", entry.name, " fails its CRC-32 check (its bytes are corrupted)"));
+          return loss(absl::StrCat("entry ", entry.name,
+                                   " fails its CRC-32 check (its bytes are corrupted)"));
         }
       }
     }
@@ -122,15 +129,18 @@ class Parser {
   }
 
   // Parses central-directory entry `i` at `at`, appends it to zip.entries, returns the next offset.
-  absl::StatusOr<uint64_t> entry(uint64_t at, uint64_t cd_end, uint64_t data_limit, uint64_t i, uint64_t count,
-                                 StoredZip& zip, std::vector<std::pair<uint64_t, uint64_t>>& spans) {
+  absl::StatusOr<uint64_t> entry(uint64_t at, uint64_t cd_end, uint64_t data_limit, uint64_t i,
+                                 uint64_t count, StoredZip& zip,
+                                 std::vector<std::pair<uint64_t, uint64_t>>& spans) {
     if (!b_.has(at, kCentralSize) || at + kCentralSize > cd_end || b_.le(at, 4) != kCentralSig) {
-      return loss(absl::StrCat("central-directory entry ", i + 1, " of ", count, " is missing or out of bounds"));
+      return loss(absl::StrCat("central-directory entry ", i + 1, " of ", count,
+                               " is missing or out of bounds"));
     }
     const uint64_t flags = b_.le(at + 8, 2), method = b_.le(at + 10, 2), crc = b_.le(at + 16, 4);
     uint64_t comp = b_.le(at + 20, 4), size = b_.le(at + 24, 4), local = b_.le(at + 42, 4);
     const uint64_t disk = b_.le(at + 34, 2);
-    const uint64_t name_len = b_.le(at + 28, 2), extra_len = b_.le(at + 30, 2), comment_len = b_.le(at + 32, 2);
+    const uint64_t name_len = b_.le(at + 28, 2), extra_len = b_.le(at + 30, 2),
+                   comment_len = b_.le(at + 32, 2);
     const uint64_t var_len = name_len + extra_len + comment_len;  // < 2^18: no overflow
     if (at + kCentralSize + var_len > cd_end) {
       return loss(absl::StrCat("central-directory entry ", i + 1, " of ", count,
@@ -142,13 +152,15 @@ class Parser {
     bool zip64_field = false;
     for (uint64_t x = at + kCentralSize + name_len, end = x + extra_len; x + 4 <= end;) {
       const uint64_t id = b_.le(x, 2), len = b_.le(x + 2, 2);
-      if (x + 4 + len > end) return loss(absl::StrCat("entry ", name, " has a malformed extra field"));
+      if (x + 4 + len > end)
+        return loss(absl::StrCat("entry ", name, " has a malformed extra field"));
       if (id == 1) {
         zip64_field = true;
         uint64_t y = x + 4;
         for (uint64_t* field : {&size, &comp, &local}) {
           if (*field != kMax32) continue;
-          if (y + 8 > x + 4 + len) return loss(absl::StrCat("entry ", name, "'s zip64 extra field is too short"));
+          if (y + 8 > x + 4 + len)
+            return loss(absl::StrCat("entry ", name, "'s zip64 extra field is too short"));
           *field = b_.le(y, 8);
           y += 8;
         }
@@ -156,34 +168,43 @@ class Parser {
       x += 4 + len;
     }
     if (!zip64_field && (size == kMax32 || comp == kMax32 || local == kMax32)) {
-      return loss(absl::StrCat("entry ", name, " defers its sizes or offset to a zip64 field it lacks"));
+      return loss(
+          absl::StrCat("entry ", name, " defers its sizes or offset to a zip64 field it lacks"));
     }
     if ((flags & 1) != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(name_, ": entry ", name, " is encrypted; dtrain reads "
-                                                      "unencrypted zip archives as torch.save writes them"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(name_, ": entry ", name,
+                       " is encrypted; dtrain reads "
+                       "unencrypted zip archives as torch.save writes them"));
     }
     if (method != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          name_, ": entry ", name, " is compressed (zip method ", method, "); dtrain reads stored (uncompressed) "
+          name_, ": entry ", name, " is compressed (zip method ", method,
+          "); dtrain reads stored (uncompressed) "
           "entries, as torch.save writes them: load the file in Python and torch.save it again"));
     }
-    if (disk != 0) return absl::InvalidArgumentError(absl::StrCat(name_, ": entry ", name, " is on another disk"));
+    if (disk != 0)
+      return absl::InvalidArgumentError(
+          absl::StrCat(name_, ": entry ", name, " is on another disk"));
     if (comp != size) {
       return loss(absl::StrCat("stored entry ", name, " has a compressed size (", comp,
                                ") different from its size (", size, ")"));
     }
     if (!b_.has(local, kLocalSize) || b_.le(local, 4) != kLocalSig) {
-      return loss(absl::StrCat("entry ", name, "'s local header (offset ", local, ") is missing or out of bounds"));
+      return loss(absl::StrCat("entry ", name, "'s local header (offset ", local,
+                               ") is missing or out of bounds"));
     }
     const uint64_t local_name_len = b_.le(local + 26, 2), local_extra_len = b_.le(local + 28, 2);
     if (!b_.has(local + kLocalSize, local_name_len) ||
         b_.view(local + kLocalSize, local_name_len) != std::string_view(name)) {
       return loss(absl::StrCat("entry ", name, "'s local header names another file"));
     }
-    const uint64_t data = local + kLocalSize + local_name_len + local_extra_len;  // < 2^64: local < size
+    const uint64_t data =
+        local + kLocalSize + local_name_len + local_extra_len;  // < 2^64: local < size
     if (!b_.has(data, size) || data + size > data_limit) {
-      return loss(absl::StrCat("entry ", name, "'s ", size, " bytes of data at offset ", data,
-                               " run past the start of the central directory (truncated or overwritten)"));
+      return loss(
+          absl::StrCat("entry ", name, "'s ", size, " bytes of data at offset ", data,
+                       " run past the start of the central directory (truncated or overwritten)"));
     }
     ZipEntry entry;
     entry.data = b_.view(data, size);
@@ -221,8 +242,8 @@ uint32_t crc32_of(std::string_view data, uint32_t crc) {
   return static_cast<uint32_t>(c);
 }
 
-absl::StatusOr<StoredZip> read_stored_zip(std::string_view bytes, const std::string& name_for_errors,
-                                          bool verify_crcs) {
+absl::StatusOr<StoredZip> read_stored_zip(std::string_view bytes,
+                                          const std::string& name_for_errors, bool verify_crcs) {
   return Parser(bytes, name_for_errors).parse(verify_crcs);
 }
 

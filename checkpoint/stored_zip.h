@@ -42,7 +42,8 @@ struct StoredZip {
 // duplicate names, a CRC mismatch): the message names the entry and what is wrong.
 // InvalidArgument for well-formed zips dtrain does not read: compressed or encrypted entries,
 // multi-disk archives. Thread safety: a pure function of its arguments.
-absl::StatusOr<StoredZip> read_stored_zip(std::string_view bytes, const std::string& name_for_errors,
+absl::StatusOr<StoredZip> read_stored_zip(std::string_view bytes,
+                                          const std::string& name_for_errors,
                                           bool verify_crcs = true);
 
 // Where the end-of-central-directory record that ends `bytes` exactly starts (its comment running

@@ -18,10 +18,10 @@
 namespace dtrain::checkpoint::testing {
 
 struct ZipOptions {
-  bool zip64 = false;    // zip64 extra fields, zip64 end record and locator, saturated 32-bit fields
-  std::string comment;   // the end record's comment
-  uint16_t method = 0;   // written into every header (the data stay as given)
-  bool align64 = true;   // pad each entry's data to a multiple of 64 bytes ("FB" extra field)
+  bool zip64 = false;   // zip64 extra fields, zip64 end record and locator, saturated 32-bit fields
+  std::string comment;  // the end record's comment
+  uint16_t method = 0;  // written into every header (the data stay as given)
+  bool align64 = true;  // pad each entry's data to a multiple of 64 bytes ("FB" extra field)
 };
 
 inline void put_le(std::string& out, uint64_t v, int bytes) {
@@ -29,7 +29,8 @@ inline void put_le(std::string& out, uint64_t v, int bytes) {
 }
 
 inline uint32_t crc_of(const std::string& data) {
-  return static_cast<uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(data.data()), static_cast<uInt>(data.size())));
+  return static_cast<uint32_t>(
+      crc32(0, reinterpret_cast<const Bytef*>(data.data()), static_cast<uInt>(data.size())));
 }
 
 inline std::string make_zip(const std::vector<std::pair<std::string, std::string>>& entries,
@@ -76,10 +77,10 @@ inline std::string make_zip(const std::vector<std::pair<std::string, std::string
     put_le(out, o.zip64 ? 0xffffffffu : data.size(), 4);
     put_le(out, name.size(), 2);
     put_le(out, o.zip64 ? 28 : 0, 2);
-    put_le(out, 0, 2);   // comment
-    put_le(out, 0, 2);   // disk
-    put_le(out, 0, 2);   // internal attributes
-    put_le(out, 0, 4);   // external attributes
+    put_le(out, 0, 2);  // comment
+    put_le(out, 0, 2);  // disk
+    put_le(out, 0, 2);  // internal attributes
+    put_le(out, 0, 4);  // external attributes
     put_le(out, o.zip64 ? 0xffffffffu : offsets[i], 4);
     out += name;
     if (o.zip64) {

@@ -40,14 +40,59 @@ int64_t env_int(const char* name, int64_t fallback) {
   return v != nullptr && *v != '\0' ? std::atoll(v) : fallback;
 }
 
-const std::vector<std::string> kFragments = {
-    "\0"s, "(", "t", "R", "b", "\x94", "\x93", "0", "1", "2", "e", "u", "s", "a", "\x85", "\x86", "\x87", "}", "]", ")",
-    "N", ".", "Q", "\x81", "h\x00"s, "h\x01", "q\x00"s, "q\xff", "j\xff\xff\xff\x7f", "J\xff\xff\xff\xff",
-    "X\xff\xff\xff\x7f", "\x8c\xff", "\x8a\x09", "\x8b\xff\xff\xff\xff", "\x95\xff\xff\xff\xff\xff\xff\xff\xff",
-    "K\x00"s, "K\xff", "M\xff\xff", "G\x7f\xf8\0\0\0\0\0\0"s, "\x88", "\x89", "ccollections\nOrderedDict\n",
-    "ctorch._utils\n_rebuild_tensor_v2\n", "ctorch\nFloatStorage\n", "ctorch\nBoolStorage\n",
-    "ctorch.jit._pickle\nrestore_type_tag\n", "ctorch.jit._pickle\nbuild_intlist\n", "ctorch\nSize\n",
-    "ctorch\ndevice\n", "c_codecs\nencode\n", "cos\nsystem\n", "\x8f", "\x90"};
+const std::vector<std::string> kFragments = {"\0"s,
+                                             "(",
+                                             "t",
+                                             "R",
+                                             "b",
+                                             "\x94",
+                                             "\x93",
+                                             "0",
+                                             "1",
+                                             "2",
+                                             "e",
+                                             "u",
+                                             "s",
+                                             "a",
+                                             "\x85",
+                                             "\x86",
+                                             "\x87",
+                                             "}",
+                                             "]",
+                                             ")",
+                                             "N",
+                                             ".",
+                                             "Q",
+                                             "\x81",
+                                             "h\x00"s,
+                                             "h\x01",
+                                             "q\x00"s,
+                                             "q\xff",
+                                             "j\xff\xff\xff\x7f",
+                                             "J\xff\xff\xff\xff",
+                                             "X\xff\xff\xff\x7f",
+                                             "\x8c\xff",
+                                             "\x8a\x09",
+                                             "\x8b\xff\xff\xff\xff",
+                                             "\x95\xff\xff\xff\xff\xff\xff\xff\xff",
+                                             "K\x00"s,
+                                             "K\xff",
+                                             "M\xff\xff",
+                                             "G\x7f\xf8\0\0\0\0\0\0"s,
+                                             "\x88",
+                                             "\x89",
+                                             "ccollections\nOrderedDict\n",
+                                             "ctorch._utils\n_rebuild_tensor_v2\n",
+                                             "ctorch\nFloatStorage\n",
+                                             "ctorch\nBoolStorage\n",
+                                             "ctorch.jit._pickle\nrestore_type_tag\n",
+                                             "ctorch.jit._pickle\nbuild_intlist\n",
+                                             "ctorch\nSize\n",
+                                             "ctorch\ndevice\n",
+                                             "c_codecs\nencode\n",
+                                             "cos\nsystem\n",
+                                             "\x8f",
+                                             "\x90"};
 
 std::string mutate_bytes(std::string b, const std::vector<std::string>& all, std::mt19937_64& rng) {
   auto pos = [&](size_t size) { return size == 0 ? 0 : rng() % (size + 1); };
@@ -62,25 +107,32 @@ std::string mutate_bytes(std::string b, const std::vector<std::string>& all, std
         if (!b.empty()) b[rng() % b.size()] = kInteresting[rng() % sizeof(kInteresting)];
         break;
       }
-      case 2: b.resize(pos(b.size())); break;
+      case 2:
+        b.resize(pos(b.size()));
+        break;
       case 3: {
         const size_t at = pos(b.size());
         b.erase(at, rng() % 64);
         break;
       }
-      case 4: b.insert(pos(b.size()), kFragments[rng() % kFragments.size()]); break;
+      case 4:
+        b.insert(pos(b.size()), kFragments[rng() % kFragments.size()]);
+        break;
       case 5: {  // splice a piece of another seed
         const std::string& other = all[rng() % all.size()];
         const size_t from = rng() % other.size();
         b.insert(pos(b.size()), other.substr(from, rng() % 128));
         break;
       }
-      case 6: b.append(rng() % 32, static_cast<char>(rng())); break;
+      case 6:
+        b.append(rng() % 32, static_cast<char>(rng()));
+        break;
       case 7:
         if (b.size() >= 4) {  // a 32-bit field set to an extreme
           const size_t at = rng() % (b.size() - 3);
           const uint32_t v = rng() % 2 ? 0xffffffffu : static_cast<uint32_t>(rng() % 1024);
-          for (int i = 0; i < 4; ++i) b[at + static_cast<size_t>(i)] = static_cast<char>(v >> (8 * i));
+          for (int i = 0; i < 4; ++i)
+            b[at + static_cast<size_t>(i)] = static_cast<char>(v >> (8 * i));
         }
         break;
       default: {
@@ -95,7 +147,8 @@ std::string mutate_bytes(std::string b, const std::vector<std::string>& all, std
 }
 
 // Mutates one entry's data (the pickle, mostly) and rebuilds a valid zip around it.
-std::string mutate_content(const std::string& seed, const std::vector<std::string>& all, std::mt19937_64& rng) {
+std::string mutate_content(const std::string& seed, const std::vector<std::string>& all,
+                           std::mt19937_64& rng) {
   const absl::StatusOr<StoredZip> zip = read_stored_zip(seed, "seed");
   if (!zip.ok() || zip->entries.empty()) return mutate_bytes(seed, all, rng);
   Entries e;
@@ -114,7 +167,8 @@ TEST(TorchFileFuzz, MutatedFilesGiveErrorsOrReadableValues) {
   const int64_t seconds = env_int("DTRAIN_FUZZ_SECONDS", 15);
   const auto seed = static_cast<uint64_t>(env_int("DTRAIN_FUZZ_SEED", 1));
   const std::vector<std::string> corpus = testing::torch_file_seeds();
-  for (const std::string& s : corpus) ASSERT_TRUE(read_torch_file(s, "seed").ok()) << read_torch_file(s, "seed").status();
+  for (const std::string& s : corpus)
+    ASSERT_TRUE(read_torch_file(s, "seed").ok()) << read_torch_file(s, "seed").status();
   const char* tmp = std::getenv("TEST_TMPDIR");
   const std::string path = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/fuzz_", ::getpid(), ".pt");
   std::mt19937_64 rng(seed);
@@ -124,7 +178,8 @@ TEST(TorchFileFuzz, MutatedFilesGiveErrorsOrReadableValues) {
   while (std::chrono::steady_clock::now() < end) {
     for (int batch = 0; batch < 64; ++batch, ++runs) {
       const std::string& base = corpus[rng() % corpus.size()];
-      const std::string input = rng() % 2 ? mutate_content(base, corpus, rng) : mutate_bytes(base, corpus, rng);
+      const std::string input =
+          rng() % 2 ? mutate_content(base, corpus, rng) : mutate_bytes(base, corpus, rng);
       absl::StatusOr<c10::IValue> v = read_torch_file(input, "fuzz input");
       if (v.ok()) {
         testing::touch_all(*v);
@@ -143,7 +198,8 @@ TEST(TorchFileFuzz, MutatedFilesGiveErrorsOrReadableValues) {
   std::cout << "seed " << seed << ", " << runs << " inputs in " << seconds << " s:";
   for (const auto& [k, n] : outcomes) std::cout << " " << k << "=" << n;
   std::cout << "\n";
-  EXPECT_GT(outcomes["ok"], 0);  // the mutations are not all fatal: the reader's insides are reached
+  EXPECT_GT(outcomes["ok"],
+            0);  // the mutations are not all fatal: the reader's insides are reached
 }
 
 }  // namespace

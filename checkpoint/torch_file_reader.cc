@@ -26,27 +26,36 @@ namespace {
 // PROTO 2, LONG1 of 10 bytes, 0x1950a86a20f9469cfc6c little-endian.
 constexpr char kLegacyMagic[] = "\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19";
 
-bool starts_with(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
+bool starts_with(std::string_view s, std::string_view prefix) {
+  return s.substr(0, prefix.size()) == prefix;
+}
 
 std::string printable_start(std::string_view bytes) {
   std::string out;
-  for (char c : bytes.substr(0, 8)) absl::StrAppendFormat(&out, "%02x", static_cast<unsigned char>(c));
+  for (char c : bytes.substr(0, 8))
+    absl::StrAppendFormat(&out, "%02x", static_cast<unsigned char>(c));
   return out;
 }
 
 absl::StatusOr<c10::IValue> read(std::string_view bytes, const std::string& name,
                                  const TorchFileReadOptions& options) {
   if (starts_with(bytes, std::string_view(kLegacyMagic, sizeof(kLegacyMagic) - 1))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        name, " is in PyTorch's legacy (pre-1.6) torch.save format, which dtrain does not read: in Python, "
-        "load it and save it again with torch.save(obj, path, _use_new_zipfile_serialization=True)"));
+    return absl::InvalidArgumentError(absl::StrCat(name,
+                                                   " is in PyTorch's legacy (pre-1.6) torch.save "
+                                                   "format, which dtrain does not read: in Python, "
+                                                   "load it and save it again with torch.save(obj, "
+                                                   "path, _use_new_zipfile_serialization=True)"));
   }
   absl::StatusOr<StoredZip> zip = read_stored_zip(bytes, name, options.verify_entry_crcs);
   if (!zip.ok()) {
-    if (zip.status().code() == absl::StatusCode::kDataLoss && !bytes.empty() && !starts_with(bytes, "PK")) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          name, " is not a PyTorch file: torch.save writes a zip archive, which starts with \"PK\"; this starts "
-          "with the bytes ", printable_start(bytes), " and ", zip.status().message()));
+    if (zip.status().code() == absl::StatusCode::kDataLoss && !bytes.empty() &&
+        !starts_with(bytes, "PK")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name,
+                       " is not a PyTorch file: torch.save writes a zip archive, which starts with "
+                       "\"PK\"; this starts "
+                       "with the bytes ",
+                       printable_start(bytes), " and ", zip.status().message()));
     }
     return zip.status();
   }
@@ -57,36 +66,45 @@ absl::StatusOr<c10::IValue> read(std::string_view bytes, const std::string& name
     if (slash == std::string::npos || slash == 0) continue;
     const std::string_view rest = std::string_view(e.name).substr(slash + 1);
     if (rest == "constants.pkl" || starts_with(rest, "code/")) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          name, " is a TorchScript module archive (torch.jit.save), not a torch.save file; dtrain reads state "
-          "dicts: in Python, torch.save(module.state_dict(), path)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(name,
+                       " is a TorchScript module archive (torch.jit.save), not a torch.save file; "
+                       "dtrain reads state "
+                       "dicts: in Python, torch.save(module.state_dict(), path)"));
     }
     if (rest != "data.pkl") continue;
     if (pickle != nullptr) {
-      return absl::DataLossError(absl::StrCat(name, " is damaged: it holds two pickles, ", pickle->name, " and ",
-                                              e.name));
+      return absl::DataLossError(
+          absl::StrCat(name, " is damaged: it holds two pickles, ", pickle->name, " and ", e.name));
     }
     pickle = &e;
     prefix = std::string_view(e.name).substr(0, slash);
   }
   if (pickle == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        name, " is a zip archive without a <name>/data.pkl entry, so not a file torch.save wrote; save the "
-        "state with torch.save (Python) or dtrain::checkpoint::save_state"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name,
+                     " is a zip archive without a <name>/data.pkl entry, so not a file torch.save "
+                     "wrote; save the "
+                     "state with torch.save (Python) or dtrain::checkpoint::save_state"));
   }
   std::unordered_map<std::string_view, const ZipEntry*> storages;
   const std::string data_dir = absl::StrCat(std::string(prefix), "/data/");
   for (const ZipEntry& e : zip->entries) {
     if (e.name == absl::StrCat(std::string(prefix), "/byteorder") && e.data != "little") {
       if (e.data == "big") {
-        return absl::InvalidArgumentError(absl::StrCat(
-            name, " was written on a big-endian machine, which dtrain does not read: load it in Python on a "
-            "little-endian machine and torch.save it again"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(name,
+                         " was written on a big-endian machine, which dtrain does not read: load "
+                         "it in Python on a "
+                         "little-endian machine and torch.save it again"));
       }
-      return absl::DataLossError(absl::StrCat(name, " is damaged: its byteorder entry is neither \"little\" nor "
-                                              "\"big\""));
+      return absl::DataLossError(
+          absl::StrCat(name,
+                       " is damaged: its byteorder entry is neither \"little\" nor "
+                       "\"big\""));
     }
-    if (starts_with(e.name, data_dir)) storages.emplace(std::string_view(e.name).substr(data_dir.size()), &e);
+    if (starts_with(e.name, data_dir))
+      storages.emplace(std::string_view(e.name).substr(data_dir.size()), &e);
   }
   // Storages never share bytes (a real zip's entries do not overlap; tensors may alias `bytes`).
   std::vector<const ZipEntry*> by_place;
@@ -95,28 +113,33 @@ absl::StatusOr<c10::IValue> read(std::string_view bytes, const std::string& name
             [](const ZipEntry* a, const ZipEntry* b) { return a->data.data() < b->data.data(); });
   for (size_t i = 1; i < by_place.size(); ++i) {
     if (by_place[i - 1]->data.data() + by_place[i - 1]->data.size() > by_place[i]->data.data()) {
-      return absl::DataLossError(absl::StrCat(name, " is damaged: zip entries ", by_place[i - 1]->name, " and ",
-                                              by_place[i]->name, " overlap"));
+      return absl::DataLossError(absl::StrCat(name, " is damaged: zip entries ",
+                                              by_place[i - 1]->name, " and ", by_place[i]->name,
+                                              " overlap"));
     }
   }
   const StorageLoader loader = [&](const std::string& key, at::ScalarType dtype,
                                    int64_t numel) -> absl::StatusOr<at::Storage> {
     auto it = storages.find(key);
     if (it == storages.end()) {
-      return absl::DataLossError(absl::StrCat(name, " is damaged: its pickle refers to storage ", key.substr(0, 64),
-                                              " but the archive has no entry ", data_dir, key.substr(0, 64)));
+      return absl::DataLossError(absl::StrCat(name, " is damaged: its pickle refers to storage ",
+                                              key.substr(0, 64), " but the archive has no entry ",
+                                              data_dir, key.substr(0, 64)));
     }
     const std::string_view data = it->second->data;
-    const auto nbytes = static_cast<uint64_t>(numel) * c10::elementSize(dtype);  // caller checked: no overflow
+    const auto nbytes =
+        static_cast<uint64_t>(numel) * c10::elementSize(dtype);  // caller checked: no overflow
     if (nbytes > data.size()) {
-      return absl::DataLossError(absl::StrCat(name, " is damaged: storage ", it->second->name, " holds ",
-                                              data.size(), " bytes, its pickle says ", numel, " elements of ",
-                                              c10::toString(dtype), " (", nbytes, " bytes)"));
+      return absl::DataLossError(absl::StrCat(name, " is damaged: storage ", it->second->name,
+                                              " holds ", data.size(), " bytes, its pickle says ",
+                                              numel, " elements of ", c10::toString(dtype), " (",
+                                              nbytes, " bytes)"));
     }
     if (dtype == at::kBool) {
       for (size_t i = 0; i < nbytes; ++i) {
         if (static_cast<unsigned char>(data[i]) > 1) {
-          return absl::DataLossError(absl::StrCat(name, " is damaged: bool storage ", it->second->name,
+          return absl::DataLossError(absl::StrCat(name, " is damaged: bool storage ",
+                                                  it->second->name,
                                                   " holds a byte other than 0 or 1 at ", i));
         }
       }
@@ -125,19 +148,23 @@ absl::StatusOr<c10::IValue> read(std::string_view bytes, const std::string& name
     if (options.owner != nullptr && address % c10::elementSize(dtype) == 0) {
       // A view into the caller's bytes, holding a reference to their owner.
       auto* keep = new std::shared_ptr<const void>(options.owner);
-      at::DataPtr ptr(const_cast<char*>(data.data()), keep,
-                      [](void* k) { delete static_cast<std::shared_ptr<const void>*>(k); }, at::Device(at::kCPU));
-      return at::Storage(at::Storage::use_byte_size_t(), static_cast<int64_t>(nbytes), std::move(ptr),
+      at::DataPtr ptr(
+          const_cast<char*>(data.data()), keep,
+          [](void* k) { delete static_cast<std::shared_ptr<const void>*>(k); },
+          at::Device(at::kCPU));
+      return at::Storage(at::Storage::use_byte_size_t(), static_cast<int64_t>(nbytes),
+                         std::move(ptr),
                          /*allocator=*/nullptr, /*resizable=*/false);
     }
     try {
-      at::Tensor buffer = at::empty({static_cast<int64_t>(nbytes)}, at::TensorOptions().dtype(at::kByte));
+      at::Tensor buffer =
+          at::empty({static_cast<int64_t>(nbytes)}, at::TensorOptions().dtype(at::kByte));
       if (nbytes > 0) std::memcpy(buffer.data_ptr(), data.data(), nbytes);
       return buffer.storage();
     } catch (const std::exception& e) {
-      return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", nbytes, " bytes for storage ",
-                                                       it->second->name, " of ", name, ": ",
-                                                       std::string(e.what()).substr(0, 200)));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot allocate ", nbytes, " bytes for storage ", it->second->name, " of ",
+                       name, ": ", std::string(e.what()).substr(0, 200)));
     }
   };
   return read_pickle(pickle->data, name, loader);
@@ -160,7 +187,9 @@ class DeviceMover {
     while (!pending.empty()) {
       const c10::IValue v = std::move(pending.back());
       pending.pop_back();
-      if (!(v.isTuple() || v.isList() || v.isGenericDict()) || !seen.insert(v.internalToPointer()).second) continue;
+      if (!(v.isTuple() || v.isList() || v.isGenericDict()) ||
+          !seen.insert(v.internalToPointer()).second)
+        continue;
       if (v.isTuple()) {
         const c10::intrusive_ptr<c10::ivalue::Tuple> tuple = v.toTuple();
         for (size_t i = 0; i < tuple->elements().size(); ++i) {
@@ -212,18 +241,23 @@ class DeviceMover {
  private:
   at::Tensor moved(const at::Tensor& t) {
     if (!t.defined() || !t.has_storage()) return t;
-    if (auto it = tensors_.find(t.unsafeGetTensorImpl()); it != tensors_.end()) return it->second.second;
+    if (auto it = tensors_.find(t.unsafeGetTensorImpl()); it != tensors_.end())
+      return it->second.second;
     const at::Storage& storage = t.storage();
     auto st = storages_.find(storage.unsafeGetStorageImpl());
     if (st == storages_.end()) {
       // A byte tensor over the whole storage, copied to the device in one piece.
       at::Tensor whole = at::empty({0}, at::TensorOptions().dtype(at::kByte).device(t.device()));
-      whole.set_(storage, 0, std::vector<int64_t>{static_cast<int64_t>(storage.nbytes())}, std::vector<int64_t>{1});
+      whole.set_(storage, 0, std::vector<int64_t>{static_cast<int64_t>(storage.nbytes())},
+                 std::vector<int64_t>{1});
       at::Storage copy = whole.to(device_).storage();
-      st = storages_.emplace(storage.unsafeGetStorageImpl(), std::make_pair(storage, std::move(copy))).first;
+      st = storages_
+               .emplace(storage.unsafeGetStorageImpl(), std::make_pair(storage, std::move(copy)))
+               .first;
     }
     const at::Storage& target = st->second.second;
-    at::Tensor out = at::empty({0}, at::TensorOptions().dtype(t.scalar_type()).device(target.device()));
+    at::Tensor out =
+        at::empty({0}, at::TensorOptions().dtype(t.scalar_type()).device(target.device()));
     out.set_(target, t.storage_offset(), t.sizes(), t.strides());
     if (t.requires_grad()) out.requires_grad_(true);
     tensors_.emplace(t.unsafeGetTensorImpl(), std::make_pair(t, out));
@@ -242,24 +276,28 @@ absl::Status move_to(c10::IValue& value, c10::Device device, const std::string& 
     DeviceMover(device).move_all(value);
     return absl::OkStatus();
   } catch (const c10::OutOfMemoryError& e) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "out of memory on ", device.str(), " moving the tensors of ", name, " there (map_location): ",
-        std::string(e.what()).substr(0, 300), "; load onto the CPU (the default) and move what fits"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("out of memory on ", device.str(), " moving the tensors of ", name,
+                     " there (map_location): ", std::string(e.what()).substr(0, 300),
+                     "; load onto the CPU (the default) and move what fits"));
   } catch (const std::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cannot move the tensors of ", name, " to ", device.str(), " (map_location): ",
-        std::string(e.what()).substr(0, 300), "; pass a device this process has, or the CPU (the default)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot move the tensors of ", name, " to ", device.str(),
+                     " (map_location): ", std::string(e.what()).substr(0, 300),
+                     "; pass a device this process has, or the CPU (the default)"));
   }
 }
 
 }  // namespace
 
-absl::StatusOr<c10::IValue> read_torch_file(std::string_view bytes, const std::string& name_for_errors,
+absl::StatusOr<c10::IValue> read_torch_file(std::string_view bytes,
+                                            const std::string& name_for_errors,
                                             const TorchFileReadOptions& options) {
   absl::StatusOr<c10::IValue> v = read(bytes, name_for_errors, options);
   if (v.status().code() == absl::StatusCode::kDataLoss) {
-    return absl::DataLossError(absl::StrCat(v.status().message(),
-                                            ". The file cannot be used as it is: load another copy, or save it again"));
+    return absl::DataLossError(
+        absl::StrCat(v.status().message(),
+                     ". The file cannot be used as it is: load another copy, or save it again"));
   }
   if (v.ok() && !options.map_location.is_cpu()) {
     if (absl::Status s = move_to(*v, options.map_location, name_for_errors); !s.ok()) return s;

@@ -67,7 +67,8 @@ struct TorchFileReadOptions {
 // a map_location this process cannot use; ResourceExhausted when map_location runs out of memory;
 // each message names the file, says what is wrong and what to do. Thread safety: a pure function
 // of its arguments.
-absl::StatusOr<c10::IValue> read_torch_file(std::string_view bytes, const std::string& name_for_errors,
+absl::StatusOr<c10::IValue> read_torch_file(std::string_view bytes,
+                                            const std::string& name_for_errors,
                                             const TorchFileReadOptions& options = {});
 
 }  // namespace dtrain::checkpoint

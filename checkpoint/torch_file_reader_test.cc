@@ -19,18 +19,21 @@ using Entries = std::vector<std::pair<std::string, std::string>>;
 
 // Equal values of equal IValue types (the type strings compared, so Dict(Any, Any) differs from
 // Dict(str, Tensor)); tensors equal in dtype, geometry, requires_grad and bytes.
-::testing::AssertionResult same(const c10::IValue& a, const c10::IValue& b, const std::string& path = "") {
-  if (a.tagKind() != b.tagKind()) return ::testing::AssertionFailure() << path << ": " << a.tagKind() << " vs " << b.tagKind();
+::testing::AssertionResult same(const c10::IValue& a, const c10::IValue& b,
+                                const std::string& path = "") {
+  if (a.tagKind() != b.tagKind())
+    return ::testing::AssertionFailure() << path << ": " << a.tagKind() << " vs " << b.tagKind();
   if (!a.isTensor() && a.type()->str() != b.type()->str()) {
-    return ::testing::AssertionFailure() << path << ": type " << a.type()->str() << " vs " << b.type()->str();
+    return ::testing::AssertionFailure()
+           << path << ": type " << a.type()->str() << " vs " << b.type()->str();
   }
   if (a.isTensor()) {
     const at::Tensor x = a.toTensor(), y = b.toTensor();
     if (x.dtype() != y.dtype() || x.sizes() != y.sizes() || x.strides() != y.strides() ||
         x.storage_offset() != y.storage_offset() || x.requires_grad() != y.requires_grad() ||
         !x.device().is_cpu() || !x.detach().equal(y.detach())) {
-      return ::testing::AssertionFailure() << path << ": tensors differ: " << x.toString() << x.sizes() << " vs "
-                                           << y.toString() << y.sizes();
+      return ::testing::AssertionFailure() << path << ": tensors differ: " << x.toString()
+                                           << x.sizes() << " vs " << y.toString() << y.sizes();
     }
     return ::testing::AssertionSuccess();
   }
@@ -42,14 +45,17 @@ using Entries = std::vector<std::pair<std::string, std::string>>;
     for (; i != x.end(); ++i, ++j) {  // same order too
       auto k = same(i->key(), j->key(), path + "/key");
       if (!k) return k;
-      auto v = same(i->value(), j->value(), path + "/" + (i->key().isString() ? i->key().toStringRef() : "?"));
+      auto v = same(i->value(), j->value(),
+                    path + "/" + (i->key().isString() ? i->key().toStringRef() : "?"));
       if (!v) return v;
     }
     return ::testing::AssertionSuccess();
   }
   if (a.isList() || a.isTuple()) {
-    const std::vector<c10::IValue> x = a.isList() ? a.toList().vec() : a.toTupleRef().elements().vec();
-    const std::vector<c10::IValue> y = b.isList() ? b.toList().vec() : b.toTupleRef().elements().vec();
+    const std::vector<c10::IValue> x =
+        a.isList() ? a.toList().vec() : a.toTupleRef().elements().vec();
+    const std::vector<c10::IValue> y =
+        b.isList() ? b.toList().vec() : b.toTupleRef().elements().vec();
     if (x.size() != y.size()) return ::testing::AssertionFailure() << path << ": lengths differ";
     for (size_t i = 0; i < x.size(); ++i) {
       auto r = same(x[i], y[i], absl::StrCat(path, "/", i));
@@ -59,17 +65,19 @@ using Entries = std::vector<std::pair<std::string, std::string>>;
   }
   if (a.isDouble()) {  // bit-exact, NaN included
     const double x = a.toDouble(), y = b.toDouble();
-    return std::memcmp(&x, &y, sizeof(x)) == 0 ? ::testing::AssertionSuccess()
-                                               : ::testing::AssertionFailure() << path << ": " << x << " vs " << y;
+    return std::memcmp(&x, &y, sizeof(x)) == 0
+               ? ::testing::AssertionSuccess()
+               : ::testing::AssertionFailure() << path << ": " << x << " vs " << y;
   }
-  return a == b ? ::testing::AssertionSuccess() : ::testing::AssertionFailure() << path << ": values differ";
+  return a == b ? ::testing::AssertionSuccess()
+                : ::testing::AssertionFailure() << path << ": values differ";
 }
 
 c10::IValue every_kind_of_value() {
   Dict d(c10::StringType::get(), c10::AnyType::get());
-  const std::vector<at::ScalarType> dtypes = {at::kFloat, at::kDouble, at::kHalf,  at::kBFloat16,
-                                             at::kLong,  at::kInt,    at::kShort, at::kChar,
-                                             at::kByte,  at::kBool,   at::kComplexFloat, at::kComplexDouble};
+  const std::vector<at::ScalarType> dtypes = {
+      at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kLong,         at::kInt,
+      at::kShort, at::kChar,   at::kByte, at::kBool,     at::kComplexFloat, at::kComplexDouble};
   Dict tensors(c10::StringType::get(), c10::AnyType::get());
   for (at::ScalarType t : dtypes) {
     tensors.insert(c10::toString(t), at::arange(12, at::kDouble).reshape({3, 4}).sub(5).to(t));
@@ -120,9 +128,11 @@ TEST(TorchFileReaderTest, ReadsDtrainWriterFilesAsLibTorchDoes) {
   ASSERT_TRUE(bytes.ok()) << bytes.status();
   absl::StatusOr<c10::IValue> ours = read_torch_file(*bytes, "file dtrain.pt");
   ASSERT_TRUE(ours.ok()) << ours.status();
-  EXPECT_TRUE(same(*ours, torch::jit::pickle_load(std::vector<char>(bytes->begin(), bytes->end()))));
+  EXPECT_TRUE(
+      same(*ours, torch::jit::pickle_load(std::vector<char>(bytes->begin(), bytes->end()))));
   const Dict d = ours->toGenericDict();
-  EXPECT_EQ(d.at("by_int").toGenericDict().keyType()->str(), "Any");  // untyped, as from Python files
+  EXPECT_EQ(d.at("by_int").toGenericDict().keyType()->str(),
+            "Any");  // untyped, as from Python files
   EXPECT_TRUE(d.at("view_a").toTensor().storage().is_alias_of(d.at("view_b").toTensor().storage()));
   EXPECT_TRUE(d.at("grad").toTensor().requires_grad());
   // Nothing aliases the file's bytes.
@@ -147,7 +157,8 @@ Entries sample_entries() {
 
 Entries renamed(const Entries& in, const std::string& from, const std::string& to) {
   Entries out;
-  for (const auto& [n, d] : in) out.emplace_back(n.substr(0, from.size()) == from ? to + n.substr(from.size()) : n, d);
+  for (const auto& [n, d] : in)
+    out.emplace_back(n.substr(0, from.size()) == from ? to + n.substr(from.size()) : n, d);
   return out;
 }
 
@@ -160,9 +171,12 @@ TEST(TorchFileReaderTest, WithAnOwnerTensorsAreViewsThatKeepTheBytesAlive) {
   options.owner = owner;
   absl::StatusOr<c10::IValue> ours = read_torch_file(*owner, "file dtrain.pt", options);
   ASSERT_TRUE(ours.ok()) << ours.status();
-  const c10::IValue expected = torch::jit::pickle_load(std::vector<char>(owner->begin(), owner->end()));
-  const char* data = static_cast<const char*>(ours->toGenericDict().at("view_a").toTensor().storage().data());
-  EXPECT_TRUE(data >= owner->data() && data < owner->data() + owner->size()) << "not a view into the bytes";
+  const c10::IValue expected =
+      torch::jit::pickle_load(std::vector<char>(owner->begin(), owner->end()));
+  const char* data =
+      static_cast<const char*>(ours->toGenericDict().at("view_a").toTensor().storage().data());
+  EXPECT_TRUE(data >= owner->data() && data < owner->data() + owner->size())
+      << "not a view into the bytes";
   EXPECT_GT(owner.use_count(), 1);  // the tensors hold the bytes
   std::weak_ptr<std::string> weak = owner;
   owner.reset();
@@ -218,12 +232,14 @@ TEST(TorchFileReaderTest, ArchiveLayoutErrors) {
        "is a TorchScript module archive (torch.jit.save)"},
       {with(good, "archive/byteorder", "big"), absl::StatusCode::kInvalidArgument, "big-endian"},
       {with(good, "archive/byteorder", "middle"), absl::StatusCode::kDataLoss, "byteorder entry"},
-      {no_storage, absl::StatusCode::kDataLoss, "refers to storage 0 but the archive has no entry archive/data/0"},
+      {no_storage, absl::StatusCode::kDataLoss,
+       "refers to storage 0 but the archive has no entry archive/data/0"},
       {with(good, "archive/data/0", std::string(23, '\0')), absl::StatusCode::kDataLoss,
        "storage archive/data/0 holds 23 bytes, its pickle says 6 elements of Float (24 bytes)"},
       {with(good, "archive/data/1", std::string(3, '\x02')), absl::StatusCode::kDataLoss,
        "bool storage archive/data/1 holds a byte other than 0 or 1"},
-      {with(good, "other/data.pkl", "\x80\x02N."), absl::StatusCode::kDataLoss, "holds two pickles"},
+      {with(good, "other/data.pkl", "\x80\x02N."), absl::StatusCode::kDataLoss,
+       "holds two pickles"},
   };
   for (const Case& c : cases) {
     const absl::Status s = read_entries(c.entries);
@@ -237,11 +253,13 @@ TEST(TorchFileReaderTest, DamagedLegacyAndForeignFiles) {
   std::string bytes = testing::make_zip(sample_entries());
   const absl::StatusOr<StoredZip> zip = read_stored_zip(bytes, "f");
   ASSERT_TRUE(zip.ok());
-  bytes[static_cast<size_t>(zip->entries[2].data.data() - bytes.data()) + 5] ^= 0x10;  // in archive/data/0
+  bytes[static_cast<size_t>(zip->entries[2].data.data() - bytes.data()) + 5] ^=
+      0x10;  // in archive/data/0
   ASSERT_EQ(zip->entries[2].name, "archive/data/0");
   absl::Status crc = read_torch_file(bytes, "file x.pt").status();
   EXPECT_EQ(crc.code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(std::string(crc.message()), HasSubstr("file x.pt is damaged: entry archive/data/0 fails its CRC-32"));
+  EXPECT_THAT(std::string(crc.message()),
+              HasSubstr("file x.pt is damaged: entry archive/data/0 fails its CRC-32"));
   EXPECT_THAT(std::string(crc.message()), HasSubstr("load another copy, or save it again"));
 
   const std::string legacy("\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19.\x80\x02", 17);
@@ -254,7 +272,8 @@ TEST(TorchFileReaderTest, DamagedLegacyAndForeignFiles) {
   EXPECT_THAT(std::string(text.message()), HasSubstr("file t.txt is not a PyTorch file"));
 
   const std::string whole = testing::make_zip(sample_entries());
-  EXPECT_EQ(read_torch_file(whole.substr(0, whole.size() / 2), "f").status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(read_torch_file(whole.substr(0, whole.size() / 2), "f").status().code(),
+            absl::StatusCode::kDataLoss);
 }
 
 }  // namespace

@@ -30,17 +30,26 @@
 namespace dtrain::checkpoint {
 namespace {
 
-constexpr size_t kMaxDepth = 200;      // far beyond any state dict; keeps the recursion within small stacks
-constexpr size_t kBatchSize = 1000;    // CPython's pickler: items per MARK ... SETITEMS / APPENDS
+constexpr size_t kMaxDepth =
+    200;  // far beyond any state dict; keeps the recursion within small stacks
+constexpr size_t kBatchSize = 1000;  // CPython's pickler: items per MARK ... SETITEMS / APPENDS
 constexpr uint64_t kMax32 = 0xffffffffu;
 
 // The storage class Python's torch.save names for each dtype (torch/storage.py).
 const char* storage_class(at::ScalarType t) {
   static constexpr std::pair<at::ScalarType, const char*> kClasses[] = {
-      {at::kFloat, "FloatStorage"}, {at::kDouble, "DoubleStorage"}, {at::kHalf, "HalfStorage"},
-      {at::kBFloat16, "BFloat16Storage"}, {at::kLong, "LongStorage"}, {at::kInt, "IntStorage"},
-      {at::kShort, "ShortStorage"}, {at::kChar, "CharStorage"}, {at::kByte, "ByteStorage"},
-      {at::kBool, "BoolStorage"}, {at::kComplexFloat, "ComplexFloatStorage"}, {at::kComplexDouble, "ComplexDoubleStorage"}};
+      {at::kFloat, "FloatStorage"},
+      {at::kDouble, "DoubleStorage"},
+      {at::kHalf, "HalfStorage"},
+      {at::kBFloat16, "BFloat16Storage"},
+      {at::kLong, "LongStorage"},
+      {at::kInt, "IntStorage"},
+      {at::kShort, "ShortStorage"},
+      {at::kChar, "CharStorage"},
+      {at::kByte, "ByteStorage"},
+      {at::kBool, "BoolStorage"},
+      {at::kComplexFloat, "ComplexFloatStorage"},
+      {at::kComplexDouble, "ComplexDoubleStorage"}};
   for (const auto& [type, name] : kClasses) {
     if (type == t) return name;
   }
@@ -57,7 +66,11 @@ size_t invalid_utf8_at(const std::string& s) {
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
   for (size_t i = 0, n = s.size(); i < n;) {
     const unsigned c = p[i];
-    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    size_t len = c < 0x80           ? 1
+                 : (c >> 5) == 0x6  ? 2
+                 : (c >> 4) == 0xe  ? 3
+                 : (c >> 3) == 0x1e ? 4
+                                    : 0;
     if (len == 0 || i + len > n) return i;
     uint32_t cp = len == 1 ? c : c & (0x7f >> len);
     for (size_t k = 1; k < len; ++k) {
@@ -102,7 +115,8 @@ class Pickler {
     if (key.isBool()) return key.toBool() ? "True" : "False";
     if (key.isDouble()) {
       std::string text = absl::StrCat(key.toDouble());
-      return text.find_first_of(".en") == std::string::npos ? text + ".0" : text;  // as Python prints it
+      return text.find_first_of(".en") == std::string::npos ? text + ".0"
+                                                            : text;  // as Python prints it
     }
     return absl::StrCat("<", key.tagKind(), " key>");
   }
@@ -125,7 +139,8 @@ class Pickler {
     return p;
   }
   absl::Status error(const std::string& what) const {
-    return absl::InvalidArgumentError(absl::StrCat("cannot write '", path(), "' as torch.save would: ", what));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot write '", path(), "' as torch.save would: ", what));
   }
 
   void op(char code, uint64_t arg, int bytes) {
@@ -157,7 +172,8 @@ class Pickler {
   void integer(int64_t v) {
     if (v >= 0 && v < 65536) {
       v < 256 ? op('K', v, 1) : op('M', v, 2);  // BININT1 / BININT2
-    } else if (v >= std::numeric_limits<int32_t>::min() && v <= std::numeric_limits<int32_t>::max()) {
+    } else if (v >= std::numeric_limits<int32_t>::min() &&
+               v <= std::numeric_limits<int32_t>::max()) {
       op('J', static_cast<uint32_t>(static_cast<int32_t>(v)), 4);  // BININT
     } else {
       // LONG1, always 8 bytes: CPython writes the fewest bytes, LibTorch's unpickler reads only 8.
@@ -195,7 +211,8 @@ class Pickler {
   }
 
   absl::Status value(const c10::IValue& v) {
-    if (path_.size() > kMaxDepth) return error(absl::StrCat("nested deeper than ", kMaxDepth, " levels"));
+    if (path_.size() > kMaxDepth)
+      return error(absl::StrCat("nested deeper than ", kMaxDepth, " levels"));
     if (v.isNone()) {
       out_.push_back('N');
     } else if (v.isBool()) {
@@ -207,8 +224,9 @@ class Pickler {
     } else if (v.isString()) {
       const std::string& s = v.toStringRef();
       if (size_t at = invalid_utf8_at(s); at != std::string::npos) {
-        return error(absl::StrCat("the string is not valid UTF-8 (byte ", at, " of ", s.size(),
-                                  "), which Python cannot load as str; keep bytes in a uint8 tensor"));
+        return error(
+            absl::StrCat("the string is not valid UTF-8 (byte ", at, " of ", s.size(),
+                         "), which Python cannot load as str; keep bytes in a uint8 tensor"));
       }
       if (s.size() > kMax32) return error("a string of 4 GiB or more needs pickle protocol 4");
       str(s);
@@ -221,7 +239,8 @@ class Pickler {
       }
       return v.isTuple() ? tuple_value(v) : v.isList() ? list_value(v) : dict_value(v);
     } else {
-      return error(absl::StrCat("a ", v.tagKind(), " is not a plain state-dict value (write tensors, dicts, "
+      return error(absl::StrCat("a ", v.tagKind(),
+                                " is not a plain state-dict value (write tensors, dicts, "
                                 "lists, tuples, str, int, float, bool or None)"));
     }
     return absl::OkStatus();
@@ -230,7 +249,8 @@ class Pickler {
   absl::Status tuple_value(const c10::IValue& v) {
     const void* identity = v.internalToPointer();
     if (!tuples_in_progress_.insert(identity).second) {
-      return error("the tuple contains itself; Python's weights-only loader cannot read recursive tuples");
+      return error(
+          "the tuple contains itself; Python's weights-only loader cannot read recursive tuples");
     }
     const auto& elements = v.toTupleRef().elements();
     absl::Status s = tuple(elements.size(), identity, [&](size_t i) {
@@ -279,8 +299,9 @@ class Pickler {
     for (const auto& kv : dict) {
       if (std::optional<int64_t> k = integral_key(kv.key())) {
         if (auto [it, fresh] = numeric_keys.emplace(*k, &kv.key()); !fresh) {
-          return error(absl::StrCat("its keys ", key_text(*it->second), " and ", key_text(kv.key()),
-                                    " are one key in a Python dict, which would keep only the last value"));
+          return error(
+              absl::StrCat("its keys ", key_text(*it->second), " and ", key_text(kv.key()),
+                           " are one key in a Python dict, which would keep only the last value"));
         }
       }
       path_.push_back({&kv.key(), i});
@@ -306,15 +327,21 @@ class Pickler {
     }
     const char* cls = storage_class(t.scalar_type());
     if (t.is_quantized() || t.layout() != at::kStrided || t.is_nested()) {
-      return error(absl::StrCat("only dense (strided) tensors are written; this one is ", t.toString(),
-                                " with layout ", c10::str(t.layout()), t.is_nested() ? " (nested)" : "",
+      return error(absl::StrCat("only dense (strided) tensors are written; this one is ",
+                                t.toString(), " with layout ", c10::str(t.layout()),
+                                t.is_nested() ? " (nested)" : "",
                                 "; convert it (to_dense(), dequantize()) first"));
     }
-    if (t.is_meta()) return error("a meta tensor has no data to save; materialise it on the CPU or a GPU first");
-    if (cls == nullptr) return error(absl::StrCat("dtype ", c10::toString(t.scalar_type()), " has no storage class"));
-    if (t.is_conj() || t.is_neg()) return error("the tensor has its conj/neg bit set; call resolve_conj()/resolve_neg()");
-    if (has_dimension_names(t)) return error("named tensors cannot be saved (torch.save refuses them too); rename(None)");
-    if (!t.has_storage()) return error("the tensor has no storage (a wrapper or functional tensor)");
+    if (t.is_meta())
+      return error("a meta tensor has no data to save; materialise it on the CPU or a GPU first");
+    if (cls == nullptr)
+      return error(absl::StrCat("dtype ", c10::toString(t.scalar_type()), " has no storage class"));
+    if (t.is_conj() || t.is_neg())
+      return error("the tensor has its conj/neg bit set; call resolve_conj()/resolve_neg()");
+    if (has_dimension_names(t))
+      return error("named tensors cannot be saved (torch.save refuses them too); rename(None)");
+    if (!t.has_storage())
+      return error("the tensor has no storage (a wrapper or functional tensor)");
     const c10::Storage& storage = t.storage();
     const size_t nbytes = storage.nbytes();
     const size_t itemsize = t.element_size();
@@ -322,7 +349,8 @@ class Pickler {
       return error(absl::StrCat("its storage has ", nbytes, " bytes, not a whole number of ",
                                 c10::toString(t.scalar_type()), " elements; save a clone()"));
     }
-    const c10::StorageImpl* impl = storage.unsafeGetStorageImpl();  // the original: views of a CUDA one share too
+    const c10::StorageImpl* impl =
+        storage.unsafeGetStorageImpl();  // the original: views of a CUDA one share too
     auto it = storage_keys_.find(impl);
     if (it == storage_keys_.end()) {
       const std::string key = std::to_string(storages_.size());
@@ -330,11 +358,13 @@ class Pickler {
       it = storage_keys_.emplace(impl, StorageKey{key, t.scalar_type(), path()}).first;
     } else if (it->second.dtype != t.scalar_type()) {
       return error(absl::StrCat("it views the storage of '", it->second.first_path, "' as ",
-                                c10::toString(t.scalar_type()), ", that one as ", c10::toString(it->second.dtype),
+                                c10::toString(t.scalar_type()), ", that one as ",
+                                c10::toString(it->second.dtype),
                                 "; torch.save refuses this too: save a clone() of one"));
     }
     global("torch._utils", "_rebuild_tensor_v2");
-    out_ += "((";  // the arguments' MARK, the persistent id's: ('storage', torch.<T>Storage, key, 'cpu', numel)
+    out_ +=
+        "((";  // the arguments' MARK, the persistent id's: ('storage', torch.<T>Storage, key, 'cpu', numel)
     str("storage");
     global("torch", cls);
     str(it->second.key);
@@ -359,15 +389,19 @@ class Pickler {
   }
 
   // Appends `t`'s whole storage under `key`; one on a device as a CPU copy (synchronous), kept here.
-  absl::Status add_storage(const at::Tensor& t, const c10::Storage& storage, size_t nbytes, const std::string& key) {
+  absl::Status add_storage(const at::Tensor& t, const c10::Storage& storage, size_t nbytes,
+                           const std::string& key) {
     at::Tensor host;  // for a device storage: a byte tensor over all of it, copied to the CPU
     if (!t.device().is_cpu()) {
       try {
         host = at::empty({0}, at::TensorOptions().dtype(at::kByte).device(t.device()));
-        host = host.set_(storage, 0, std::vector<int64_t>{static_cast<int64_t>(nbytes)}, std::vector<int64_t>{1}).cpu();
+        host = host.set_(storage, 0, std::vector<int64_t>{static_cast<int64_t>(nbytes)},
+                         std::vector<int64_t>{1})
+                   .cpu();
       } catch (const std::exception& e) {
-        return error(absl::StrCat("copying its ", t.device().str(), " storage (", nbytes, " bytes) to the CPU failed: ",
-                                  std::string(e.what()).substr(0, 300)));
+        return error(
+            absl::StrCat("copying its ", t.device().str(), " storage (", nbytes,
+                         " bytes) to the CPU failed: ", std::string(e.what()).substr(0, 300)));
       }
     }
     const void* data = host.defined() ? host.data_ptr() : storage.data();
@@ -398,7 +432,8 @@ void put_fields(std::string& out, std::initializer_list<std::pair<uint64_t, int>
 // A zip of stored entries, each one's data 64-byte aligned, zip64 where a field needs it.
 class ZipWriter {
  public:
-  ZipWriter(std::string prefix, bool force_zip64, size_t reserve) : prefix_(std::move(prefix)), force_(force_zip64) {
+  ZipWriter(std::string prefix, bool force_zip64, size_t reserve)
+      : prefix_(std::move(prefix)), force_(force_zip64) {
     out_.reserve(reserve);
   }
 
@@ -410,8 +445,17 @@ class ZipWriter {
     const uint64_t size32 = zip64 ? kMax32 : size;
     // Signature, version needed, flags (UTF-8 names, as PyTorch's writer), stored, time, date
     // (1980-01-01), CRC-32, compressed and uncompressed size, name length, extra length.
-    put_fields(out_, {{0x04034b50, 4}, {zip64 ? 45 : 20, 2}, {0x0800, 2}, {0, 2}, {0, 2}, {0x21, 2}, {e.crc, 4},
-                      {size32, 4}, {size32, 4}, {e.name.size(), 2}, {zip64_extra + 4 + pad, 2}});
+    put_fields(out_, {{0x04034b50, 4},
+                      {zip64 ? 45 : 20, 2},
+                      {0x0800, 2},
+                      {0, 2},
+                      {0, 2},
+                      {0x21, 2},
+                      {e.crc, 4},
+                      {size32, 4},
+                      {size32, 4},
+                      {e.name.size(), 2},
+                      {zip64_extra + 4 + pad, 2}});
     out_ += e.name;
     if (zip64) put_fields(out_, {{0x0001, 2}, {16, 2}, {size, 8}, {size, 8}});
     out_ += "FB";  // PyTorch's padding field: the data starts at a multiple of 64
@@ -425,13 +469,28 @@ class ZipWriter {
     const uint64_t cd_start = out_.size();
     for (const Entry& e : entries_) {
       const bool big_size = force_ || e.size >= kMax32, big_offset = force_ || e.offset >= kMax32;
-      const size_t extra = (big_size || big_offset) ? 4 + (big_size ? 16 : 0) + (big_offset ? 8 : 0) : 0;
+      const size_t extra =
+          (big_size || big_offset) ? 4 + (big_size ? 16 : 0) + (big_offset ? 8 : 0) : 0;
       const uint64_t version = extra > 0 ? 45 : 20, size32 = big_size ? kMax32 : e.size;
       // Signature, made by (MS-DOS), needed, flags, method, time, date, CRC-32, sizes, name,
       // extra and comment lengths, disk, internal and external attributes, local header offset.
-      put_fields(out_, {{0x02014b50, 4}, {version, 2}, {version, 2}, {0x0800, 2}, {0, 2}, {0, 2}, {0x21, 2},
-                        {e.crc, 4}, {size32, 4}, {size32, 4}, {e.name.size(), 2}, {extra, 2}, {0, 2}, {0, 2},
-                        {0, 2}, {0, 4}, {big_offset ? kMax32 : e.offset, 4}});
+      put_fields(out_, {{0x02014b50, 4},
+                        {version, 2},
+                        {version, 2},
+                        {0x0800, 2},
+                        {0, 2},
+                        {0, 2},
+                        {0x21, 2},
+                        {e.crc, 4},
+                        {size32, 4},
+                        {size32, 4},
+                        {e.name.size(), 2},
+                        {extra, 2},
+                        {0, 2},
+                        {0, 2},
+                        {0, 2},
+                        {0, 4},
+                        {big_offset ? kMax32 : e.offset, 4}});
       out_ += e.name;
       if (extra > 0) {  // zip64 extended information: only the fields set to 0xFFFFFFFF, in order
         put_fields(out_, {{0x0001, 2}, {extra - 4, 2}});
@@ -445,13 +504,31 @@ class ZipWriter {
     if (big_count || big_cd_size || big_cd_start) {
       // Zip64 end of central directory record (size 44 after its first 12 bytes), then locator.
       const uint64_t record = out_.size();
-      put_fields(out_, {{0x06064b50, 4}, {44, 8}, {45, 2}, {45, 2}, {0, 4}, {0, 4}, {count, 8}, {count, 8},
-                        {cd_size, 8}, {cd_start, 8}, {0x07064b50, 4}, {0, 4}, {record, 8}, {1, 4}});
+      put_fields(out_, {{0x06064b50, 4},
+                        {44, 8},
+                        {45, 2},
+                        {45, 2},
+                        {0, 4},
+                        {0, 4},
+                        {count, 8},
+                        {count, 8},
+                        {cd_size, 8},
+                        {cd_start, 8},
+                        {0x07064b50, 4},
+                        {0, 4},
+                        {record, 8},
+                        {1, 4}});
     }
     // End of central directory, comment length 0: the caller may set it and append a comment.
     const uint64_t count16 = big_count ? 0xffff : count;
-    put_fields(out_, {{0x06054b50, 4}, {0, 2}, {0, 2}, {count16, 2}, {count16, 2}, {big_cd_size ? kMax32 : cd_size, 4},
-                      {big_cd_start ? kMax32 : cd_start, 4}, {0, 2}});
+    put_fields(out_, {{0x06054b50, 4},
+                      {0, 2},
+                      {0, 2},
+                      {count16, 2},
+                      {count16, 2},
+                      {big_cd_size ? kMax32 : cd_size, 4},
+                      {big_cd_start ? kMax32 : cd_start, 4},
+                      {0, 2}});
     return std::move(out_);
   }
 
@@ -473,26 +550,34 @@ class ZipWriter {
 
 }  // namespace
 
-absl::StatusOr<std::string> write_torch_file(const c10::IValue& value, const TorchFileWriteOptions& options) {
+absl::StatusOr<std::string> write_torch_file(const c10::IValue& value,
+                                             const TorchFileWriteOptions& options) {
   const std::string& name = options.archive_name;
-  const bool printable = std::all_of(name.begin(), name.end(), [](char c) { return c > ' ' && c < 0x7f; });
-  if (name.empty() || name.size() > 1000 || !printable || name.find_first_of("/\\") != std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat("archive_name '", name, "' must be 1 to 1000 printable ASCII "
-                                                   "characters without '/' or '\\' (torch.save uses \"archive\")"));
+  const bool printable =
+      std::all_of(name.begin(), name.end(), [](char c) { return c > ' ' && c < 0x7f; });
+  if (name.empty() || name.size() > 1000 || !printable ||
+      name.find_first_of("/\\") != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("archive_name '", name,
+                     "' must be 1 to 1000 printable ASCII "
+                     "characters without '/' or '\\' (torch.save uses \"archive\")"));
   }
   Pickler pickler;
   if (absl::Status s = pickler.dump(value); !s.ok()) return s;
   static constexpr char kLittle[] = "little";
   static constexpr char kVersion[] = "3\n";
-  size_t total = pickler.bytes().size() + 1024 + options.serialization_id.size() + 4 * ZipWriter::overhead(name.size() + 32);
-  for (const auto& s : pickler.storages()) total += s.nbytes + ZipWriter::overhead(name.size() + 6 + s.key.size());
+  size_t total = pickler.bytes().size() + 1024 + options.serialization_id.size() +
+                 4 * ZipWriter::overhead(name.size() + 32);
+  for (const auto& s : pickler.storages())
+    total += s.nbytes + ZipWriter::overhead(name.size() + 6 + s.key.size());
   ZipWriter zip(name, options.force_zip64, total);
   zip.add("data.pkl", pickler.bytes().data(), pickler.bytes().size());
   zip.add("byteorder", kLittle, sizeof(kLittle) - 1);
   for (const auto& s : pickler.storages()) zip.add("data/" + s.key, s.data, s.nbytes);
   zip.add("version", kVersion, sizeof(kVersion) - 1);
   if (!options.serialization_id.empty()) {
-    zip.add(".data/serialization_id", options.serialization_id.data(), options.serialization_id.size());
+    zip.add(".data/serialization_id", options.serialization_id.data(),
+            options.serialization_id.size());
   }
   return zip.finish();
 }

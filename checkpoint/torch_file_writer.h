@@ -92,7 +92,8 @@ struct TorchFileWriteOptions {
 // Memory: the result holds every storage's bytes once more (the caller's copy plus the file); a
 // GPU storage is held in host memory twice during the call (its CPU copy and the file).
 // Thread safety: reads `value` only; safe to call concurrently as long as nobody mutates it.
-absl::StatusOr<std::string> write_torch_file(const c10::IValue& value, const TorchFileWriteOptions& options = {});
+absl::StatusOr<std::string> write_torch_file(const c10::IValue& value,
+                                             const TorchFileWriteOptions& options = {});
 
 }  // namespace dtrain::checkpoint
 

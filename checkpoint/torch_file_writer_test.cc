@@ -32,16 +32,25 @@ c10::IValue tuple(std::vector<c10::IValue> xs) { return c10::ivalue::Tuple::crea
 // ---- The canonical dump, the same text check_written_file.py prints for what Python loaded ----
 
 const char* dtype_name(at::ScalarType t) {  // Python's name
-  static const std::map<at::ScalarType, const char*> kNames = {
-      {at::kFloat, "float32"}, {at::kDouble, "float64"}, {at::kHalf, "float16"}, {at::kBFloat16, "bfloat16"},
-      {at::kLong, "int64"},    {at::kInt, "int32"},      {at::kShort, "int16"},  {at::kChar, "int8"},
-      {at::kByte, "uint8"},    {at::kBool, "bool"},      {at::kComplexFloat, "complex64"}, {at::kComplexDouble, "complex128"}};
+  static const std::map<at::ScalarType, const char*> kNames = {{at::kFloat, "float32"},
+                                                               {at::kDouble, "float64"},
+                                                               {at::kHalf, "float16"},
+                                                               {at::kBFloat16, "bfloat16"},
+                                                               {at::kLong, "int64"},
+                                                               {at::kInt, "int32"},
+                                                               {at::kShort, "int16"},
+                                                               {at::kChar, "int8"},
+                                                               {at::kByte, "uint8"},
+                                                               {at::kBool, "bool"},
+                                                               {at::kComplexFloat, "complex64"},
+                                                               {at::kComplexDouble, "complex128"}};
   return kNames.at(t);
 }
 
 std::string hex(const void* data, size_t n) {
   std::string s;
-  for (size_t i = 0; i < n; ++i) absl::StrAppendFormat(&s, "%02x", static_cast<const unsigned char*>(data)[i]);
+  for (size_t i = 0; i < n; ++i)
+    absl::StrAppendFormat(&s, "%02x", static_cast<const unsigned char*>(data)[i]);
   return s;
 }
 
@@ -78,24 +87,31 @@ class Dumper {
       std::string ids;
       if (identity_) {
         const void* s = t.storage().unsafeGetStorageImpl();
-        const std::string sid = nbytes == 0 ? "empty" : std::to_string(storages_.emplace(s, storages_.size()).first->second);
+        const std::string sid =
+            nbytes == 0 ? "empty"
+                        : std::to_string(storages_.emplace(s, storages_.size()).first->second);
         ids = absl::StrCat(" storage=", sid, " obj=", obj(t.unsafeGetTensorImpl()));
       }
       const at::Tensor c = t.contiguous();
-      out(absl::StrCat("tensor dtype=", dtype_name(t.scalar_type()), " shape=", join(t.sizes()), " stride=",
-                       join(t.strides()), " offset=", t.storage_offset(), " grad=", t.requires_grad() ? 1 : 0,
-                       " snbytes=", nbytes, ids, " data=", hex(c.data_ptr(), c.numel() * c.element_size())));
+      out(absl::StrCat("tensor dtype=", dtype_name(t.scalar_type()), " shape=", join(t.sizes()),
+                       " stride=", join(t.strides()), " offset=", t.storage_offset(),
+                       " grad=", t.requires_grad() ? 1 : 0, " snbytes=", nbytes, ids,
+                       " data=", hex(c.data_ptr(), c.numel() * c.element_size())));
     } else if (v.isTuple()) {
       const auto& xs = v.toTupleRef().elements();
-      out(absl::StrCat("tuple n=", xs.size(), identity_ && !xs.empty() ? absl::StrCat(" obj=", obj(v.internalToPointer())) : ""));
+      out(absl::StrCat(
+          "tuple n=", xs.size(),
+          identity_ && !xs.empty() ? absl::StrCat(" obj=", obj(v.internalToPointer())) : ""));
       for (size_t i = 0; i < xs.size(); ++i) walk(absl::StrCat(path, "/", i), xs[i]);
     } else if (v.isList()) {
       const c10::List<c10::IValue> xs = v.toList();
-      out(absl::StrCat("list n=", xs.size(), identity_ ? absl::StrCat(" obj=", obj(v.internalToPointer())) : ""));
+      out(absl::StrCat("list n=", xs.size(),
+                       identity_ ? absl::StrCat(" obj=", obj(v.internalToPointer())) : ""));
       for (size_t i = 0; i < xs.size(); ++i) walk(absl::StrCat(path, "/", i), xs.get(i));
     } else if (v.isGenericDict()) {
       const auto d = v.toGenericDict();
-      out(absl::StrCat("dict n=", d.size(), identity_ ? absl::StrCat(" obj=", obj(v.internalToPointer())) : ""));
+      out(absl::StrCat("dict n=", d.size(),
+                       identity_ ? absl::StrCat(" obj=", obj(v.internalToPointer())) : ""));
       size_t i = 0;
       for (const auto& kv : d) {
         walk(absl::StrCat(path, "/#", i, ".key"), kv.key());
@@ -130,7 +146,8 @@ bool respelled(const std::vector<std::string>& lines) {
     const size_t at = l.find(" int ");
     if (at != std::string::npos) {
       const int64_t v = std::stoll(l.substr(at + 5));
-      if (v < std::numeric_limits<int32_t>::min() || v > std::numeric_limits<int32_t>::max()) return true;
+      if (v < std::numeric_limits<int32_t>::min() || v > std::numeric_limits<int32_t>::max())
+        return true;
     }
   }
   return any_line_has(lines, " dict n=1 ") || any_line_has(lines, " list n=1 ");
@@ -154,7 +171,8 @@ struct Written {
   std::string bytes;
 };
 
-Written write(const std::string& name, const c10::IValue& value, const TorchFileWriteOptions& options = {}) {
+Written write(const std::string& name, const c10::IValue& value,
+              const TorchFileWriteOptions& options = {}) {
   absl::StatusOr<std::string> bytes = write_torch_file(value, options);
   EXPECT_TRUE(bytes.ok()) << name << ": " << bytes.status();
   return {name, value, bytes.ok() ? *bytes : std::string()};
@@ -211,7 +229,8 @@ void expect_readable(const std::vector<Written>& files) {
     const std::vector<std::string>& got = sections[paths[f]];
     const std::vector<std::string> want_dump = dump(w.value, true);
     std::vector<std::string> want = {"ALIGN ok", "CRC ok", "LOAD default ok"};
-    want.push_back(v1 && any_line_has(want_dump, " float ") ? "LOAD weights_only 1.13-binfloat" : "LOAD weights_only ok");
+    want.push_back(v1 && any_line_has(want_dump, " float ") ? "LOAD weights_only 1.13-binfloat"
+                                                            : "LOAD weights_only ok");
     if (!v1) want.push_back("LOAD mmap ok");
     // torch.save spells one-item dicts and lists and ints beyond 32 bits otherwise (same ops).
     want.push_back(respelled(want_dump) ? "RESAVE same-ops" : "RESAVE same");
@@ -238,21 +257,29 @@ void expect_readable(const std::vector<Written>& files) {
 
 // ---- Values ----
 
-const std::vector<at::ScalarType> kDtypes = {at::kFloat, at::kDouble, at::kHalf,  at::kBFloat16,     at::kLong,
-                                             at::kInt,   at::kShort,  at::kChar,  at::kByte,         at::kBool,
-                                             at::kComplexFloat, at::kComplexDouble};
+const std::vector<at::ScalarType> kDtypes = {
+    at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kLong,         at::kInt,
+    at::kShort, at::kChar,   at::kByte, at::kBool,     at::kComplexFloat, at::kComplexDouble};
 
 at::Tensor interesting(at::ScalarType t) {  // extremes, signed zeros, inf, NaN, subnormals
-  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity(),
+               nan = std::numeric_limits<double>::quiet_NaN();
   if (at::isFloatingType(t) || at::isComplexType(t)) {
-    const at::Tensor x = at::tensor({0.0, -0.0, 1.5, -2.25, 1e-40, 3e38, inf, -inf, nan, 1.0 / 3}, at::kDouble);
+    const at::Tensor x =
+        at::tensor({0.0, -0.0, 1.5, -2.25, 1e-40, 3e38, inf, -inf, nan, 1.0 / 3}, at::kDouble);
     return (at::isComplexType(t) ? at::complex(x, x.flip(0)) : x).to(t).reshape({2, 5});
   }
   if (t == at::kBool) return at::tensor({1, 0, 0, 1, 1}, at::kLong).to(t);
   const int bits = static_cast<int>(c10::elementSize(t)) * 8;
-  const int64_t lo = t == at::kByte ? 0 : bits == 64 ? std::numeric_limits<int64_t>::min() : -(int64_t{1} << (bits - 1));
-  const int64_t hi = t == at::kByte ? 255 : bits == 64 ? std::numeric_limits<int64_t>::max() : -lo - 1;
-  return at::tensor({lo, hi, int64_t{0}, int64_t{1}, int64_t{100}}, at::kLong).to(t).reshape({5, 1});
+  const int64_t lo = t == at::kByte ? 0
+                     : bits == 64   ? std::numeric_limits<int64_t>::min()
+                                    : -(int64_t{1} << (bits - 1));
+  const int64_t hi = t == at::kByte ? 255
+                     : bits == 64   ? std::numeric_limits<int64_t>::max()
+                                    : -lo - 1;
+  return at::tensor({lo, hi, int64_t{0}, int64_t{1}, int64_t{100}}, at::kLong)
+      .to(t)
+      .reshape({5, 1});
 }
 
 TEST(TorchFileWriterTest, EveryDtypeInNestedDicts) {
@@ -272,13 +299,13 @@ TEST(TorchFileWriterTest, ViewsShareOneStorage) {
   const at::Tensor base = at::arange(24, at::kFloat), longs = at::arange(10, at::kLong);
   Dict d = str_dict();
   d.insert("base", base);
-  d.insert("row", base.narrow(0, 4, 4));              // offset 4
-  d.insert("transposed", base.view({4, 6}).t());      // strides 1, 6
-  d.insert("column", base.view({4, 6}).select(1, 2)); // offset 2, stride 6
+  d.insert("row", base.narrow(0, 4, 4));                      // offset 4
+  d.insert("transposed", base.view({4, 6}).t());              // strides 1, 6
+  d.insert("column", base.view({4, 6}).select(1, 2));         // offset 2, stride 6
   d.insert("expanded", base.narrow(0, 5, 1).expand({3, 4}));  // stride 0
-  d.insert("element", base[7]);                       // 0-dim view
-  d.insert("copy", base.clone());                     // equal values, its own storage
-  d.insert("base_again", base);                       // the same tensor: one object in Python
+  d.insert("element", base[7]);                               // 0-dim view
+  d.insert("copy", base.clone());                             // equal values, its own storage
+  d.insert("base_again", base);  // the same tensor: one object in Python
   d.insert("longs", tuple({longs.narrow(0, 8, 2), longs.view({2, 5})}));
   expect_readable({write("views", d)});
 }
@@ -292,29 +319,46 @@ TEST(TorchFileWriterTest, EdgeCaseTensors) {
   d.insert("int_scalar", at::scalar_tensor(-7, at::kLong));
   d.insert("grad", at::ones({2, 2}).requires_grad_());
   d.insert("undefined", at::Tensor());  // None in Python
-  d.insert("slice_of_big", at::arange(1000, at::kLong).narrow(0, 990, 3));  // the whole storage goes
+  d.insert("slice_of_big",
+           at::arange(1000, at::kLong).narrow(0, 990, 3));  // the whole storage goes
   d.insert("five_dims", at::arange(6, at::kShort).reshape({1, 2, 1, 3, 1}));
   expect_readable({write("edge_tensors", d)});
 }
 
 TEST(TorchFileWriterTest, ScalarsStringsAndContainers) {
-  const int64_t i64min = std::numeric_limits<int64_t>::min(), i64max = std::numeric_limits<int64_t>::max();
+  const int64_t i64min = std::numeric_limits<int64_t>::min(),
+                i64max = std::numeric_limits<int64_t>::max();
   const int64_t p31 = int64_t{1} << 31, p39 = int64_t{1} << 39, p47 = int64_t{1} << 47;
-  std::vector<int64_t> ints = {0, 1, 255, 256, 65535, 65536, -1, -255, -256, -257, -p31, p31 - 1, -p31 - 1, p31,
-                               p31 * 2, p39 - 1, p39, -p39, -p39 - 1, p39 * 2, p47, -p47, -p47 - 1, p47 << 8,
-                               -(p47 << 8), (int64_t{1} << 53) + 1, i64min, i64max, i64min + 1};
+  std::vector<int64_t> ints = {0,           1,
+                               255,         256,
+                               65535,       65536,
+                               -1,          -255,
+                               -256,        -257,
+                               -p31,        p31 - 1,
+                               -p31 - 1,    p31,
+                               p31 * 2,     p39 - 1,
+                               p39,         -p39,
+                               -p39 - 1,    p39 * 2,
+                               p47,         -p47,
+                               -p47 - 1,    p47 << 8,
+                               -(p47 << 8), (int64_t{1} << 53) + 1,
+                               i64min,      i64max,
+                               i64min + 1};
   const double inf = std::numeric_limits<double>::infinity(), payload_nan = std::nan("0x123");
   Dict d = str_dict();
   d.insert("ints", c10::List<int64_t>(ints));
   d.insert("floats", c10::List<double>({0.0, -0.0, 0.1, -2.5, 1e308, 5e-324, inf, -inf,
-                                        std::numeric_limits<double>::quiet_NaN(), payload_nan, -payload_nan}));
+                                        std::numeric_limits<double>::quiet_NaN(), payload_nan,
+                                        -payload_nan}));
   d.insert("bools", c10::List<bool>({true, false, true}));
-  for (auto [key, v] : {std::pair<const char*, c10::IValue>{"true", true}, {"false", false}, {"none", {}}}) {
+  for (auto [key, v] :
+       {std::pair<const char*, c10::IValue>{"true", true}, {"false", false}, {"none", {}}}) {
     d.insert(key, v);
   }
-  d.insert("strings", c10::List<std::string>({"", "a", "plain", "grüße, 世界", "emoji 🙂",
-                                              "quote ' \" back \\ newline \n tab \t", std::string("nul\0inside", 10),
-                                              std::string(300, 'x')}));
+  d.insert("strings",
+           c10::List<std::string>({"", "a", "plain", "grüße, 世界", "emoji 🙂",
+                                   "quote ' \" back \\ newline \n tab \t",
+                                   std::string("nul\0inside", 10), std::string(300, 'x')}));
   d.insert("tensors", c10::List<at::Tensor>({at::ones({2}), at::zeros({1}, at::kInt)}));
   List nested = any_list(), inner = any_list();
   inner.push_back(tuple({}));
@@ -322,7 +366,8 @@ TEST(TorchFileWriterTest, ScalarsStringsAndContainers) {
   inner.push_back(tuple({int64_t{1}, std::string("two")}));
   inner.push_back(tuple({int64_t{1}, 2.0, c10::IValue()}));
   inner.push_back(tuple({int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}}));
-  inner.push_back(tuple({tuple({tuple({})}), any_list(), str_dict(), c10::List<int64_t>({7}), std::string("x")}));
+  inner.push_back(tuple(
+      {tuple({tuple({})}), any_list(), str_dict(), c10::List<int64_t>({7}), std::string("x")}));
   nested.push_back(inner);
   nested.push_back(any_list());
   d.insert("nested", nested);
@@ -342,7 +387,8 @@ Dict adam_state_dict() {
     Dict e = str_dict();
     e.insert("step", at::scalar_tensor(3.0));
     e.insert("exp_avg", at::arange(6 * (i + 1), at::kFloat).mul(0.37).reshape({i + 1, 6}));
-    e.insert("exp_avg_sq", at::arange(6 * (i + 1), at::kFloat).pow(2).mul(0.01).reshape({i + 1, 6}));
+    e.insert("exp_avg_sq",
+             at::arange(6 * (i + 1), at::kFloat).pow(2).mul(0.01).reshape({i + 1, 6}));
     state.insert(i, e);
   }
   sd.insert("state", state);
@@ -351,7 +397,8 @@ Dict adam_state_dict() {
   g.insert("betas", tuple({0.9, 0.999}));
   g.insert("eps", 1e-8);
   g.insert("weight_decay", 0.0);
-  for (const char* flag : {"amsgrad", "maximize", "capturable", "differentiable"}) g.insert(flag, false);
+  for (const char* flag : {"amsgrad", "maximize", "capturable", "differentiable"})
+    g.insert(flag, false);
   g.insert("foreach", c10::IValue());
   g.insert("fused", c10::IValue());
   g.insert("params", c10::List<int64_t>({0, 1, 2}));
@@ -424,7 +471,8 @@ TEST(TorchFileWriterTest, Zip64ForMoreThan65534Entries) {
   for (int64_t i = 0; i < 65540; ++i) many.push_back(at::full({1}, i, at::kInt));
   Written w = write("zip64_entries", many);
   EXPECT_EQ(w.bytes.substr(w.bytes.size() - 42, 4), std::string("PK\x06\x07", 4));
-  EXPECT_EQ(w.bytes.substr(w.bytes.size() - 14, 4), std::string("\xff\xff\xff\xff", 4));  // 0xFFFF entries
+  EXPECT_EQ(w.bytes.substr(w.bytes.size() - 14, 4),
+            std::string("\xff\xff\xff\xff", 4));  // 0xFFFF entries
   expect_readable({w});
 }
 
@@ -436,10 +484,14 @@ TEST(TorchFileWriterTest, ArchiveNameAndSerializationId) {
   d.insert("w", at::ones({2}));
   Written w = write("named", d, options);
   expect_readable({w});
-  const std::string listing = run(python() + " -c \"import sys, zipfile; print(' '.join(zipfile.ZipFile(sys.argv[1])"
-                                  ".namelist()))\" " + save(w));
-  EXPECT_EQ(listing, "my_state/data.pkl my_state/byteorder my_state/data/0 my_state/version "
-                     "my_state/.data/serialization_id\n");
+  const std::string listing =
+      run(python() +
+          " -c \"import sys, zipfile; print(' '.join(zipfile.ZipFile(sys.argv[1])"
+          ".namelist()))\" " +
+          save(w));
+  EXPECT_EQ(listing,
+            "my_state/data.pkl my_state/byteorder my_state/data/0 my_state/version "
+            "my_state/.data/serialization_id\n");
   for (const char* bad : {"", "a/b", "a\\b", "with space"}) {
     options.archive_name = bad;
     absl::StatusOr<std::string> r = write_torch_file(d, options);
@@ -459,7 +511,8 @@ void expect_refused(const std::string& name, const c10::IValue& value, const std
   absl::StatusOr<std::string> r = write_torch_file(root);
   ASSERT_FALSE(r.ok()) << name;
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
-  EXPECT_NE(r.status().message().find(where == "'state/3/" ? where + name + "'" : where), std::string::npos)
+  EXPECT_NE(r.status().message().find(where == "'state/3/" ? where + name + "'" : where),
+            std::string::npos)
       << r.status();
   EXPECT_NE(r.status().message().find(what), std::string::npos) << r.status();
 }
@@ -467,7 +520,8 @@ void expect_refused(const std::string& name, const c10::IValue& value, const std
 TEST(TorchFileWriterTest, RefusesWhatPythonCannotLoad) {
   expect_refused("sparse", at::ones({2, 2}).to_sparse(), "Sparse");
   expect_refused("quantized", at::quantize_per_tensor(at::ones({2}), 0.1, 0, at::kQUInt8), "dense");
-  expect_refused("meta", at::empty({2}, at::TensorOptions().device(at::kMeta)), "a meta tensor has no data");
+  expect_refused("meta", at::empty({2}, at::TensorOptions().device(at::kMeta)),
+                 "a meta tensor has no data");
   expect_refused("conj", at::ones({2}, at::kComplexFloat).conj(), "resolve_conj");
   expect_refused("complex", c10::complex<double>(1, 2), "ComplexDouble");
   expect_refused("future", c10::make_intrusive<c10::ivalue::Future>(c10::IntType::get()), "Future");
@@ -475,8 +529,8 @@ TEST(TorchFileWriterTest, RefusesWhatPythonCannotLoad) {
   expect_refused("bytes", std::string("ok\xff"), "UTF-8");
   expect_refused("surrogate", std::string("\xed\xa0\x80"), "UTF-8");
   const at::Tensor f = at::ones({4});
-  expect_refused("two_dtypes", tuple({f, f.view(at::kInt)}), "views the storage of 'state/3/two_dtypes/0'",
-                 "'state/3/two_dtypes/1'");
+  expect_refused("two_dtypes", tuple({f, f.view(at::kInt)}),
+                 "views the storage of 'state/3/two_dtypes/0'", "'state/3/two_dtypes/1'");
   Dict collide(c10::AnyType::get(), c10::AnyType::get());
   collide.insert(int64_t{1}, std::string("int"));
   collide.insert(1.0, std::string("float"));

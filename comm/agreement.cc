@@ -11,7 +11,8 @@
 
 namespace dtrain::comm {
 
-absl::Status check_identical(const Group& group, const std::vector<std::string>& items, std::string_view label) {
+absl::Status check_identical(const Group& group, const std::vector<std::string>& items,
+                             std::string_view label) {
   c10::impl::GenericList mine(c10::StringType::get());
   for (const std::string& item : items) mine.push_back(item);
   absl::StatusOr<std::vector<c10::IValue>> all = all_gather_object(group, mine);
@@ -23,8 +24,8 @@ absl::Status check_identical(const Group& group, const std::vector<std::string>&
       const std::string a = i < reference.size() ? reference.get(i).toStringRef() : "(none)";
       const std::string b = i < theirs.size() ? theirs.get(i).toStringRef() : "(none)";
       if (a != b) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(std::string(label), " ", i, " is ", b, " on rank ", r, " but ", a, " on rank 0"));
+        return absl::InvalidArgumentError(absl::StrCat(std::string(label), " ", i, " is ", b,
+                                                       " on rank ", r, " but ", a, " on rank 0"));
       }
     }
   }
@@ -44,13 +45,15 @@ absl::Status share_verdict(const Group& group, const absl::Status& verdict, int 
 absl::Status first_failure(const Group& group, const absl::Status& mine) {
   // The lowest failed rank, or the group's size when none failed.
   std::vector<at::Tensor> lowest = {
-      at::full({1}, mine.ok() ? group.size() : group.rank(), at::TensorOptions().dtype(at::kInt).device(group.device()))};
+      at::full({1}, mine.ok() ? group.size() : group.rank(),
+               at::TensorOptions().dtype(at::kInt).device(group.device()))};
   c10d::AllreduceOptions min;
   min.reduceOp = c10d::ReduceOp::MIN;
   try {
     group->allreduce(lowest, min)->wait();
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("agreeing whether every rank succeeded failed: ", e.what()));
+    return absl::UnavailableError(
+        absl::StrCat("agreeing whether every rank succeeded failed: ", e.what()));
   }
   if (!mine.ok()) return mine;
   const int failed = lowest[0].item<int>();

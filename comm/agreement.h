@@ -32,7 +32,8 @@ namespace dtrain::comm {
 // OK when every rank passed the same `items` as rank 0; else, on every rank, InvalidArgument
 // "<label> <i> is <item on rank r> on rank <r> but <item on rank 0> on rank 0" for the lowest
 // such rank and index ("(none)" where one list is shorter).
-absl::Status check_identical(const Group& group, const std::vector<std::string>& items, std::string_view label);
+absl::Status check_identical(const Group& group, const std::vector<std::string>& items,
+                             std::string_view label);
 
 // Returns `root`'s `verdict` (its code and message, or OK) on every rank; the other ranks'
 // `verdict` arguments are ignored. REQUIRES: 0 <= root < group.size().

@@ -26,17 +26,20 @@ TEST(AgreementTest, TheFirstDifferenceIsNamedOnEveryRank) {
     EXPECT_EQ(s.message(), "parameter 1 is b Float [5] on rank 2 but b Float [3] on rank 0");
     std::vector<std::string> shorter = {"x"};
     if (g.rank() != 1) shorter.push_back("y");
-    EXPECT_THAT(check_identical(g, shorter, "item").message(), HasSubstr("item 1 is (none) on rank 1 but y on rank 0"));
+    EXPECT_THAT(check_identical(g, shorter, "item").message(),
+                HasSubstr("item 1 is (none) on rank 1 but y on rank 0"));
   });
 }
 
 TEST(AgreementTest, TheRootsVerdictReachesEveryRank) {
   run_ranks_as_threads(3, [](Group& g) {
-    absl::Status mine = g.rank() == 1 ? absl::DataLossError("shard 3 is damaged") : absl::UnknownError("ignored");
+    absl::Status mine =
+        g.rank() == 1 ? absl::DataLossError("shard 3 is damaged") : absl::UnknownError("ignored");
     absl::Status s = share_verdict(g, mine, /*root=*/1);
     EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
     EXPECT_EQ(s.message(), "shard 3 is damaged");
-    EXPECT_TRUE(share_verdict(g, g.rank() == 0 ? absl::OkStatus() : absl::InternalError("x"), 0).ok());
+    EXPECT_TRUE(
+        share_verdict(g, g.rank() == 0 ? absl::OkStatus() : absl::InternalError("x"), 0).ok());
   });
 }
 
@@ -50,7 +53,8 @@ TEST_P(FirstFailureTest, EveryRankLearnsTheLowestFailedRank) {
     // Ranks 1 and the last fail (rank 0 alone at world 1).
     const int a = world > 1 ? 1 : 0, b = world - 1;
     const bool fails = g.rank() == a || g.rank() == b;
-    absl::Status s = first_failure(g, fails ? absl::NotFoundError("no such dir") : absl::OkStatus());
+    absl::Status s =
+        first_failure(g, fails ? absl::NotFoundError("no such dir") : absl::OkStatus());
     if (fails) {
       EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
       EXPECT_EQ(s.message(), "no such dir");

@@ -27,9 +27,9 @@ int main() {
     std::cerr << "allreduce_demo: " << hosts.status().message() << "\n";
     return 1;
   }
-  std::cout << "rank " << rank << " of " << world->size() << ": allreduce sum = "
-            << t[0][0].item<double>() << " (expected " << world->size() * (world->size() + 1) / 2
-            << "), ranks on hosts:";
+  std::cout << "rank " << rank << " of " << world->size()
+            << ": allreduce sum = " << t[0][0].item<double>() << " (expected "
+            << world->size() * (world->size() + 1) / 2 << "), ranks on hosts:";
   for (const auto& h : *hosts) std::cout << " " << h.toStringRef();
   std::cout << std::endl;
   return 0;

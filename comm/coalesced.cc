@@ -9,14 +9,15 @@ namespace {
 void check_dense(at::TensorList tensors, const char* op) {
   for (size_t i = 0; i < tensors.size(); ++i) {
     TORCH_CHECK(tensors[i].defined(), op, ": tensor ", i, " is undefined");
-    TORCH_CHECK(tensors[i].layout() == at::kStrided, op, ": tensor ", i,
-                " is not dense (layout ", tensors[i].layout(), "); coalesce sparse tensors separately");
+    TORCH_CHECK(tensors[i].layout() == at::kStrided, op, ": tensor ", i, " is not dense (layout ",
+                tensors[i].layout(), "); coalesce sparse tensors separately");
     TORCH_CHECK(tensors[i].device() == tensors[0].device(), op, ": tensor ", i, " is on ",
                 tensors[i].device(), " but tensor 0 is on ", tensors[0].device());
   }
 }
 
-std::vector<at::Tensor> pick(const std::vector<at::Tensor>& tensors, const std::vector<size_t>& idx) {
+std::vector<at::Tensor> pick(const std::vector<at::Tensor>& tensors,
+                             const std::vector<size_t>& idx) {
   std::vector<at::Tensor> out;
   out.reserve(idx.size());
   for (size_t i : idx) out.push_back(tensors[i]);
@@ -44,8 +45,9 @@ at::Tensor flatten_dense_tensors(at::TensorList tensors) {
   if (tensors.empty()) return at::empty({0});
   int64_t total = 0;
   for (const auto& t : tensors) {
-    TORCH_CHECK(t.scalar_type() == tensors[0].scalar_type(), "flatten_dense_tensors: tensor of dtype ",
-                t.scalar_type(), " mixed with ", tensors[0].scalar_type(), "; bucket by dtype first");
+    TORCH_CHECK(t.scalar_type() == tensors[0].scalar_type(),
+                "flatten_dense_tensors: tensor of dtype ", t.scalar_type(), " mixed with ",
+                tensors[0].scalar_type(), "; bucket by dtype first");
     total += t.numel();
   }
   at::Tensor flat = at::empty({total}, tensors[0].options());
@@ -82,7 +84,9 @@ std::vector<std::vector<size_t>> bucket_tensors(at::TensorList tensors, int64_t 
     auto it = open.find(tensors[i].scalar_type());
     if (it == open.end() || it->second.second + bytes > cap_bytes) {
       buckets.emplace_back();
-      it = open.insert_or_assign(tensors[i].scalar_type(), std::make_pair(buckets.size() - 1, int64_t{0})).first;
+      it = open.insert_or_assign(tensors[i].scalar_type(),
+                                 std::make_pair(buckets.size() - 1, int64_t{0}))
+               .first;
     }
     buckets[it->second.first].push_back(i);
     it->second.second += bytes;
@@ -165,8 +169,8 @@ CoalescedWork all_gather_coalesced(const Group& group, const std::vector<at::Ten
   TORCH_CHECK(static_cast<int>(outputs.size()) == n, "all_gather_coalesced: ", outputs.size(),
               " output lists for a group of ", n, " ranks");
   for (int r = 0; r < n; ++r) {
-    TORCH_CHECK(outputs[r].size() == inputs.size(), "all_gather_coalesced: output list ", r, " has ",
-                outputs[r].size(), " tensors, inputs have ", inputs.size());
+    TORCH_CHECK(outputs[r].size() == inputs.size(), "all_gather_coalesced: output list ", r,
+                " has ", outputs[r].size(), " tensors, inputs have ", inputs.size());
     for (size_t i = 0; i < inputs.size(); ++i) {
       TORCH_CHECK(outputs[r][i].sizes() == inputs[i].sizes() &&
                       outputs[r][i].scalar_type() == inputs[i].scalar_type(),

@@ -59,7 +59,8 @@ class CoalescedWork {
   };
   std::vector<Bucket> buckets_;
   bool waited_ = false;
-  friend CoalescedWork broadcast_coalesced(const Group&, const std::vector<at::Tensor>&, int, int64_t);
+  friend CoalescedWork broadcast_coalesced(const Group&, const std::vector<at::Tensor>&, int,
+                                           int64_t);
   friend CoalescedWork all_reduce_coalesced(const Group&, const std::vector<at::Tensor>&,
                                             c10d::ReduceOp, int64_t);
   friend CoalescedWork all_gather_coalesced(const Group&, const std::vector<at::Tensor>&,

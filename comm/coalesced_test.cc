@@ -14,8 +14,9 @@ using ::testing::HasSubstr;
 using testing::run_ranks_as_threads;
 
 std::vector<at::Tensor> mixed_tensors(double base) {
-  return {at::full({3, 4}, base), at::full({5}, base + 1, at::kDouble), at::full({2, 2, 2}, base + 2),
-          at::full({7}, base + 3, at::kDouble), at::full({1}, base + 4)};
+  return {at::full({3, 4}, base), at::full({5}, base + 1, at::kDouble),
+          at::full({2, 2, 2}, base + 2), at::full({7}, base + 3, at::kDouble),
+          at::full({1}, base + 4)};
 }
 
 TEST(CoalescedTest, FlattenAndUnflattenRoundTrip) {
@@ -25,7 +26,10 @@ TEST(CoalescedTest, FlattenAndUnflattenRoundTrip) {
   auto views = ::dtrain::comm::unflatten_dense_tensors(flat, ts);
   for (size_t i = 0; i < ts.size(); ++i) {
     EXPECT_TRUE(views[i].equal(ts[i]));
-    EXPECT_EQ(views[i].data_ptr(), static_cast<char*>(flat.data_ptr()) + (i == 0 ? 0 : i == 1 ? 6 : 10) * 4);
+    EXPECT_EQ(views[i].data_ptr(), static_cast<char*>(flat.data_ptr()) + (i == 0   ? 0
+                                                                          : i == 1 ? 6
+                                                                                   : 10) *
+                                                                             4);
   }
   views[1].fill_(9);  // views alias the buffer
   EXPECT_EQ(flat[6].item<float>(), 9);
@@ -61,15 +65,18 @@ TEST(CoalescedTest, BroadcastAllReduceAllGather) {
     auto red = mixed_tensors(r);
     all_reduce_coalesced(g, red).wait();
     // sum over ranks of (r + k) = 3k + 3
-    for (size_t k = 0; k < red.size(); ++k) EXPECT_TRUE(red[k].eq(3.0 * k + 3).all().item<bool>()) << k;
+    for (size_t k = 0; k < red.size(); ++k)
+      EXPECT_TRUE(red[k].eq(3.0 * k + 3).all().item<bool>()) << k;
 
     auto in = mixed_tensors(r);
     std::vector<std::vector<at::Tensor>> out(3);
-    for (auto& o : out) for (auto& t : in) o.push_back(at::empty_like(t));
+    for (auto& o : out)
+      for (auto& t : in) o.push_back(at::empty_like(t));
     all_gather_coalesced(g, in, out, 64).wait();
     for (int src = 0; src < 3; ++src) {
       auto want = mixed_tensors(src);
-      for (size_t i = 0; i < in.size(); ++i) EXPECT_TRUE(out[src][i].equal(want[i])) << src << "," << i;
+      for (size_t i = 0; i < in.size(); ++i)
+        EXPECT_TRUE(out[src][i].equal(want[i])) << src << "," << i;
     }
   });
 }

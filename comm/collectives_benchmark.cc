@@ -11,23 +11,25 @@
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
 
-#include "comm/thread_world.h"
 #include "comm/process_group.h"
+#include "comm/thread_world.h"
 
 namespace dtrain::comm {
 namespace {
 
 constexpr int kWorld = 2;
 
-
 enum class Op { kAllReduce, kBroadcast, kAllGather, kReduceScatter };
 
 double bus_factor(Op op) {
   const double n = kWorld;
   switch (op) {
-    case Op::kAllReduce: return 2 * (n - 1) / n;
-    case Op::kBroadcast: return 1;
-    default: return (n - 1) / n;
+    case Op::kAllReduce:
+      return 2 * (n - 1) / n;
+    case Op::kBroadcast:
+      return 1;
+    default:
+      return (n - 1) / n;
   }
 }
 
@@ -47,10 +49,18 @@ void BM_Collective(benchmark::State& state) {
   }
   auto run = [&] {
     switch (op) {
-      case Op::kAllReduce: g->allreduce(buf)->wait(); break;
-      case Op::kBroadcast: g->broadcast(buf)->wait(); break;
-      case Op::kAllGather: g->allgather(lists, buf)->wait(); break;
-      case Op::kReduceScatter: g->reduce_scatter(buf, lists)->wait(); break;
+      case Op::kAllReduce:
+        g->allreduce(buf)->wait();
+        break;
+      case Op::kBroadcast:
+        g->broadcast(buf)->wait();
+        break;
+      case Op::kAllGather:
+        g->allgather(lists, buf)->wait();
+        break;
+      case Op::kReduceScatter:
+        g->reduce_scatter(buf, lists)->wait();
+        break;
     }
   };
   if (op == Op::kReduceScatter) {
@@ -67,21 +77,27 @@ void BM_Collective(benchmark::State& state) {
   const auto start = std::chrono::steady_clock::now();
   for (auto _ : state) run();
   const double op_us =
-      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / state.iterations();
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() /
+      state.iterations();
   const double per_thread = 1.0 / kWorld;  // counters are summed over the two rank threads
   // Each rank's wall time per collective: the figure to read (the Time column of a threaded run
   // divides by the iterations of both threads).
   state.counters["op_us"] = per_thread * op_us;
-  state.counters["algbw"] = benchmark::Counter(static_cast<double>(bytes) * state.iterations() * per_thread,
-                                               benchmark::Counter::kIsRate, benchmark::Counter::kIs1024);
+  state.counters["algbw"] =
+      benchmark::Counter(static_cast<double>(bytes) * state.iterations() * per_thread,
+                         benchmark::Counter::kIsRate, benchmark::Counter::kIs1024);
   state.counters["busbw"] = benchmark::Counter(
       bus_factor(op) * static_cast<double>(bytes) * state.iterations() * per_thread,
       benchmark::Counter::kIsRate, benchmark::Counter::kIs1024);
 }
 
-#define DTRAIN_COLLECTIVE(name, op)                                                      \
-  void name(benchmark::State& state) { BM_Collective<op>(state); }                     \
-  BENCHMARK(name)->RangeMultiplier(4)->Range(4 << 10, 64 << 20)->Threads(kWorld)->UseRealTime() \
+#define DTRAIN_COLLECTIVE(name, op)                                \
+  void name(benchmark::State& state) { BM_Collective<op>(state); } \
+  BENCHMARK(name)                                                  \
+      ->RangeMultiplier(4)                                         \
+      ->Range(4 << 10, 64 << 20)                                   \
+      ->Threads(kWorld)                                            \
+      ->UseRealTime()                                              \
       ->Unit(benchmark::kMicrosecond)
 
 DTRAIN_COLLECTIVE(BM_AllReduce, Op::kAllReduce);

@@ -24,80 +24,97 @@ at::TensorOptions on(const Group& g) { return at::TensorOptions().device(g.devic
 
 TEST(NcclWorldOfOneTest, GroupDeviceIsTheCurrentGpu) {
   DTRAIN_GPU_TEST_OR_SKIP();
-  run_ranks_as_threads(1, [](Group& g) {
-    EXPECT_EQ(g.backend(), "nccl");
-    EXPECT_TRUE(g.device().is_cuda()) << g.device();
-    EXPECT_EQ(g.device().index(), 0);
-  }, testing::with_backend("nccl"));
+  run_ranks_as_threads(
+      1,
+      [](Group& g) {
+        EXPECT_EQ(g.backend(), "nccl");
+        EXPECT_TRUE(g.device().is_cuda()) << g.device();
+        EXPECT_EQ(g.device().index(), 0);
+      },
+      testing::with_backend("nccl"));
 }
 
 TEST(NcclWorldOfOneTest, TensorCollectives) {
   DTRAIN_GPU_TEST_OR_SKIP();
-  run_ranks_as_threads(1, [](Group& g) {
-    std::vector<at::Tensor> t = {at::arange(8, on(g).dtype(at::kFloat))};
-    g->allreduce(t)->wait();
-    EXPECT_TRUE(t[0].cpu().equal(at::arange(8, at::kFloat)));
-    c10d::BroadcastOptions bo;
-    g->broadcast(t, bo)->wait();
-    std::vector<std::vector<at::Tensor>> out = {{at::empty({8}, on(g))}};
-    g->allgather(out, t)->wait();
-    EXPECT_TRUE(out[0][0].cpu().equal(at::arange(8, at::kFloat)));
-    at::Tensor shard = at::empty({8}, on(g));
-    reduce_scatter_tensor(g, shard, t[0]).wait();
-    EXPECT_TRUE(shard.cpu().equal(at::arange(8, at::kFloat)));
-    g->barrier()->wait();
-  }, testing::with_backend("nccl"));
+  run_ranks_as_threads(
+      1,
+      [](Group& g) {
+        std::vector<at::Tensor> t = {at::arange(8, on(g).dtype(at::kFloat))};
+        g->allreduce(t)->wait();
+        EXPECT_TRUE(t[0].cpu().equal(at::arange(8, at::kFloat)));
+        c10d::BroadcastOptions bo;
+        g->broadcast(t, bo)->wait();
+        std::vector<std::vector<at::Tensor>> out = {{at::empty({8}, on(g))}};
+        g->allgather(out, t)->wait();
+        EXPECT_TRUE(out[0][0].cpu().equal(at::arange(8, at::kFloat)));
+        at::Tensor shard = at::empty({8}, on(g));
+        reduce_scatter_tensor(g, shard, t[0]).wait();
+        EXPECT_TRUE(shard.cpu().equal(at::arange(8, at::kFloat)));
+        g->barrier()->wait();
+      },
+      testing::with_backend("nccl"));
 }
 
 TEST(NcclWorldOfOneTest, ObjectCollectivesAndAgreement) {
   DTRAIN_GPU_TEST_OR_SKIP();
-  run_ranks_as_threads(1, [](Group& g) {
-    c10::IValue obj(std::string("hello"));
-    ASSERT_TRUE(broadcast_object(g, obj, 0).ok());
-    EXPECT_EQ(obj.toStringRef(), "hello");
-    auto all = all_gather_object(g, c10::IValue(int64_t{7}));
-    ASSERT_TRUE(all.ok()) << all.status();
-    EXPECT_EQ((*all)[0].toInt(), 7);
-    auto at0 = gather_object(g, c10::IValue(int64_t{9}), 0);
-    ASSERT_TRUE(at0.ok()) << at0.status();
-    EXPECT_EQ((*at0)[0].toInt(), 9);
-    EXPECT_TRUE(check_identical(g, {"a", "b"}, "item").ok());
-    absl::Status v = share_verdict(g, absl::InvalidArgumentError("bad"), 0);
-    EXPECT_EQ(v.code(), absl::StatusCode::kInvalidArgument);
-    absl::StatusOr<Group> sub = new_group(g, {0});
-    ASSERT_TRUE(sub.ok()) << sub.status();
-    EXPECT_EQ(sub->device(), g.device());
-  }, testing::with_backend("nccl"));
+  run_ranks_as_threads(
+      1,
+      [](Group& g) {
+        c10::IValue obj(std::string("hello"));
+        ASSERT_TRUE(broadcast_object(g, obj, 0).ok());
+        EXPECT_EQ(obj.toStringRef(), "hello");
+        auto all = all_gather_object(g, c10::IValue(int64_t{7}));
+        ASSERT_TRUE(all.ok()) << all.status();
+        EXPECT_EQ((*all)[0].toInt(), 7);
+        auto at0 = gather_object(g, c10::IValue(int64_t{9}), 0);
+        ASSERT_TRUE(at0.ok()) << at0.status();
+        EXPECT_EQ((*at0)[0].toInt(), 9);
+        EXPECT_TRUE(check_identical(g, {"a", "b"}, "item").ok());
+        absl::Status v = share_verdict(g, absl::InvalidArgumentError("bad"), 0);
+        EXPECT_EQ(v.code(), absl::StatusCode::kInvalidArgument);
+        absl::StatusOr<Group> sub = new_group(g, {0});
+        ASSERT_TRUE(sub.ok()) << sub.status();
+        EXPECT_EQ(sub->device(), g.device());
+      },
+      testing::with_backend("nccl"));
 }
 
 TEST(NcclWorldOfOneTest, CoalescedCollectives) {
   DTRAIN_GPU_TEST_OR_SKIP();
-  run_ranks_as_threads(1, [](Group& g) {
-    std::vector<at::Tensor> ts = {at::ones({3}, on(g)), at::full({5}, 2.0, on(g).dtype(at::kHalf))};
-    all_reduce_coalesced(g, ts).wait();
-    broadcast_coalesced(g, ts, 0).wait();
-    EXPECT_TRUE(ts[0].cpu().equal(at::ones({3})));
-    EXPECT_TRUE(ts[1].cpu().equal(at::full({5}, 2.0, at::kHalf)));
-  }, testing::with_backend("nccl"));
+  run_ranks_as_threads(
+      1,
+      [](Group& g) {
+        std::vector<at::Tensor> ts = {at::ones({3}, on(g)),
+                                      at::full({5}, 2.0, on(g).dtype(at::kHalf))};
+        all_reduce_coalesced(g, ts).wait();
+        broadcast_coalesced(g, ts, 0).wait();
+        EXPECT_TRUE(ts[0].cpu().equal(at::ones({3})));
+        EXPECT_TRUE(ts[1].cpu().equal(at::full({5}, 2.0, at::kHalf)));
+      },
+      testing::with_backend("nccl"));
 }
 
 // One backend per device type (PyTorch's default with CUDA): CPU tensors over Gloo, CUDA tensors
 // over NCCL, in one group; its own tensors (object collectives) on the CPU.
 TEST(DeviceRoutedGroupTest, CpuTensorsOverGlooCudaTensorsOverNccl) {
   DTRAIN_GPU_TEST_OR_SKIP();
-  run_ranks_as_threads(1, [](Group& g) {
-    EXPECT_EQ(g.backend(), "cpu:gloo,cuda:nccl");
-    EXPECT_TRUE(g.device().is_cpu());
-    std::vector<at::Tensor> cpu = {at::ones({5})}, cuda = {at::ones({5}, at::Device(at::kCUDA, 0))};
-    g->allreduce(cpu)->wait();
-    g->allreduce(cuda)->wait();
-    EXPECT_TRUE(cuda[0].cpu().equal(cpu[0]));
-    auto all = all_gather_object(g, c10::IValue(int64_t{3}));
-    ASSERT_TRUE(all.ok()) << all.status();
-    g->barrier()->wait();
-    std::vector<at::Tensor> mixed = {at::ones({1}), at::ones({1}, at::Device(at::kCUDA, 0))};
-    EXPECT_THROW(g->allreduce(mixed), c10::Error);
-  }, testing::with_backend("cpu:gloo,cuda:nccl"));
+  run_ranks_as_threads(
+      1,
+      [](Group& g) {
+        EXPECT_EQ(g.backend(), "cpu:gloo,cuda:nccl");
+        EXPECT_TRUE(g.device().is_cpu());
+        std::vector<at::Tensor> cpu = {at::ones({5})},
+                                cuda = {at::ones({5}, at::Device(at::kCUDA, 0))};
+        g->allreduce(cpu)->wait();
+        g->allreduce(cuda)->wait();
+        EXPECT_TRUE(cuda[0].cpu().equal(cpu[0]));
+        auto all = all_gather_object(g, c10::IValue(int64_t{3}));
+        ASSERT_TRUE(all.ok()) << all.status();
+        g->barrier()->wait();
+        std::vector<at::Tensor> mixed = {at::ones({1}), at::ones({1}, at::Device(at::kCUDA, 0))};
+        EXPECT_THROW(g->allreduce(mixed), c10::Error);
+      },
+      testing::with_backend("cpu:gloo,cuda:nccl"));
 }
 
 // Gloo reduces CUDA tensors too (staging through the host): two ranks sharing one GPU.
@@ -122,15 +139,18 @@ TEST(GlooCudaTensorsTest, TwoRanksShareTheGpu) {
 // the stale zeros.
 TEST(StreamOrderTest, CollectiveSeesTheKernelQueuedBeforeIt) {
   DTRAIN_GPU_TEST_OR_SKIP();
-  run_ranks_as_threads(1, [](Group& g) {
-    at::Tensor a = at::rand({2048, 2048}, on(g)), b = at::rand({2048, 2048}, on(g)) / 2048;
-    at::Tensor input = at::zeros({1 << 20}, on(g));
-    for (int i = 0; i < 40; ++i) a = at::tanh(at::mm(a, b));
-    input.add_(a.sum().isfinite().to(at::kFloat));  // 1 everywhere, once the products are done
-    std::vector<at::Tensor> t = {input};
-    g->allreduce(t)->wait();
-    EXPECT_EQ(t[0].min().item<float>(), 1.0f);
-  }, testing::with_backend("nccl"));
+  run_ranks_as_threads(
+      1,
+      [](Group& g) {
+        at::Tensor a = at::rand({2048, 2048}, on(g)), b = at::rand({2048, 2048}, on(g)) / 2048;
+        at::Tensor input = at::zeros({1 << 20}, on(g));
+        for (int i = 0; i < 40; ++i) a = at::tanh(at::mm(a, b));
+        input.add_(a.sum().isfinite().to(at::kFloat));  // 1 everywhere, once the products are done
+        std::vector<at::Tensor> t = {input};
+        g->allreduce(t)->wait();
+        EXPECT_EQ(t[0].min().item<float>(), 1.0f);
+      },
+      testing::with_backend("nccl"));
 }
 
 }  // namespace

@@ -41,9 +41,7 @@ namespace {
 
 using WorkPtr = c10::intrusive_ptr<c10d::Work>;
 
-int64_t bytes_of(const at::Tensor& t) {
-  return t.numel() * static_cast<int64_t>(t.element_size());
-}
+int64_t bytes_of(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 int64_t bytes_of(const std::vector<at::Tensor>& ts) {
   int64_t b = 0;
   for (const auto& t : ts) b += bytes_of(t);
@@ -70,7 +68,8 @@ class CountingGroup final : public C10dGroup {
     return counted("broadcast", share(bytes_of(tensors)), inner_->broadcast(tensors, opts));
   }
   WorkPtr allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override {
-    return counted("allreduce", ring_allreduce(bytes_of(tensors)), inner_->allreduce(tensors, opts));
+    return counted("allreduce", ring_allreduce(bytes_of(tensors)),
+                   inner_->allreduce(tensors, opts));
   }
   WorkPtr allreduce_coalesced(std::vector<at::Tensor>& tensors,
                               const c10d::AllreduceCoalescedOptions& opts) override {
@@ -82,7 +81,8 @@ class CountingGroup final : public C10dGroup {
   }
   WorkPtr allgather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
                     const c10d::AllgatherOptions& opts) override {
-    return counted("allgather", others() * bytes_of(inputs), inner_->allgather(outputs, inputs, opts));
+    return counted("allgather", others() * bytes_of(inputs),
+                   inner_->allgather(outputs, inputs, opts));
   }
   WorkPtr _allgather_base(at::Tensor& output, at::Tensor& input,
                           const c10d::AllgatherOptions& opts) override {

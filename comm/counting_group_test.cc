@@ -79,7 +79,8 @@ TEST_P(CountingGroupTest, CollectivesStayCorrectAndCountTheFormulas) {
     try {
       counted->_allgather_base(agb_out, ag_in[0])->wait();
       ++allgathers;
-      for (int j = 0; j < n; ++j) EXPECT_TRUE(agb_out.narrow(0, j * 7, 7).equal(at::full({7}, j * 10.0)));
+      for (int j = 0; j < n; ++j)
+        EXPECT_TRUE(agb_out.narrow(0, j * 7, 7).equal(at::full({7}, j * 10.0)));
     } catch (const c10::Error& e) {
       EXPECT_THAT(e.what_without_backtrace(), HasSubstr("no support for _allgather_base"));
     }
@@ -88,7 +89,8 @@ TEST_P(CountingGroupTest, CollectivesStayCorrectAndCountTheFormulas) {
     at::Tensor rs_in = at::arange(n * 5, at::kFloat).add_(100 * r);
     at::Tensor rs_out = at::empty({5});
     reduce_scatter_tensor(counted, rs_out, rs_in).wait();
-    EXPECT_TRUE(rs_out.equal(at::arange(5, at::kFloat).add_(r * 5).mul_(n).add_(100.0 * n * (n - 1) / 2)));
+    EXPECT_TRUE(
+        rs_out.equal(at::arange(5, at::kFloat).add_(r * 5).mul_(n).add_(100.0 * n * (n - 1) / 2)));
 
     counted->barrier()->wait();
 
@@ -106,9 +108,9 @@ TEST_P(CountingGroupTest, CollectivesStayCorrectAndCountTheFormulas) {
       EXPECT_EQ(got.at("broadcast").bytes, 53);         // 160/3
       EXPECT_EQ(got.at("allgather").bytes, allgathers * 56);  // per call: 2 peers x 28
     }
-    EXPECT_EQ(counter->total_bytes(),
-              ring_allreduce_bytes(n, 4004) + ring_allreduce_bytes(n, 56) + share_bytes(n, 80) +
-                  allgathers * (n - 1) * 28 + share_bytes(n, n * 20));
+    EXPECT_EQ(counter->total_bytes(), ring_allreduce_bytes(n, 4004) + ring_allreduce_bytes(n, 56) +
+                                          share_bytes(n, 80) + allgathers * (n - 1) * 28 +
+                                          share_bytes(n, n * 20));
     counter->reset();
     EXPECT_TRUE(counter->snapshot().empty());
     EXPECT_EQ(counter->total_bytes(), 0);

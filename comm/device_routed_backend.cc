@@ -24,8 +24,12 @@ class DeviceRoutedBackend final : public C10dGroup {
   }
   const std::string getBackendName() const override { return "cpu:gloo,cuda:nccl"; }
 
-  WorkPtr broadcast(Tensors& t, const c10d::BroadcastOptions& o) override { return of(t)->broadcast(t, o); }
-  WorkPtr allreduce(Tensors& t, const c10d::AllreduceOptions& o) override { return of(t)->allreduce(t, o); }
+  WorkPtr broadcast(Tensors& t, const c10d::BroadcastOptions& o) override {
+    return of(t)->broadcast(t, o);
+  }
+  WorkPtr allreduce(Tensors& t, const c10d::AllreduceOptions& o) override {
+    return of(t)->allreduce(t, o);
+  }
   WorkPtr allreduce_coalesced(Tensors& t, const c10d::AllreduceCoalescedOptions& o) override {
     return of(t)->allreduce_coalesced(t, o);
   }
@@ -33,13 +37,16 @@ class DeviceRoutedBackend final : public C10dGroup {
   WorkPtr allgather(TensorLists& out, Tensors& in, const c10d::AllgatherOptions& o) override {
     return of(in)->allgather(out, in, o);
   }
-  WorkPtr _allgather_base(at::Tensor& out, at::Tensor& in, const c10d::AllgatherOptions& o) override {
+  WorkPtr _allgather_base(at::Tensor& out, at::Tensor& in,
+                          const c10d::AllgatherOptions& o) override {
     return of(in)->_allgather_base(out, in, o);
   }
-  WorkPtr allgather_coalesced(TensorLists& out, Tensors& in, const c10d::AllgatherOptions& o) override {
+  WorkPtr allgather_coalesced(TensorLists& out, Tensors& in,
+                              const c10d::AllgatherOptions& o) override {
     return of(in)->allgather_coalesced(out, in, o);
   }
-  WorkPtr allgather_into_tensor_coalesced(Tensors& out, Tensors& in, const c10d::AllgatherOptions& o) override {
+  WorkPtr allgather_into_tensor_coalesced(Tensors& out, Tensors& in,
+                                          const c10d::AllgatherOptions& o) override {
     return of(in)->allgather_into_tensor_coalesced(out, in, o);
   }
   WorkPtr gather(TensorLists& out, Tensors& in, const c10d::GatherOptions& o) override {
@@ -48,13 +55,16 @@ class DeviceRoutedBackend final : public C10dGroup {
   WorkPtr scatter(Tensors& out, TensorLists& in, const c10d::ScatterOptions& o) override {
     return of(out)->scatter(out, in, o);
   }
-  WorkPtr reduce_scatter(Tensors& out, TensorLists& in, const c10d::ReduceScatterOptions& o) override {
+  WorkPtr reduce_scatter(Tensors& out, TensorLists& in,
+                         const c10d::ReduceScatterOptions& o) override {
     return of(out)->reduce_scatter(out, in, o);
   }
-  WorkPtr _reduce_scatter_base(at::Tensor& out, at::Tensor& in, const c10d::ReduceScatterOptions& o) override {
+  WorkPtr _reduce_scatter_base(at::Tensor& out, at::Tensor& in,
+                               const c10d::ReduceScatterOptions& o) override {
     return of(in)->_reduce_scatter_base(out, in, o);
   }
-  WorkPtr reduce_scatter_tensor_coalesced(Tensors& out, Tensors& in, const c10d::ReduceScatterOptions& o) override {
+  WorkPtr reduce_scatter_tensor_coalesced(Tensors& out, Tensors& in,
+                                          const c10d::ReduceScatterOptions& o) override {
     return of(in)->reduce_scatter_tensor_coalesced(out, in, o);
   }
   WorkPtr alltoall_base(at::Tensor& out, at::Tensor& in, std::vector<int64_t>& out_splits,
@@ -70,13 +80,16 @@ class DeviceRoutedBackend final : public C10dGroup {
   WorkPtr barrier(const c10d::BarrierOptions& o) override { return cpu_->barrier(o); }
 
  private:
-  C10dGroup* of(const at::Tensor& t) const { return t.defined() && t.is_cuda() ? cuda_.get() : cpu_.get(); }
+  C10dGroup* of(const at::Tensor& t) const {
+    return t.defined() && t.is_cuda() ? cuda_.get() : cpu_.get();
+  }
   C10dGroup* of(const Tensors& ts) const {
     if (ts.empty()) return cpu_.get();
     C10dGroup* first = of(ts[0]);
     for (const at::Tensor& t : ts) {
-      TORCH_CHECK(of(t) == first, "a collective on group \"cpu:gloo,cuda:nccl\" got tensors on ", ts[0].device(),
-                  " and ", t.device(), " in one call; pass tensors of one device type per call");
+      TORCH_CHECK(of(t) == first, "a collective on group \"cpu:gloo,cuda:nccl\" got tensors on ",
+                  ts[0].device(), " and ", t.device(),
+                  " in one call; pass tensors of one device type per call");
     }
     return first;
   }

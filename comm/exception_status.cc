@@ -29,8 +29,10 @@ bool is_timeout_message(std::string_view what) {
 
 absl::Status current_exception_status(absl::StatusCode code, std::string_view context) {
   const std::string what = current_exception_message();
-  const std::string message = context.empty() ? what : absl::StrCat(std::string(context), ": ", what);
-  return absl::Status(is_timeout_message(what) ? absl::StatusCode::kDeadlineExceeded : code, message);
+  const std::string message =
+      context.empty() ? what : absl::StrCat(std::string(context), ": ", what);
+  return absl::Status(is_timeout_message(what) ? absl::StatusCode::kDeadlineExceeded : code,
+                      message);
 }
 
 }  // namespace dtrain::comm

@@ -27,7 +27,7 @@ bool gpu_required();
 
 }  // namespace dtrain::comm::testing
 
-#define DTRAIN_GPU_TEST_OR_SKIP()                                                          \
+#define DTRAIN_GPU_TEST_OR_SKIP()                                                           \
   if (const std::string dtrain_gpu_why = ::dtrain::comm::testing::gpu_unavailable_reason(); \
       !dtrain_gpu_why.empty()) {                                                            \
     if (::dtrain::comm::testing::gpu_required()) {                                          \

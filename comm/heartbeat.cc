@@ -36,13 +36,15 @@ c10::intrusive_ptr<c10d::Store> own_client(const c10::intrusive_ptr<c10d::Store>
   o.port = tcp->getPort();
   o.isServer = false;
   o.waitWorkers = false;
-  o.timeout = std::max<std::chrono::milliseconds>(timeout, std::chrono::seconds(30));  // callers bound their waits
+  o.timeout = std::max<std::chrono::milliseconds>(
+      timeout, std::chrono::seconds(30));  // callers bound their waits
   return c10::make_intrusive<c10d::TCPStore>(tcp->getHost(), o);
 }
 
 }  // namespace
 
-Heartbeat::Heartbeat(const Group& world, std::chrono::milliseconds period) : shared_(std::make_shared<Shared>()) {
+Heartbeat::Heartbeat(const Group& world, std::chrono::milliseconds period)
+    : shared_(std::make_shared<Shared>()) {
   shared_->root = world.root_store();
   shared_->rank = world.rank();
   shared_->world_size = world.size();
@@ -87,14 +89,17 @@ absl::StatusOr<std::vector<int>> Heartbeat::stalled_ranks() const {
 std::string Heartbeat::describe_stalls() const {
   absl::StatusOr<std::vector<int>> stalled = stalled_ranks();
   if (!stalled.ok()) {
-    return absl::StrCat("the rendezvous store (run by rank 0) does not answer, so rank 0 is stopped or gone, or "
-                        "the network is down (", stalled.status().message(), ")");
+    return absl::StrCat(
+        "the rendezvous store (run by rank 0) does not answer, so rank 0 is stopped or gone, or "
+        "the network is down (",
+        stalled.status().message(), ")");
   }
   if (stalled->empty()) return "every rank is alive (heartbeats continue)";
   return absl::StrCat(stalled->size() == 1 ? "rank " : "ranks ", absl::StrJoin(*stalled, ", "),
                       " stopped responding (no heartbeat for ",
                       std::chrono::duration_cast<std::chrono::seconds>(3 * shared_->period).count(),
-                      " s): look at ", stalled->size() == 1 ? "that rank" : "those ranks", " first");
+                      " s): look at ", stalled->size() == 1 ? "that rank" : "those ranks",
+                      " first");
 }
 
 }  // namespace dtrain::comm

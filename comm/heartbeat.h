@@ -28,7 +28,8 @@ namespace dtrain::comm {
 class Heartbeat {
  public:
   // REQUIRES: `world` is the world group (its ranks are the job's). Starts the thread.
-  explicit Heartbeat(const Group& world, std::chrono::milliseconds period = std::chrono::seconds(2));
+  explicit Heartbeat(const Group& world,
+                     std::chrono::milliseconds period = std::chrono::seconds(2));
   // Stops beating (the thread ends within one period; it never delays this destructor).
   ~Heartbeat();
   Heartbeat(const Heartbeat&) = delete;

@@ -29,32 +29,35 @@ TEST(HeartbeatTest, AllAliveOverThreads) {
 TEST(HeartbeatTest, AStoppedRankIsNamedAfterACollectiveTimesOut) {
   testing::HarnessOptions o;
   o.timeout = std::chrono::seconds(3);
-  testing::run_ranks_as_processes(2, [](Group& g) {
-    Heartbeat hb(g, std::chrono::milliseconds(200));
-    std::vector<at::Tensor> t = {at::ones({4})};
-    g->allreduce(t)->wait();  // both running
-    if (g.rank() == 1) {
-      const std::string pid = std::to_string(::getpid());
-      g.store()->set("pid1", std::vector<uint8_t>(pid.begin(), pid.end()));
-      ::raise(SIGSTOP);
-      try {
-        g->allreduce(t)->wait();  // rank 0 has given up on this one by now
-      } catch (const std::exception&) {
-      }
-      return;
-    }
-    bool timed_out = false;
-    try {
-      g->allreduce(t)->wait();
-    } catch (const std::exception&) {
-      timed_out = true;
-    }
-    EXPECT_TRUE(timed_out);
-    const std::string said = hb.describe_stalls();
-    const std::vector<uint8_t> pid = g.store()->get("pid1");
-    ::kill(std::stoi(std::string(pid.begin(), pid.end())), SIGCONT);
-    EXPECT_THAT(said, HasSubstr("rank 1 stopped responding"));
-  }, o);
+  testing::run_ranks_as_processes(
+      2,
+      [](Group& g) {
+        Heartbeat hb(g, std::chrono::milliseconds(200));
+        std::vector<at::Tensor> t = {at::ones({4})};
+        g->allreduce(t)->wait();  // both running
+        if (g.rank() == 1) {
+          const std::string pid = std::to_string(::getpid());
+          g.store()->set("pid1", std::vector<uint8_t>(pid.begin(), pid.end()));
+          ::raise(SIGSTOP);
+          try {
+            g->allreduce(t)->wait();  // rank 0 has given up on this one by now
+          } catch (const std::exception&) {
+          }
+          return;
+        }
+        bool timed_out = false;
+        try {
+          g->allreduce(t)->wait();
+        } catch (const std::exception&) {
+          timed_out = true;
+        }
+        EXPECT_TRUE(timed_out);
+        const std::string said = hb.describe_stalls();
+        const std::vector<uint8_t> pid = g.store()->get("pid1");
+        ::kill(std::stoi(std::string(pid.begin(), pid.end())), SIGCONT);
+        EXPECT_THAT(said, HasSubstr("rank 1 stopped responding"));
+      },
+      o);
 }
 
 }  // namespace

@@ -78,7 +78,8 @@ TEST(JoinTest, ThrowOnEarlyTermination) {
       if (g.rank() == 0) {
         EXPECT_THAT(e.what_without_backtrace(), HasSubstr("Rank 0 exhausted all inputs."));
       } else {
-        EXPECT_THAT(e.what_without_backtrace(), HasSubstr("Detected at least one rank that exhausted inputs"));
+        EXPECT_THAT(e.what_without_backtrace(),
+                    HasSubstr("Detected at least one rank that exhausted inputs"));
       }
     }
   });

@@ -66,9 +66,10 @@ Result run_launch(std::vector<std::string> args, int sig = 0,
 }
 
 TEST(LaunchTest, SetsTorchrunEnvironmentAndPrefixesLines) {
-  Result r = run_launch({"--nproc_per_node=2", "--", "/bin/sh", "-c",
-                         "echo rank=$RANK local=$LOCAL_RANK world=$WORLD_SIZE lws=$LOCAL_WORLD_SIZE "
-                         "addr=$MASTER_ADDR port=$MASTER_PORT; echo err >&2"});
+  Result r =
+      run_launch({"--nproc_per_node=2", "--", "/bin/sh", "-c",
+                  "echo rank=$RANK local=$LOCAL_RANK world=$WORLD_SIZE lws=$LOCAL_WORLD_SIZE "
+                  "addr=$MASTER_ADDR port=$MASTER_PORT; echo err >&2"});
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("[rank 0] rank=0 local=0 world=2 lws=2 addr=127.0.0.1 port="));
   EXPECT_THAT(r.output, HasSubstr("[rank 1] rank=1 local=1 world=2 lws=2 addr=127.0.0.1 port="));
@@ -76,8 +77,9 @@ TEST(LaunchTest, SetsTorchrunEnvironmentAndPrefixesLines) {
 }
 
 TEST(LaunchTest, MultiNodeRanksAreOffsetByNodeRank) {
-  Result r = run_launch({"--nproc_per_node=2", "--nnodes=3", "--node_rank=2", "--master_port=29999",
-                         "--", "/bin/sh", "-c", "echo rank=$RANK world=$WORLD_SIZE port=$MASTER_PORT"});
+  Result r =
+      run_launch({"--nproc_per_node=2", "--nnodes=3", "--node_rank=2", "--master_port=29999", "--",
+                  "/bin/sh", "-c", "echo rank=$RANK world=$WORLD_SIZE port=$MASTER_PORT"});
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("[rank 4] rank=4 world=6 port=29999"));
   EXPECT_THAT(r.output, HasSubstr("[rank 5] rank=5 world=6 port=29999"));
@@ -92,9 +94,10 @@ TEST(LaunchTest, FailingRankStopsTheOthersAndSetsExitCode) {
 }
 
 TEST(LaunchTest, ForwardsSignals) {
-  Result r = run_launch({"--nproc_per_node=2", "--", "/bin/sh", "-c",
-                         "trap 'echo got TERM; exit 7' TERM; echo ready; while true; do sleep 0.1; done"},
-                        SIGTERM, std::chrono::milliseconds(1500));
+  Result r =
+      run_launch({"--nproc_per_node=2", "--", "/bin/sh", "-c",
+                  "trap 'echo got TERM; exit 7' TERM; echo ready; while true; do sleep 0.1; done"},
+                 SIGTERM, std::chrono::milliseconds(1500));
   EXPECT_THAT(r.output, HasSubstr("[rank 0] got TERM"));
   EXPECT_THAT(r.output, HasSubstr("[rank 1] got TERM"));
   EXPECT_NE(r.code, 0);
@@ -103,26 +106,32 @@ TEST(LaunchTest, ForwardsSignals) {
 
 int count(const std::string& haystack, const std::string& needle) {
   int n = 0;
-  for (size_t at = haystack.find(needle); at != std::string::npos; at = haystack.find(needle, at + 1)) ++n;
+  for (size_t at = haystack.find(needle); at != std::string::npos;
+       at = haystack.find(needle, at + 1))
+    ++n;
   return n;
 }
 
 // --max_restarts: rank 1 fails on the first attempt only; the whole set is started again, on a
 // fresh port, with TORCHELASTIC_RESTART_COUNT=1, and the job succeeds.
 TEST(LaunchTest, RestartsAllRanksAfterAFailure) {
-  Result r = run_launch({"--nproc_per_node=2", "--max_restarts=1", "--", "/bin/sh", "-c",
-                         "echo attempt=$TORCHELASTIC_RESTART_COUNT of=$TORCHELASTIC_MAX_RESTARTS port=$MASTER_PORT; "
-                         "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then "
-                         "  if [ \"$RANK\" = 1 ]; then sleep 0.5; exit 3; fi; exec sleep 60; fi"});
+  Result r = run_launch(
+      {"--nproc_per_node=2", "--max_restarts=1", "--", "/bin/sh", "-c",
+       "echo attempt=$TORCHELASTIC_RESTART_COUNT of=$TORCHELASTIC_MAX_RESTARTS port=$MASTER_PORT; "
+       "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then "
+       "  if [ \"$RANK\" = 1 ]; then sleep 0.5; exit 3; fi; exec sleep 60; fi"});
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_LT(r.seconds, 20) << "the sleeping rank was not stopped before the restart";
-  EXPECT_THAT(r.output, HasSubstr("launch: rank 1 exited with code 3; restarting all ranks (attempt 2 of 2)\n"));
+  EXPECT_THAT(
+      r.output,
+      HasSubstr("launch: rank 1 exited with code 3; restarting all ranks (attempt 2 of 2)\n"));
   EXPECT_EQ(count(r.output, "restarting all ranks"), 1) << r.output;
   for (const char* rank : {"[rank 0] ", "[rank 1] "}) {
     EXPECT_THAT(r.output, HasSubstr(std::string(rank) + "attempt=0 of=1 port="));
     EXPECT_THAT(r.output, HasSubstr(std::string(rank) + "attempt=1 of=1 port="));
   }
-  const size_t first = r.output.find("attempt=0 of=1 port="), second = r.output.find("attempt=1 of=1 port=");
+  const size_t first = r.output.find("attempt=0 of=1 port="),
+               second = r.output.find("attempt=1 of=1 port=");
   ASSERT_NE(first, std::string::npos);
   ASSERT_NE(second, std::string::npos);
   const std::string port0 = r.output.substr(first + 20, r.output.find('\n', first) - first - 20);
@@ -133,12 +142,19 @@ TEST(LaunchTest, RestartsAllRanksAfterAFailure) {
 // A rank that fails every time: max_restarts + 1 attempts, then that rank's exit code.
 TEST(LaunchTest, GivesUpAfterMaxRestarts) {
   Result r = run_launch({"--nproc_per_node=2", "--max_restarts=2", "--", "/bin/sh", "-c",
-                         "echo attempt=$TORCHELASTIC_RESTART_COUNT; if [ \"$RANK\" = 1 ]; then exit 5; fi; exec sleep 60"});
+                         "echo attempt=$TORCHELASTIC_RESTART_COUNT; if [ \"$RANK\" = 1 ]; then "
+                         "exit 5; fi; exec sleep 60"});
   EXPECT_EQ(r.code, 5) << r.output;
   EXPECT_LT(r.seconds, 30);
-  EXPECT_THAT(r.output, HasSubstr("launch: rank 1 exited with code 5; restarting all ranks (attempt 2 of 3)\n"));
-  EXPECT_THAT(r.output, HasSubstr("launch: rank 1 exited with code 5; restarting all ranks (attempt 3 of 3)\n"));
-  EXPECT_THAT(r.output, HasSubstr("launch: rank 1 exited with code 5; stopping the other ranks; no restarts left"));
+  EXPECT_THAT(
+      r.output,
+      HasSubstr("launch: rank 1 exited with code 5; restarting all ranks (attempt 2 of 3)\n"));
+  EXPECT_THAT(
+      r.output,
+      HasSubstr("launch: rank 1 exited with code 5; restarting all ranks (attempt 3 of 3)\n"));
+  EXPECT_THAT(
+      r.output,
+      HasSubstr("launch: rank 1 exited with code 5; stopping the other ranks; no restarts left"));
   EXPECT_EQ(count(r.output, "restarting all ranks"), 2) << r.output;
   EXPECT_EQ(count(r.output, "[rank 1] attempt="), 3) << r.output;
   EXPECT_THAT(r.output, HasSubstr("[rank 1] attempt=2"));
@@ -147,10 +163,11 @@ TEST(LaunchTest, GivesUpAfterMaxRestarts) {
 
 // A signal to the launcher stops the job even with restarts left.
 TEST(LaunchTest, SignalsAreNeverRestarted) {
-  Result r = run_launch({"--nproc_per_node=2", "--max_restarts=3", "--", "/bin/sh", "-c",
-                         "trap 'echo got TERM; exit 7' TERM; echo attempt=$TORCHELASTIC_RESTART_COUNT; "
-                         "while true; do sleep 0.1; done"},
-                        SIGTERM, std::chrono::milliseconds(1500));
+  Result r =
+      run_launch({"--nproc_per_node=2", "--max_restarts=3", "--", "/bin/sh", "-c",
+                  "trap 'echo got TERM; exit 7' TERM; echo attempt=$TORCHELASTIC_RESTART_COUNT; "
+                  "while true; do sleep 0.1; done"},
+                 SIGTERM, std::chrono::milliseconds(1500));
   EXPECT_EQ(r.code, 128 + SIGTERM) << r.output;
   EXPECT_THAT(r.output, HasSubstr("[rank 0] got TERM"));
   EXPECT_THAT(r.output, Not(HasSubstr("restarting")));
@@ -187,7 +204,8 @@ TEST(LaunchTest, RanksDieWithAKilledLauncher) {
     while (!process_gone(pid) && std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    EXPECT_TRUE(process_gone(pid)) << "rank " << rank << " (pid " << pid << ") outlived its killed launcher";
+    EXPECT_TRUE(process_gone(pid))
+        << "rank " << rank << " (pid " << pid << ") outlived its killed launcher";
     if (!process_gone(pid)) ::kill(pid, SIGKILL);
   }
 }
@@ -208,18 +226,21 @@ TEST(LaunchTest, BadUsageIsAOneLineError) {
   EXPECT_THAT(none.output, HasSubstr("no program given"));
   Result many = run_launch({"--nproc_per_node=100000", "--", "/bin/true"});
   EXPECT_EQ(many.code, 2);
-  EXPECT_THAT(many.output, HasSubstr("--nproc_per_node must be in [1, 256], got 100000 (ranks on this node; "
-                                     "for more ranks use more nodes)"));
+  EXPECT_THAT(many.output,
+              HasSubstr("--nproc_per_node must be in [1, 256], got 100000 (ranks on this node; "
+                        "for more ranks use more nodes)"));
   Result missing = run_launch({"--nproc_per_node=1", "--", "/no/such/program"});
   EXPECT_EQ(missing.code, 127);
   EXPECT_THAT(missing.output, HasSubstr("cannot start /no/such/program"));
   for (const char* bad : {"--max_restarts=-1", "--max_restarts=101"}) {
     Result restarts = run_launch({"--nproc_per_node=1", bad, "--", "/bin/true"});
     EXPECT_EQ(restarts.code, 2) << bad;
-    EXPECT_THAT(restarts.output, HasSubstr("launch: --max_restarts must be in [0, 100], got ")) << bad;
+    EXPECT_THAT(restarts.output, HasSubstr("launch: --max_restarts must be in [0, 100], got "))
+        << bad;
     EXPECT_EQ(count(restarts.output, "\n"), 1) << bad << ": " << restarts.output;
   }
-  Result nodes = run_launch({"--nproc_per_node=1", "--nnodes=2", "--max_restarts=1", "--", "/bin/true"});
+  Result nodes =
+      run_launch({"--nproc_per_node=1", "--nnodes=2", "--max_restarts=1", "--", "/bin/true"});
   EXPECT_EQ(nodes.code, 2);
   EXPECT_THAT(nodes.output, HasSubstr("max_restarts needs a single node"));
   for (const std::string& bad : std::vector<std::string>{"a b", "x/y", std::string(129, 'a')}) {
@@ -238,24 +259,31 @@ TEST(LaunchTest, OutOfRangeNumbersAreOneLineErrorsAndStartNothing) {
       {{"--nproc_per_node=2", "--nnodes=2147483647", "--node_rank=1"},
        "launch: --nnodes must be in [1, 1073741824], got 2147483647\n"},
       {{"--nproc_per_node=2", "--nnodes=1073741824", "--node_rank=1"},
-       "launch: --nnodes x --nproc_per_node = 1073741824 x 2 = 2147483648 ranks, more than the 1073741824"},
-      {{"--nnodes=4294967298", "--node_rank=1"}, "launch: --nnodes must be in [1, 1073741824], got 4294967298\n"},
+       "launch: --nnodes x --nproc_per_node = 1073741824 x 2 = 2147483648 ranks, more than the "
+       "1073741824"},
+      {{"--nnodes=4294967298", "--node_rank=1"},
+       "launch: --nnodes must be in [1, 1073741824], got 4294967298\n"},
       {{"--nnodes=0"}, "launch: --nnodes must be in [1, 1073741824], got 0\n"},
-      {{"--nnodes=2", "--node_rank=2"}, "launch: --node_rank must be in [0, 1], got 2 (below --nnodes=2)\n"},
+      {{"--nnodes=2", "--node_rank=2"},
+       "launch: --node_rank must be in [0, 1], got 2 (below --nnodes=2)\n"},
       {{"--node_rank=-1"}, "launch: --node_rank must be in [0, 0], got -1"},
-      {{"--nproc_per_node=4294967297"}, "launch: --nproc_per_node must be in [1, 256], got 4294967297"},
+      {{"--nproc_per_node=4294967297"},
+       "launch: --nproc_per_node must be in [1, 256], got 4294967297"},
       {{"--nproc_per_node=-3"}, "launch: --nproc_per_node must be in [1, 256], got -3"},
       {{"--master_port=65536"}, "launch: --master_port must be in [0, 65535], got 65536"},
       {{"--master_port=-1"}, "launch: --master_port must be in [0, 65535], got -1"},
       {{"--master_port=4294967296"}, "launch: --master_port must be in [0, 65535], got 4294967296"},
-      {{"--max_restarts=4294967297"}, "launch: --max_restarts must be in [0, 100], got 4294967297\n"},
+      {{"--max_restarts=4294967297"},
+       "launch: --max_restarts must be in [0, 100], got 4294967297\n"},
       {{"--stop_grace_seconds=-1"}, "launch: --stop_grace_seconds must be in [0, 3600], got -1\n"},
-      {{"--stop_grace_seconds=1e300"}, "launch: --stop_grace_seconds must be in [0, 3600], got 1e+300\n"},
+      {{"--stop_grace_seconds=1e300"},
+       "launch: --stop_grace_seconds must be in [0, 3600], got 1e+300\n"},
       {{"--master_addr="}, "launch: master_addr is empty"},
   };
   for (const auto& [flags, expected] : cases) {
     std::vector<std::string> args = flags;
-    for (const char* a : {"--", "/bin/sh", "-c", "echo started world=$WORLD_SIZE rank=$RANK"}) args.emplace_back(a);
+    for (const char* a : {"--", "/bin/sh", "-c", "echo started world=$WORLD_SIZE rank=$RANK"})
+      args.emplace_back(a);
     Result r = run_launch(args);
     const std::string what = ::testing::PrintToString(flags);
     EXPECT_EQ(r.code, 2) << what << ": " << r.output;
@@ -264,8 +292,9 @@ TEST(LaunchTest, OutOfRangeNumbersAreOneLineErrorsAndStartNothing) {
     EXPECT_THAT(r.output, Not(HasSubstr("started"))) << what << ": a rank started";
   }
   // The largest world that fits still launches, with the right numbers.
-  Result big = run_launch({"--nproc_per_node=2", "--nnodes=536870912", "--node_rank=536870911", "--master_port=29999",
-                           "--", "/bin/sh", "-c", "echo world=$WORLD_SIZE rank=$RANK"});
+  Result big = run_launch({"--nproc_per_node=2", "--nnodes=536870912", "--node_rank=536870911",
+                           "--master_port=29999", "--", "/bin/sh", "-c",
+                           "echo world=$WORLD_SIZE rank=$RANK"});
   EXPECT_EQ(big.code, 0) << big.output;
   EXPECT_THAT(big.output, HasSubstr("[rank 1073741822] world=1073741824 rank=1073741822\n"));
   EXPECT_THAT(big.output, HasSubstr("[rank 1073741823] world=1073741824 rank=1073741823\n"));
@@ -277,13 +306,16 @@ TEST(LaunchTest, RdzvIdIsTheRunId) {
   // Rank 1 fails the first attempt a second after printing, so that rank 0 has printed too before
   // the launcher stops it (on a loaded machine it sometimes had not: 3 lines instead of 4).
   const char* script =
-      "echo id=$TORCHELASTIC_RUN_ID; if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ] && [ \"$RANK\" = 1 ]; then sleep 1; exit 3; fi";
-  Result given = run_launch({"--nproc_per_node=2", "--max_restarts=1", "--rdzv_id=job-7.a_b", "--", "/bin/sh", "-c", script});
+      "echo id=$TORCHELASTIC_RUN_ID; if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ] && [ \"$RANK\" = 1 "
+      "]; then sleep 1; exit 3; fi";
+  Result given = run_launch({"--nproc_per_node=2", "--max_restarts=1", "--rdzv_id=job-7.a_b", "--",
+                             "/bin/sh", "-c", script});
   EXPECT_EQ(given.code, 0) << given.output;
   EXPECT_EQ(count(given.output, "] id=job-7.a_b\n"), 4) << given.output;  // 2 ranks x 2 attempts
   std::vector<std::string> drawn;
   for (int launch = 0; launch < 2; ++launch) {
-    Result r = run_launch({"--nproc_per_node=2", "--", "/bin/sh", "-c", "echo id=$TORCHELASTIC_RUN_ID"});
+    Result r =
+        run_launch({"--nproc_per_node=2", "--", "/bin/sh", "-c", "echo id=$TORCHELASTIC_RUN_ID"});
     ASSERT_EQ(r.code, 0) << r.output;
     const size_t at = r.output.find("[rank 0] id=");
     ASSERT_NE(at, std::string::npos) << r.output;

@@ -38,8 +38,9 @@ inline c10d::TCPStoreOptions tcp_store_options() {
 // Whether TCPStoreOptions takes a listening socket bound by the caller (masterListenFd, LibTorch
 // 2.4 and later): then the store listens only on MASTER_ADDR's interface. Older LibTorch's store
 // listens on every interface (README, "Security").
-inline constexpr bool kTcpStoreTakesListenFd =
-    TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4);
+inline constexpr bool kTcpStoreTakesListenFd = TORCH_VERSION_MAJOR > 2 ||
+                                               (TORCH_VERSION_MAJOR == 2 &&
+                                                TORCH_VERSION_MINOR >= 4);
 inline void set_store_listen_fd(c10d::TCPStoreOptions& o, int fd) {
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
   o.masterListenFd = fd;

@@ -111,7 +111,8 @@ struct Outcome {
 
 // Starts every rank once (TORCHELASTIC_RESTART_COUNT=attempt) and waits for all of them; when one
 // fails, prints "launch: rank R exited with code C; <on_failure>" and stops the others.
-absl::StatusOr<Outcome> run_attempt(const Job& job, int port, int attempt, const std::string& on_failure) {
+absl::StatusOr<Outcome> run_attempt(const Job& job, int port, int attempt,
+                                    const std::string& on_failure) {
   const LaunchOptions& options = *job.options;
   const int nproc = options.nproc_per_node;
   const int node_rank = options.node_rank;
@@ -137,7 +138,8 @@ absl::StatusOr<Outcome> run_attempt(const Job& job, int port, int attempt, const
     if (absl::Status s = ranks.start(spec); !s.ok()) {
       // The ranks already started must not train on without their peers.
       ranks.kill_all();
-      return absl::InternalError(absl::StrCat("launch: ", s.message(), "; the ranks already started were stopped"));
+      return absl::InternalError(
+          absl::StrCat("launch: ", s.message(), "; the ranks already started were stopped"));
     }
   }
 
@@ -161,7 +163,8 @@ absl::StatusOr<Outcome> run_attempt(const Job& job, int port, int attempt, const
           if (outcome.code == 0) outcome.code = 128 + sig;
           kill_at = std::chrono::steady_clock::now() + std::chrono::milliseconds(job.grace_ms);
         } else {
-          std::fprintf(stderr, "launch: got signal %d while stopping the ranks; killing them\n", sig);
+          std::fprintf(stderr, "launch: got signal %d while stopping the ranks; killing them\n",
+                       sig);
           ranks.signal_all(SIGKILL);
         }
       }
@@ -169,7 +172,8 @@ absl::StatusOr<Outcome> run_attempt(const Job& job, int port, int attempt, const
     for (int i : ranks.reap()) {
       const int code = ranks.exit_code(i);
       if (code != 0 && !stopping) {
-        std::fprintf(stderr, "launch: rank %d exited with code %d; %s\n", relays[i].rank, code, on_failure.c_str());
+        std::fprintf(stderr, "launch: rank %d exited with code %d; %s\n", relays[i].rank, code,
+                     on_failure.c_str());
         outcome.code = code;
         stopping = true;
         ranks.signal_all(SIGTERM);
@@ -187,7 +191,8 @@ absl::StatusOr<Outcome> run_attempt(const Job& job, int port, int attempt, const
 // One line naming the option, its allowed range and the value, or OK. Every bound is checked
 // before any product is formed; products are formed in 64 bits.
 absl::Status check_options(const LaunchOptions& o) {
-  auto range = [](const char* name, int64_t value, int64_t lo, int64_t hi, const std::string& note) {
+  auto range = [](const char* name, int64_t value, int64_t lo, int64_t hi,
+                  const std::string& note) {
     if (value >= lo && value <= hi) return absl::OkStatus();
     return absl::InvalidArgumentError(
         absl::StrCat("launch: ", name, " must be in [", lo, ", ", hi, "], got ", value, note));
@@ -205,16 +210,20 @@ absl::Status check_options(const LaunchOptions& o) {
   }
   const int64_t world = int64_t{o.nnodes} * o.nproc_per_node;
   if (world > kMaxWorldSize) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "launch: nnodes x nproc_per_node = ", o.nnodes, " x ", o.nproc_per_node, " = ", world,
-        " ranks, more than the ", kMaxWorldSize, " a job may have (the largest WORLD_SIZE the rendezvous "
-        "accepts); use fewer nodes or ranks per node"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("launch: nnodes x nproc_per_node = ", o.nnodes, " x ", o.nproc_per_node, " = ",
+                     world, " ranks, more than the ", kMaxWorldSize,
+                     " a job may have (the largest WORLD_SIZE the rendezvous "
+                     "accepts); use fewer nodes or ranks per node"));
   }
-  if (absl::Status s = range("master_port", o.master_port, 0, 65535, " (0 picks one)"); !s.ok()) return s;
-  if (absl::Status s = range("max_restarts", o.max_restarts, 0, kMaxRestarts, ""); !s.ok()) return s;
+  if (absl::Status s = range("master_port", o.master_port, 0, 65535, " (0 picks one)"); !s.ok())
+    return s;
+  if (absl::Status s = range("max_restarts", o.max_restarts, 0, kMaxRestarts, ""); !s.ok())
+    return s;
   if (!(o.stop_grace_seconds >= 0 && o.stop_grace_seconds <= kMaxStopGraceSeconds)) {  // NaN too
     return absl::InvalidArgumentError(absl::StrCat("launch: stop_grace_seconds must be in [0, ",
-                                                   kMaxStopGraceSeconds, "], got ", o.stop_grace_seconds));
+                                                   kMaxStopGraceSeconds, "], got ",
+                                                   o.stop_grace_seconds));
   }
   if (o.max_restarts > 0 && o.nnodes > 1) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -222,23 +231,28 @@ absl::Status check_options(const LaunchOptions& o) {
         "): restarting this node's ranks alone would leave the other nodes in another attempt"));
   }
   if (o.master_addr.empty()) {
-    return absl::InvalidArgumentError("launch: master_addr is empty; give rank 0's address (127.0.0.1 on one node)");
+    return absl::InvalidArgumentError(
+        "launch: master_addr is empty; give rank 0's address (127.0.0.1 on one node)");
   }
   const std::string& id = o.rdzv_id;
   const bool id_ok = id.size() <= 128 && std::all_of(id.begin(), id.end(), [](char c) {
-                       return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+                       return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' ||
+                              c == '_' || c == '-';
                      });
   if (!id_ok) {
-    return absl::InvalidArgumentError(absl::StrCat("launch: rdzv_id \"", absl::CHexEscape(id.substr(0, 160)),
-                                                   "\" must be 1 to 128 characters from [A-Za-z0-9._-]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("launch: rdzv_id \"", absl::CHexEscape(id.substr(0, 160)),
+                     "\" must be 1 to 128 characters from [A-Za-z0-9._-]"));
   }
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::StatusOr<int> launch_local(const std::vector<std::string>& argv, const LaunchOptions& options) {
-  if (argv.empty() || argv[0].empty()) return absl::InvalidArgumentError("launch: no program given");
+absl::StatusOr<int> launch_local(const std::vector<std::string>& argv,
+                                 const LaunchOptions& options) {
+  if (argv.empty() || argv[0].empty())
+    return absl::InvalidArgumentError("launch: no program given");
   if (absl::Status s = check_options(options); !s.ok()) return s;
   const int nproc = options.nproc_per_node;
   const int nnodes = options.nnodes;
@@ -251,20 +265,24 @@ absl::StatusOr<int> launch_local(const std::vector<std::string>& argv, const Lau
   job.options = &options;
   job.argv = args;
   job.world = nproc * nnodes;  // check_options: at most kMaxWorldSize
-  job.run_id = !id.empty() ? id : absl::StrFormat("%016x", (uint64_t{std::random_device()()} << 32) ^ std::random_device()() ^
-                                            static_cast<uint64_t>(::getpid()));
+  job.run_id = !id.empty() ? id
+                           : absl::StrFormat("%016x", (uint64_t{std::random_device()()} << 32) ^
+                                                          std::random_device()() ^
+                                                          static_cast<uint64_t>(::getpid()));
   // One thread per rank is what 2-core machines can afford; torchrun does the same.
-  job.set_omp = options.one_thread_per_rank && std::getenv("OMP_NUM_THREADS") == nullptr && nproc > 1;
+  job.set_omp =
+      options.one_thread_per_rank && std::getenv("OMP_NUM_THREADS") == nullptr && nproc > 1;
   job.grace_ms = static_cast<int>(1000 * options.stop_grace_seconds);
 
-  if (::pipe(g_signal_pipe) != 0) return absl::InternalError(absl::StrCat("launch: pipe: ", std::strerror(errno)));
+  if (::pipe(g_signal_pipe) != 0)
+    return absl::InternalError(absl::StrCat("launch: pipe: ", std::strerror(errno)));
   ::fcntl(g_signal_pipe[0], F_SETFD, FD_CLOEXEC);
   ::fcntl(g_signal_pipe[1], F_SETFD, FD_CLOEXEC);
   ::fcntl(g_signal_pipe[1], F_SETFL, O_NONBLOCK);
   // The caller's handlers come back, and the pipe is closed, however this function returns.
   struct SignalsInstalled {
     const int signals[4] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD};
-    struct sigaction old[4] {};
+    struct sigaction old[4]{};
     SignalsInstalled() {
       struct sigaction sa {};
       sa.sa_handler = on_signal;
@@ -290,9 +308,12 @@ absl::StatusOr<int> launch_local(const std::vector<std::string>& argv, const Lau
     }
     const bool last = attempt == max_restarts;
     const std::string on_failure =
-        !last ? absl::StrCat("restarting all ranks (attempt ", attempt + 2, " of ", max_restarts + 1, ")")
-        : max_restarts > 0 ? absl::StrCat("stopping the other ranks; no restarts left (max_restarts ", max_restarts, ")")
-                           : std::string("stopping the other ranks");
+        !last ? absl::StrCat("restarting all ranks (attempt ", attempt + 2, " of ",
+                             max_restarts + 1, ")")
+        : max_restarts > 0
+            ? absl::StrCat("stopping the other ranks; no restarts left (max_restarts ",
+                           max_restarts, ")")
+            : std::string("stopping the other ranks");
     absl::StatusOr<Outcome> outcome = run_attempt(job, port, attempt, on_failure);
     if (!outcome.ok()) return outcome.status();
     if (outcome->code == 0 || outcome->signalled || last) return outcome->code;

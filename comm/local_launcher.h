@@ -33,12 +33,13 @@ inline constexpr int kMaxWorldSize = 1 << 30;
 inline constexpr double kMaxStopGraceSeconds = 3600;
 
 struct LaunchOptions {
-  int nproc_per_node = 1;              // ranks started on this node, at most kMaxProcsPerNode
-  int nnodes = 1;                      // nodes in the job; nnodes x nproc_per_node <= kMaxWorldSize
-  int node_rank = 0;                   // this node's index in [0, nnodes)
+  int nproc_per_node = 1;  // ranks started on this node, at most kMaxProcsPerNode
+  int nnodes = 1;          // nodes in the job; nnodes x nproc_per_node <= kMaxWorldSize
+  int node_rank = 0;       // this node's index in [0, nnodes)
   std::string master_addr = "127.0.0.1";  // not empty
-  int master_port = 0;                 // in [0, 65535]; 0: a free port (single node) or 29500
-  double stop_grace_seconds = 5.0;     // after a failure or signal, before SIGKILL; [0, kMaxStopGraceSeconds]
+  int master_port = 0;                    // in [0, 65535]; 0: a free port (single node) or 29500
+  double stop_grace_seconds =
+      5.0;  // after a failure or signal, before SIGKILL; [0, kMaxStopGraceSeconds]
   // Rank 0 writes straight to this process's stdout/stderr (a terminal stays a terminal); the
   // other ranks' lines are still prefixed with "[rank R] ". Default: every rank prefixed.
   bool rank0_owns_terminal = false;
@@ -73,7 +74,8 @@ struct LaunchOptions {
 // empty argv; Internal when pipes or fork fail (the ranks already started are killed first).
 // Every rank is killed when this process dies, however it dies (PR_SET_PDEATHSIG), so no rank
 // trains on without its launcher.
-absl::StatusOr<int> launch_local(const std::vector<std::string>& argv, const LaunchOptions& options);
+absl::StatusOr<int> launch_local(const std::vector<std::string>& argv,
+                                 const LaunchOptions& options);
 
 }  // namespace dtrain::comm
 

@@ -32,23 +32,26 @@ absl::StatusOr<at::Tensor> serialize(const c10::IValue& obj, c10::Device device,
   }
 }
 
-absl::StatusOr<c10::IValue> deserialize(const at::Tensor& device_bytes, int64_t size, const char* op) {
+absl::StatusOr<c10::IValue> deserialize(const at::Tensor& device_bytes, int64_t size,
+                                        const char* op) {
   try {
     const at::Tensor bytes = device_bytes.cpu();
     const char* p = static_cast<const char*>(bytes.data_ptr());
     return torch::jit::pickle_load(std::vector<char>(p, p + size));
   } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat(op, ": cannot deserialize a received object: ", e.what()));
+    return absl::InternalError(
+        absl::StrCat(op, ": cannot deserialize a received object: ", e.what()));
   }
 }
 
 absl::Status check_root(const Group& group, int root, const char* what, const char* op) {
   if (!group.is_member()) {
-    return absl::FailedPreconditionError(absl::StrCat(op, ": this rank is not a member of the group"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(op, ": this rank is not a member of the group"));
   }
   if (root < 0 || root >= group.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": ", what, "=", root,
-                                                   " is not a rank of this group of ", group.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": ", what, "=", root, " is not a rank of this group of ", group.size()));
   }
   return absl::OkStatus();
 }
@@ -73,7 +76,9 @@ absl::Status broadcast_object(const Group& group, c10::IValue& obj, int src) {
     bo.rootRank = src;
     std::vector<at::Tensor> sv = {size};
     group->broadcast(sv, bo)->wait();
-    if (!me) bytes = at::empty({size.item<int64_t>()}, at::TensorOptions().dtype(at::kByte).device(device));
+    if (!me)
+      bytes =
+          at::empty({size.item<int64_t>()}, at::TensorOptions().dtype(at::kByte).device(device));
     std::vector<at::Tensor> bv = {bytes};
     group->broadcast(bv, bo)->wait();
   } catch (...) {
@@ -159,7 +164,8 @@ absl::StatusOr<std::vector<c10::IValue>> gather_object(const Group& group, const
       const at::Tensor host_sizes = sizes.cpu();
       for (int r = 0; r < n; ++r) {
         if (r == dst) continue;
-        received[r] = at::empty({host_sizes[r].item<int64_t>()}, at::TensorOptions().dtype(at::kByte).device(device));
+        received[r] = at::empty({host_sizes[r].item<int64_t>()},
+                                at::TensorOptions().dtype(at::kByte).device(device));
         std::vector<at::Tensor> rv = {received[r]};
         works.push_back(group->recv(rv, r, kTag));
       }

@@ -74,15 +74,18 @@ TEST(ObjectCollectivesTest, BadRootIsAnError) {
 TEST(ObjectCollectivesTest, MissingPeerTimesOut) {
   testing::HarnessOptions o;
   o.timeout = std::chrono::seconds(2);
-  run_ranks_as_threads(2, [](Group& g) {
-    if (g.rank() == 1) {
-      std::this_thread::sleep_for(std::chrono::seconds(3));
-      return;
-    }
-    auto all = all_gather_object(g, c10::IValue(1));
-    EXPECT_FALSE(all.ok());
-    EXPECT_THAT(std::string(all.status().message()), HasSubstr("all_gather_object"));
-  }, o);
+  run_ranks_as_threads(
+      2,
+      [](Group& g) {
+        if (g.rank() == 1) {
+          std::this_thread::sleep_for(std::chrono::seconds(3));
+          return;
+        }
+        auto all = all_gather_object(g, c10::IValue(1));
+        EXPECT_FALSE(all.ok());
+        EXPECT_THAT(std::string(all.status().message()), HasSubstr("all_gather_object"));
+      },
+      o);
 }
 
 }  // namespace

@@ -72,20 +72,23 @@ absl::StatusOr<std::string> canonical_backend(const std::string& backend) {
   if (b == "gloo" || b == "nccl" || b == kDeviceRouted || b == "cuda:nccl,cpu:gloo") {
     return b == "gloo" || b == "nccl" ? b : std::string(kDeviceRouted);
   }
-  return absl::InvalidArgumentError(absl::StrCat("unknown backend \"", backend,
-                                                 "\": use \"gloo\", \"nccl\" or \"cpu:gloo,cuda:nccl\""));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown backend \"", backend, "\": use \"gloo\", \"nccl\" or \"cpu:gloo,cuda:nccl\""));
 }
 
-absl::StatusOr<c10::intrusive_ptr<C10dGroup>> make_pg(
-    const std::string& backend, const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-    std::chrono::milliseconds timeout, const std::string& bind_host, int threads,
-    bool blocking_wait = true) {
-  if (backend == kDeviceRouted) {  // Gloo for CPU tensors, NCCL for CUDA ones, each its own rendezvous
-    auto cpu = make_pg("gloo", c10::make_intrusive<c10d::PrefixStore>("gloo", store), rank, size, timeout,
-                       bind_host, threads, blocking_wait);
+absl::StatusOr<c10::intrusive_ptr<C10dGroup>> make_pg(const std::string& backend,
+                                                      const c10::intrusive_ptr<c10d::Store>& store,
+                                                      int rank, int size,
+                                                      std::chrono::milliseconds timeout,
+                                                      const std::string& bind_host, int threads,
+                                                      bool blocking_wait = true) {
+  if (backend ==
+      kDeviceRouted) {  // Gloo for CPU tensors, NCCL for CUDA ones, each its own rendezvous
+    auto cpu = make_pg("gloo", c10::make_intrusive<c10d::PrefixStore>("gloo", store), rank, size,
+                       timeout, bind_host, threads, blocking_wait);
     if (!cpu.ok()) return cpu.status();
-    auto cuda = make_pg("nccl", c10::make_intrusive<c10d::PrefixStore>("nccl", store), rank, size, timeout,
-                        bind_host, threads, blocking_wait);
+    auto cuda = make_pg("nccl", c10::make_intrusive<c10d::PrefixStore>("nccl", store), rank, size,
+                        timeout, bind_host, threads, blocking_wait);
     if (!cuda.ok()) return cuda.status();
     return internal::make_device_routed(*cpu, *cuda);
   }
@@ -128,7 +131,8 @@ absl::StatusOr<c10::intrusive_ptr<C10dGroup>> make_pg(
       return c10::intrusive_ptr<C10dGroup>(
           c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, opts));
     } catch (const std::exception& e) {
-      return absl::UnavailableError(absl::StrCat("cannot create the NCCL process group: ", e.what()));
+      return absl::UnavailableError(
+          absl::StrCat("cannot create the NCCL process group: ", e.what()));
     }
 #else
     return absl::UnimplementedError(
@@ -145,7 +149,8 @@ absl::StatusOr<c10::intrusive_ptr<C10dGroup>> make_pg(
 // init_process_group(device_id=...) does. Gloo groups keep their own tensors on the CPU, and so
 // do groups with a backend per device type (object collectives over Gloo, as PyTorch's
 // _get_object_coll_device picks the CPU where Gloo is), whose GPU is made current all the same.
-absl::StatusOr<c10::Device> group_device(const std::string& backend, int device_id, int local_rank) {
+absl::StatusOr<c10::Device> group_device(const std::string& backend, int device_id,
+                                         int local_rank) {
   if (backend == "gloo") return c10::Device(c10::kCPU);
   const int index = device_id >= 0 ? device_id : local_rank;
 #if DTRAIN_HAS_NCCL
@@ -207,10 +212,10 @@ absl::StatusOr<Group> init_process_group(const InitOptions& options) {
   if (!device.ok()) return device.status();
   state->device = *device;
   state->nccl_blocking_wait = options.nccl_blocking_wait;
-  auto pg = make_pg(*backend,
-                    c10::make_intrusive<c10d::PrefixStore>(state->prefix + "/pg", rv->store),
-                    rv->rank, rv->world_size, options.timeout, state->gloo_hostname,
-                    options.gloo_threads, options.nccl_blocking_wait);
+  auto pg =
+      make_pg(*backend, c10::make_intrusive<c10d::PrefixStore>(state->prefix + "/pg", rv->store),
+              rv->rank, rv->world_size, options.timeout, state->gloo_hostname, options.gloo_threads,
+              options.nccl_blocking_wait);
   if (!pg.ok()) return pg.status();
   state->pg = *pg;
   Group g;
@@ -261,12 +266,13 @@ absl::StatusOr<Group> new_group(const Group& parent, std::vector<int> ranks) {
     return g;
   }
   state->store = c10::make_intrusive<c10d::PrefixStore>(state->prefix, ps.root_store);
-  auto pg = make_pg(ps.backend, c10::make_intrusive<c10d::PrefixStore>(state->prefix + "/pg", ps.root_store),
+  auto pg = make_pg(ps.backend,
+                    c10::make_intrusive<c10d::PrefixStore>(state->prefix + "/pg", ps.root_store),
                     static_cast<int>(it - ranks.begin()), static_cast<int>(ranks.size()),
                     ps.timeout, ps.gloo_hostname, ps.gloo_threads, ps.nccl_blocking_wait);
   if (!pg.ok()) {
-    return absl::Status(pg.status().code(),
-                        absl::StrCat("new_group(", absl::StrJoin(ranks, ","), "): ", pg.status().message()));
+    return absl::Status(pg.status().code(), absl::StrCat("new_group(", absl::StrJoin(ranks, ","),
+                                                         "): ", pg.status().message()));
   }
   state->pg = *pg;
   g.state_ = std::move(state);
@@ -275,7 +281,8 @@ absl::StatusOr<Group> new_group(const Group& parent, std::vector<int> ranks) {
 
 absl::StatusOr<Subgroups> new_subgroups(const Group& parent, int group_size) {
   if (!parent.is_member()) {
-    return absl::FailedPreconditionError("new_subgroups: this rank is not a member of the parent group");
+    return absl::FailedPreconditionError(
+        "new_subgroups: this rank is not a member of the parent group");
   }
   if (group_size < 1 || group_size > parent.size()) {
     return absl::InvalidArgumentError(absl::StrCat("new_subgroups: group_size ", group_size,
@@ -304,8 +311,8 @@ absl::StatusOr<Subgroups> new_subgroups_by_enumeration(
     for (int r : ranks_per_subgroup[i]) {
       auto [it, inserted] = seen.emplace(r, i);
       if (!inserted && it->second != i) {
-        return absl::InvalidArgumentError(absl::StrCat("Rank ", r, " has appeared in both subgroup ",
-                                                       it->second, " and ", i));
+        return absl::InvalidArgumentError(
+            absl::StrCat("Rank ", r, " has appeared in both subgroup ", it->second, " and ", i));
       }
     }
   }

@@ -109,8 +109,8 @@ class Group {
  private:
   struct State {
     c10::intrusive_ptr<C10dGroup> pg;
-    c10::intrusive_ptr<c10d::Store> root_store;   // unprefixed rendezvous store
-    c10::intrusive_ptr<c10d::Store> store;        // prefixed for this group
+    c10::intrusive_ptr<c10d::Store> root_store;  // unprefixed rendezvous store
+    c10::intrusive_ptr<c10d::Store> store;       // prefixed for this group
     std::string prefix;
     std::vector<int> global_ranks;
     int world_rank = 0;
@@ -164,8 +164,8 @@ void ignore_sigpipe();
 absl::StatusOr<Group> new_group(const Group& parent, std::vector<int> ranks);
 
 struct Subgroups {
-  Group mine;               // this rank's subgroup (is_member() false if it is in none)
-  std::vector<Group> all;   // every subgroup, in creation order; members only on their ranks
+  Group mine;              // this rank's subgroup (is_member() false if it is in none)
+  std::vector<Group> all;  // every subgroup, in creation order; members only on their ranks
 };
 
 // Consecutive subgroups of `group_size` ranks ([0..g-1], [g..2g-1], ...), as

@@ -7,14 +7,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
-#include <vector>
 #include <thread>
+#include <vector>
 
 #include <ATen/ATen.h>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <gmock/gmock.h>
 #include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include "comm/test_harness.h"
 
@@ -39,9 +39,13 @@ class ScopedEnv {
   }
   ~ScopedEnv() {
     for (auto& [k, v] : saved_) {
-      if (v) ::setenv(k.c_str(), v->c_str(), 1); else ::unsetenv(k.c_str());
+      if (v)
+        ::setenv(k.c_str(), v->c_str(), 1);
+      else
+        ::unsetenv(k.c_str());
     }
   }
+
  private:
   std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
 };
@@ -104,7 +108,8 @@ TEST(ProcessGroupTest, MissingEnvVariableIsNamed) {
 }
 
 TEST(ProcessGroupTest, MalformedEnvValuesAreNamed) {
-  ScopedEnv env({{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "http"}, {"RANK", "0"}, {"WORLD_SIZE", "1"}});
+  ScopedEnv env(
+      {{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "http"}, {"RANK", "0"}, {"WORLD_SIZE", "1"}});
   auto g = init_process_group(InitOptions{});
   EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(g.status().message()),
@@ -112,7 +117,8 @@ TEST(ProcessGroupTest, MalformedEnvValuesAreNamed) {
 }
 
 TEST(ProcessGroupTest, RankBeyondWorldSize) {
-  ScopedEnv env({{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}, {"RANK", "2"}, {"WORLD_SIZE", "2"}});
+  ScopedEnv env(
+      {{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}, {"RANK", "2"}, {"WORLD_SIZE", "2"}});
   auto g = init_process_group(InitOptions{});
   EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(g.status().message()), HasSubstr("RANK=2 must be in [0, WORLD_SIZE=2)"));
@@ -136,18 +142,20 @@ TEST(ProcessGroupTest, UnreachableMasterTimesOutNamingAddress) {
 std::vector<std::string> listeners_on(int port) {
   std::vector<std::string> out;
   for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
-  FILE* f = std::fopen(table, "r");
-  if (f == nullptr) continue;
-  char line[512];
-  while (std::fgets(line, sizeof(line), f) != nullptr) {
-    char local[64] = {0}, remote[64] = {0};
-    unsigned state = 0;
-    if (std::sscanf(line, " %*d: %63s %63s %x", local, remote, &state) != 3 || state != 0x0A) continue;
-    const std::string l = local;
-    const size_t colon = l.find(':');
-    if (colon != std::string::npos && std::stoi(l.substr(colon + 1), nullptr, 16) == port) out.push_back(l.substr(0, colon));
-  }
-  std::fclose(f);
+    FILE* f = std::fopen(table, "r");
+    if (f == nullptr) continue;
+    char line[512];
+    while (std::fgets(line, sizeof(line), f) != nullptr) {
+      char local[64] = {0}, remote[64] = {0};
+      unsigned state = 0;
+      if (std::sscanf(line, " %*d: %63s %63s %x", local, remote, &state) != 3 || state != 0x0A)
+        continue;
+      const std::string l = local;
+      const size_t colon = l.find(':');
+      if (colon != std::string::npos && std::stoi(l.substr(colon + 1), nullptr, 16) == port)
+        out.push_back(l.substr(0, colon));
+    }
+    std::fclose(f);
   }
   return out;
 }
@@ -164,9 +172,11 @@ TEST(ProcessGroupTest, StoreListensOnlyOnTheMastersInterface) {
   const std::vector<std::string> listening = listeners_on(port);
   ASSERT_FALSE(listening.empty()) << "nothing listens on the store's port " << port;
   if (!kTcpStoreTakesListenFd) {
-    GTEST_SKIP() << "LibTorch " << kLibTorchVersion << "'s TCPStore listens on every interface (README, Security)";
+    GTEST_SKIP() << "LibTorch " << kLibTorchVersion
+                 << "'s TCPStore listens on every interface (README, Security)";
   }
-  for (const std::string& addr : listening) EXPECT_EQ(addr, "0100007F") << "the store listens beyond loopback";
+  for (const std::string& addr : listening)
+    EXPECT_EQ(addr, "0100007F") << "the store listens beyond loopback";
 }
 
 TEST(ProcessGroupTest, MissingPeerTimesOut) {
@@ -183,8 +193,9 @@ TEST(ProcessGroupTest, MissingPeerTimesOut) {
 TEST(ProcessGroupTest, BackendErrors) {
   InitOptions o;
   o.backend = "mpi";
-  EXPECT_THAT(std::string(init_process_group(o).status().message()),
-              HasSubstr("unknown backend \"mpi\": use \"gloo\", \"nccl\" or \"cpu:gloo,cuda:nccl\""));
+  EXPECT_THAT(
+      std::string(init_process_group(o).status().message()),
+      HasSubstr("unknown backend \"mpi\": use \"gloo\", \"nccl\" or \"cpu:gloo,cuda:nccl\""));
   for (const char* bad : {"cpu:gloo,cuda:mpi", "cpu:nccl,cuda:gloo", "cpu:gloo", "gloo,nccl"}) {
     o.backend = bad;
     EXPECT_EQ(init_process_group(o).status().code(), absl::StatusCode::kInvalidArgument) << bad;
@@ -197,7 +208,8 @@ TEST(ProcessGroupTest, BackendErrors) {
     o.backend = needs_cuda;
     auto g = init_process_group(o);
     EXPECT_EQ(g.status().code(), absl::StatusCode::kUnimplemented) << needs_cuda;
-    EXPECT_THAT(std::string(g.status().message()), HasSubstr("built against a CPU-only LibTorch")) << needs_cuda;
+    EXPECT_THAT(std::string(g.status().message()), HasSubstr("built against a CPU-only LibTorch"))
+        << needs_cuda;
   }
 }
 
@@ -206,9 +218,11 @@ TEST(ProcessGroupTest, BadInitMethod) {
   o.init_method = "tcp://nohostport";
   o.rank = 0;
   o.world_size = 1;
-  EXPECT_THAT(std::string(init_process_group(o).status().message()), HasSubstr("must be tcp://HOST:PORT"));
+  EXPECT_THAT(std::string(init_process_group(o).status().message()),
+              HasSubstr("must be tcp://HOST:PORT"));
   o.init_method = "ftp://x";
-  EXPECT_THAT(std::string(init_process_group(o).status().message()), HasSubstr("unknown init_method 'ftp://x'"));
+  EXPECT_THAT(std::string(init_process_group(o).status().message()),
+              HasSubstr("unknown init_method 'ftp://x'"));
   o.init_method = "tcp://127.0.0.1:1234";
   o.rank = -1;
   EXPECT_THAT(std::string(init_process_group(o).status().message()),
@@ -257,8 +271,10 @@ TEST(SubgroupTest, ValidationErrors) {
   run_ranks_as_threads(2, [](Group& world) {
     EXPECT_THAT(std::string(new_subgroups(world, 3).status().message()),
                 HasSubstr("group_size 3 must be in [1, 2]"));
-    EXPECT_THAT(std::string(new_group(world, {0, 0}).status().message()), HasSubstr("rank 0 is listed twice"));
-    EXPECT_THAT(std::string(new_group(world, {5}).status().message()), HasSubstr("rank 5 is out of range"));
+    EXPECT_THAT(std::string(new_group(world, {0, 0}).status().message()),
+                HasSubstr("rank 0 is listed twice"));
+    EXPECT_THAT(std::string(new_group(world, {5}).status().message()),
+                HasSubstr("rank 5 is out of range"));
     EXPECT_THAT(std::string(new_subgroups_by_enumeration(world, {{0, 1}, {1}}).status().message()),
                 HasSubstr("Rank 1 has appeared in both subgroup 0 and 1"));
   });
@@ -305,26 +321,26 @@ TEST(ProcessGroupTest, TheProgramsOwnSigpipeHandlerIsKept) {
 
 TEST(HarnessTest, HungCollectiveFailsWithinTimeout) {
   const auto start = std::chrono::steady_clock::now();
-  EXPECT_NONFATAL_FAILURE(
-      run_ranks_as_threads(
-          2,
-          [](Group& g) {
-            if (g.rank() == 0) {
-              std::vector<at::Tensor> t = {at::ones({1})};
-              g->allreduce(t)->wait();  // rank 1 never joins
-            } else {
-              std::this_thread::sleep_for(std::chrono::seconds(4));
-            }
-          },
-          testing::HarnessOptions{std::chrono::seconds(2)}),
-      "rank 0: ");
+  EXPECT_NONFATAL_FAILURE(run_ranks_as_threads(
+                              2,
+                              [](Group& g) {
+                                if (g.rank() == 0) {
+                                  std::vector<at::Tensor> t = {at::ones({1})};
+                                  g->allreduce(t)->wait();  // rank 1 never joins
+                                } else {
+                                  std::this_thread::sleep_for(std::chrono::seconds(4));
+                                }
+                              },
+                              testing::HarnessOptions{std::chrono::seconds(2)}),
+                          "rank 0: ");
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
 }
 
 TEST(HarnessTest, ThrowingRankIsReported) {
   EXPECT_NONFATAL_FAILURE(run_ranks_as_threads(2,
                                                [](Group& g) {
-                                                 if (g.rank() == 1) throw std::runtime_error("boom");
+                                                 if (g.rank() == 1)
+                                                   throw std::runtime_error("boom");
                                                }),
                           "rank 1: boom");
 }

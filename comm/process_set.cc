@@ -80,7 +80,8 @@ absl::Status ProcessSet::start(const ProcessSpec& spec) {
   envp.push_back(nullptr);
   for (const auto& a : spec.argv) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
-  const std::string cannot_start = absl::StrCat(spec.error_prefix, "cannot start ", spec.argv[0], ": ");
+  const std::string cannot_start =
+      absl::StrCat(spec.error_prefix, "cannot start ", spec.argv[0], ": ");
 
   int out[2] = {-1, -1}, err[2] = {-1, -1};
   auto close_all = [&] {
@@ -114,7 +115,8 @@ absl::Status ProcessSet::start(const ProcessSpec& spec) {
     struct sigaction dfl {};
     dfl.sa_handler = SIG_DFL;
     for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) ::sigaction(sig, &dfl, nullptr);
-    ::pthread_sigmask(SIG_SETMASK, &old, nullptr);  // a signal that came meanwhile acts now, by default
+    ::pthread_sigmask(SIG_SETMASK, &old,
+                      nullptr);  // a signal that came meanwhile acts now, by default
     // Dies with its parent (kill -9 included); the check after prctl covers a parent that died
     // before it.
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);

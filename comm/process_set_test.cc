@@ -77,7 +77,8 @@ TEST(ProcessSetTest, EnvironmentOutputAndExitCodes) {
   ::setenv("DTRAIN_PROCESS_SET_GONE", "x", 1);
   ProcessSet set;
   ProcessSpec split;
-  split.argv = {"/bin/sh", "-c", "echo out=$A gone=${DTRAIN_PROCESS_SET_GONE:-none}; echo err >&2; exit 3"};
+  split.argv = {"/bin/sh", "-c",
+                "echo out=$A gone=${DTRAIN_PROCESS_SET_GONE:-none}; echo err >&2; exit 3"};
   split.env = {{"A", "1"}};
   split.unset_env = {"DTRAIN_PROCESS_SET_GONE"};
   ASSERT_TRUE(set.start(split).ok());
@@ -118,7 +119,8 @@ TEST(ProcessSetTest, DestructorLeavesNoOrphans) {
   }
   EXPECT_TRUE(gone_within(child, std::chrono::seconds(5))) << "the child outlived its ProcessSet";
   ASSERT_GT(grandchild, 0);
-  EXPECT_TRUE(gone_within(grandchild, std::chrono::seconds(5))) << "the grandchild outlived the ProcessSet";
+  EXPECT_TRUE(gone_within(grandchild, std::chrono::seconds(5)))
+      << "the grandchild outlived the ProcessSet";
   if (!gone(grandchild)) ::kill(grandchild, SIGKILL);
 }
 
@@ -139,14 +141,16 @@ TEST(ProcessSetTest, ChildrenDieWithAKilledParent) {
   ::kill(parent, SIGKILL);
   ::waitpid(parent, nullptr, 0);
   ASSERT_GT(child, 0);
-  EXPECT_TRUE(gone_within(child, std::chrono::seconds(5))) << "the child outlived its killed parent";
+  EXPECT_TRUE(gone_within(child, std::chrono::seconds(5)))
+      << "the child outlived its killed parent";
   if (!gone(child)) ::kill(child, SIGKILL);
 }
 
 TEST(ProcessSetTest, SignalAllAndKillAll) {
   ProcessSet set;
   ProcessSpec spec;
-  spec.argv = {"/bin/sh", "-c", "trap 'echo got TERM; exit 7' TERM; echo ready; while true; do sleep 0.05; done"};
+  spec.argv = {"/bin/sh", "-c",
+               "trap 'echo got TERM; exit 7' TERM; echo ready; while true; do sleep 0.05; done"};
   ASSERT_TRUE(set.start(spec).ok());
   ASSERT_TRUE(set.start(spec).ok());
   std::vector<std::string> out(2);
@@ -183,7 +187,8 @@ void write_wake(int sig) {
 // child shares until exec, and the launcher once took its own SIGTERM to a rank for one sent to it.
 TEST(ProcessSetTest, ASignalRightAfterStartNeverRunsTheParentsHandler) {
   ASSERT_EQ(::pipe(g_wake), 0);
-  struct sigaction sa {}, old {};
+  struct sigaction sa {
+  }, old{};
   sa.sa_handler = write_wake;
   ::sigemptyset(&sa.sa_mask);
   ::sigaction(SIGTERM, &sa, &old);

@@ -40,8 +40,8 @@ ReduceScatterWork reduce_scatter_tensor(const Group& group, const at::Tensor& ou
   TORCH_CHECK(input.device() == output.device(), "reduce_scatter_tensor: input is on ",
               input.device(), " but output is on ", output.device(), "; use one device");
   TORCH_CHECK(at::get_overlap_status(input, output) == at::MemOverlapStatus::No,
-              "reduce_scatter_tensor: output (", output.numel(),
-              " elements) overlaps input (", input.numel(),
+              "reduce_scatter_tensor: output (", output.numel(), " elements) overlaps input (",
+              input.numel(),
               " elements); reduce into a separate buffer and copy if the shard must live in the "
               "input");
 

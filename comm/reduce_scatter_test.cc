@@ -121,7 +121,8 @@ TEST(ReduceScatterTest, MisuseIsAClearError) {
                  "input has 7 elements and output 3, but a group of 2 ranks needs input = 2 x "
                  "output elements (here 6)");
     expect_error(at::zeros({4}), at::zeros({4}), "input has 4 elements and output 4");
-    expect_error(at::zeros({3}, at::kDouble), at::zeros({6}), "input is Float but output is Double");
+    expect_error(at::zeros({3}, at::kDouble), at::zeros({6}),
+                 "input is Float but output is Double");
     expect_error(at::zeros({3}), at::zeros({12}).slice(0, 0, 12, 2), "must be contiguous");
     expect_error(at::zeros({6}).slice(0, 0, 6, 2), at::zeros({6}), "must be contiguous");
     at::Tensor buf = at::zeros({6});

@@ -33,8 +33,8 @@ namespace internal {
 absl::StatusOr<int> parse_int(const std::string& what, const std::string& text, int lo, int hi) {
   int value = 0;
   if (!absl::SimpleAtoi(text, &value) || value < lo || value > hi) {
-    return absl::InvalidArgumentError(absl::StrCat(what, "='", text, "' is not an integer in [", lo,
-                                                   ", ", hi, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, "='", text, "' is not an integer in [", lo, ", ", hi, "]"));
   }
   return value;
 }
@@ -46,7 +46,8 @@ using internal::parse_int;
 using internal::Rendezvous;
 
 // What to check when rank 0's store accepts a connection but does not answer.
-constexpr char kCheckRank0[] = "check that rank 0 is running and not stopped (SIGSTOP, a debugger, swapping)";
+constexpr char kCheckRank0[] =
+    "check that rank 0 is running and not stopped (SIGSTOP, a debugger, swapping)";
 
 bool is_loopback(const std::string& host) {
   return absl::StartsWith(host, "127.") || host == "localhost" || host == "::1" || host == "[::1]";
@@ -61,7 +62,8 @@ int listen_on_host(const std::string& host, int port, int* bind_error) {
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
-  if (::getaddrinfo(is_loopback(host) ? "127.0.0.1" : host.c_str(), nullptr, &hints, &found) != 0) return -1;
+  if (::getaddrinfo(is_loopback(host) ? "127.0.0.1" : host.c_str(), nullptr, &hints, &found) != 0)
+    return -1;
   sockaddr_in addr = *reinterpret_cast<sockaddr_in*>(found->ai_addr);
   ::freeaddrinfo(found);
   addr.sin_port = htons(static_cast<uint16_t>(port));
@@ -69,7 +71,8 @@ int listen_on_host(const std::string& host, int port, int* bind_error) {
   if (fd < 0) return -1;
   const int one = 1;
   ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd, SOMAXCONN) != 0) {
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::listen(fd, SOMAXCONN) != 0) {
     *bind_error = errno;
     ::close(fd);
     return -1;
@@ -89,15 +92,18 @@ bool port_in_use(int port) {
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_ANY);
   addr.sin_port = htons(static_cast<uint16_t>(port));
-  const bool in_use = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 && errno == EADDRINUSE;
+  const bool in_use =
+      ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 && errno == EADDRINUSE;
   ::close(fd);
   return in_use;
 }
 
 absl::Status port_in_use_error(const std::string& master, const std::string& detail) {
   return absl::UnavailableError(absl::StrCat(
-      "cannot listen on ", master, ": port in use (by another job, or a program that still holds it); pick "
-      "another MASTER_PORT (//comm:launch picks a free one when --master_port is left unset)", detail));
+      "cannot listen on ", master,
+      ": port in use (by another job, or a program that still holds it); pick "
+      "another MASTER_PORT (//comm:launch picks a free one when --master_port is left unset)",
+      detail));
 }
 
 // Reads an integer environment variable; NotFound names the variable and what sets it.
@@ -110,7 +116,6 @@ absl::StatusOr<int> env_int(const char* name, int lo, int hi) {
   }
   return parse_int(absl::StrCat("environment variable ", name), value, lo, hi);
 }
-
 
 // "?rank=0&world_size=2" query of a tcp:// or file:// URL.
 absl::Status parse_query(const std::string& query, int* rank, int* world_size) {
@@ -125,8 +130,8 @@ absl::Status parse_query(const std::string& query, int* rank, int* world_size) {
       if (!w.ok()) return w.status();
       if (*world_size < 0) *world_size = *w;
     } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unknown init_method URL parameter '", p.first, "' (expected rank, world_size)"));
+      return absl::InvalidArgumentError(absl::StrCat("unknown init_method URL parameter '", p.first,
+                                                     "' (expected rank, world_size)"));
     }
   }
   return absl::OkStatus();
@@ -138,8 +143,8 @@ absl::Status check_rank(int rank, int world_size, const char* rank_name, const c
         absl::StrCat(world_name, " must be at least 1, got ", world_size));
   }
   if (rank < 0 || rank >= world_size) {
-    return absl::InvalidArgumentError(absl::StrCat(rank_name, "=", rank, " must be in [0, ",
-                                                   world_name, "=", world_size, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(rank_name, "=", rank, " must be in [0, ", world_name, "=", world_size, ")"));
   }
   return absl::OkStatus();
 }
@@ -155,17 +160,22 @@ absl::Status store_error(const std::exception& e, const std::string& master,
   const std::string lower = absl::AsciiStrToLower(what);
   if (absl::StrContains(lower, "waiting for clients")) {
     // LibTorch 2.x: the master's store waits for every rank to connect before returning.
-    return absl::DeadlineExceededError(
-        absl::StrCat("rendezvous on master ", master, ": not every rank connected within ", timeout.count(),
-                     " ms: check that every rank started with the same MASTER_ADDR, MASTER_PORT and "
-                     "WORLD_SIZE (", first_line, ")"));
+    return absl::DeadlineExceededError(absl::StrCat(
+        "rendezvous on master ", master, ": not every rank connected within ", timeout.count(),
+        " ms: check that every rank started with the same MASTER_ADDR, MASTER_PORT and "
+        "WORLD_SIZE (",
+        first_line, ")"));
   }
   if (is_timeout_message(what)) {
     // The client reached the master's port (wait_for_listener) but got no answer in time.
     return absl::DeadlineExceededError(absl::StrCat(
-        "rendezvous with master ", master, " did not complete within ", timeout.count(), " ms: something accepts "
-        "connections there but does not answer as a c10d store; ", kCheckRank0, " and that no other program "
-        "listens on MASTER_PORT (", first_line, ")"));
+        "rendezvous with master ", master, " did not complete within ", timeout.count(),
+        " ms: something accepts "
+        "connections there but does not answer as a c10d store; ",
+        kCheckRank0,
+        " and that no other program "
+        "listens on MASTER_PORT (",
+        first_line, ")"));
   }
   return absl::UnavailableError(
       absl::StrCat("rendezvous with master ", master, " failed: ", first_line));
@@ -180,7 +190,8 @@ absl::StatusOr<Rendezvous> rendezvous(const InitOptions& o) {
   rv.rank = o.rank;
   rv.world_size = o.world_size;
   if (o.store) {
-    if (absl::Status s = check_rank(rv.rank, rv.world_size, "rank", "world_size"); !s.ok()) return s;
+    if (absl::Status s = check_rank(rv.rank, rv.world_size, "rank", "world_size"); !s.ok())
+      return s;
     rv.store = o.store;
     rv.master = "in-process store";
     rv.bind_host = "127.0.0.1";
@@ -210,7 +221,8 @@ absl::StatusOr<Rendezvous> rendezvous(const InitOptions& o) {
       if (!w.ok()) return w.status();
       rv.world_size = *w;
     }
-    if (absl::Status s = check_rank(rv.rank, rv.world_size, "RANK", "WORLD_SIZE"); !s.ok()) return s;
+    if (absl::Status s = check_rank(rv.rank, rv.world_size, "RANK", "WORLD_SIZE"); !s.ok())
+      return s;
   } else if (absl::StartsWith(url, "tcp://")) {
     std::pair<std::string, std::string> hq = absl::StrSplit(url.substr(6), absl::MaxSplits('?', 1));
     if (absl::Status s = parse_query(hq.second, &rv.rank, &rv.world_size); !s.ok()) return s;
@@ -220,8 +232,10 @@ absl::StatusOr<Rendezvous> rendezvous(const InitOptions& o) {
           absl::StrCat("init_method '", url, "' must be tcp://HOST:PORT"));
     }
     host = hq.first.substr(0, colon);
-    if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-    auto p = parse_int(absl::StrCat("port of init_method '", url, "'"), hq.first.substr(colon + 1), 1, 65535);
+    if (host.size() > 2 && host.front() == '[' && host.back() == ']')
+      host = host.substr(1, host.size() - 2);
+    auto p = parse_int(absl::StrCat("port of init_method '", url, "'"), hq.first.substr(colon + 1),
+                       1, 65535);
     if (!p.ok()) return p.status();
     port = *p;
     if (absl::Status s = check_rank(rv.rank, rv.world_size, "rank", "world_size"); !s.ok()) {
@@ -232,7 +246,8 @@ absl::StatusOr<Rendezvous> rendezvous(const InitOptions& o) {
     std::pair<std::string, std::string> pq = absl::StrSplit(url.substr(7), absl::MaxSplits('?', 1));
     if (absl::Status s = parse_query(pq.second, &rv.rank, &rv.world_size); !s.ok()) return s;
     if (pq.first.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("init_method '", url, "' must be file:///PATH"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("init_method '", url, "' must be file:///PATH"));
     }
     if (absl::Status s = check_rank(rv.rank, rv.world_size, "rank", "world_size"); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -243,7 +258,8 @@ absl::StatusOr<Rendezvous> rendezvous(const InitOptions& o) {
       rv.store = c10::make_intrusive<c10d::FileStore>(pq.first, rv.world_size);
       rv.store->setTimeout(o.timeout);
     } catch (const std::exception& e) {
-      return absl::UnavailableError(absl::StrCat("cannot open rendezvous file ", pq.first, ": ", e.what()));
+      return absl::UnavailableError(
+          absl::StrCat("cannot open rendezvous file ", pq.first, ": ", e.what()));
     }
     return rv;
   } else {
@@ -255,7 +271,8 @@ absl::StatusOr<Rendezvous> rendezvous(const InitOptions& o) {
   if (is_loopback(host)) rv.bind_host = "127.0.0.1";
   // Every step under one deadline enforced here, each failure with its cause (rendezvous_checks.h):
   // reach the master, connect to its store, then every rank announces itself and waits for all.
-  const std::chrono::milliseconds rendezvous_timeout = o.rendezvous_timeout.count() > 0 ? o.rendezvous_timeout : o.timeout;
+  const std::chrono::milliseconds rendezvous_timeout =
+      o.rendezvous_timeout.count() > 0 ? o.rendezvous_timeout : o.timeout;
   const Deadline deadline = std::chrono::steady_clock::now() + rendezvous_timeout;
   if (rv.rank != 0) {
     if (absl::Status s = wait_for_listener(host, port, deadline); !s.ok()) return s;
@@ -280,21 +297,24 @@ absl::StatusOr<Rendezvous> rendezvous(const InitOptions& o) {
   }
   const std::string master = rv.master;
   const std::chrono::milliseconds timeout = rendezvous_timeout;
-  absl::StatusOr<c10::intrusive_ptr<c10d::Store>> store = run_with_deadline<c10::intrusive_ptr<c10d::Store>>(
-      [host, so, master, timeout]() -> absl::StatusOr<c10::intrusive_ptr<c10d::Store>> {
-        try {
-          return c10::intrusive_ptr<c10d::Store>(c10::make_intrusive<c10d::TCPStore>(host, so));
-        } catch (const std::exception& e) {
-          return store_error(e, master, timeout);
-        }
-      },
-      deadline, absl::StrCat("connecting to the c10d store at ", master));
+  absl::StatusOr<c10::intrusive_ptr<c10d::Store>> store =
+      run_with_deadline<c10::intrusive_ptr<c10d::Store>>(
+          [host, so, master, timeout]() -> absl::StatusOr<c10::intrusive_ptr<c10d::Store>> {
+            try {
+              return c10::intrusive_ptr<c10d::Store>(c10::make_intrusive<c10d::TCPStore>(host, so));
+            } catch (const std::exception& e) {
+              return store_error(e, master, timeout);
+            }
+          },
+          deadline, absl::StrCat("connecting to the c10d store at ", master));
   if (!store.ok()) {
     if (absl::IsDeadlineExceeded(store.status())) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          store.status().message(), " (rendezvous timeout ", timeout.count(), " ms): something accepts connections on ",
-          master, " but does not answer as a c10d store; ", kCheckRank0, " and that no other program listens on "
-          "MASTER_PORT"));
+      return absl::DeadlineExceededError(
+          absl::StrCat(store.status().message(), " (rendezvous timeout ", timeout.count(),
+                       " ms): something accepts connections on ", master,
+                       " but does not answer as a c10d store; ", kCheckRank0,
+                       " and that no other program listens on "
+                       "MASTER_PORT"));
     }
     return store.status();
   }
@@ -312,19 +332,24 @@ absl::StatusOr<Rendezvous> rendezvous(const InitOptions& o) {
           const std::string message = e.what();
           const std::string first_line = message.substr(0, message.find('\n'));
           if (is_timeout_message(message)) {
-            return absl::DeadlineExceededError(absl::StrCat(
-                what, ": the c10d store that rank 0 serves stopped answering (", first_line, "); ", kCheckRank0));
+            return absl::DeadlineExceededError(
+                absl::StrCat(what, ": the c10d store that rank 0 serves stopped answering (",
+                             first_line, "); ", kCheckRank0));
           }
-          return absl::UnavailableError(absl::StrCat(what, ": lost the c10d store that rank 0 serves (", first_line,
-                                                     "); rank 0 has exited or crashed: see its error"));
+          return absl::UnavailableError(
+              absl::StrCat(what, ": lost the c10d store that rank 0 serves (", first_line,
+                           "); rank 0 has exited or crashed: see its error"));
         }
       },
       deadline + std::chrono::seconds(1), waiting);
   if (!arrived.ok()) {
-    if (absl::IsDeadlineExceeded(arrived.status()) && absl::StartsWith(arrived.status().message(), waiting)) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          arrived.status().message(), " (rendezvous timeout ", timeout.count(), " ms + 1 s): the c10d store that "
-          "rank 0 serves stopped answering; ", kCheckRank0));
+    if (absl::IsDeadlineExceeded(arrived.status()) &&
+        absl::StartsWith(arrived.status().message(), waiting)) {
+      return absl::DeadlineExceededError(absl::StrCat(arrived.status().message(),
+                                                      " (rendezvous timeout ", timeout.count(),
+                                                      " ms + 1 s): the c10d store that "
+                                                      "rank 0 serves stopped answering; ",
+                                                      kCheckRank0));
     }
     return arrived.status();
   }

@@ -19,13 +19,15 @@ namespace dtrain::comm {
 namespace {
 
 int64_t ms_left(Deadline deadline) {
-  return std::max<int64_t>(
-      0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count());
+  return std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                  deadline - std::chrono::steady_clock::now())
+                                  .count());
 }
 
 // One non-blocking connect attempt to `ai`, waiting at most `wait_ms`. 0 on success, else errno.
 int try_connect(const addrinfo* ai, int wait_ms) {
-  const int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
+  const int fd =
+      ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
   if (fd < 0) return errno;
   int err = 0;
   if (::connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
@@ -47,10 +49,15 @@ int try_connect(const addrinfo* ai, int wait_ms) {
 
 std::string cause(int err) {
   switch (err) {
-    case ECONNREFUSED: return "connection refused: nothing listens there (has rank 0 started? same MASTER_PORT?)";
-    case EHOSTUNREACH: case ENETUNREACH: return "no route to the host (check MASTER_ADDR and the network)";
-    case ETIMEDOUT: return "connection attempts time out (a firewall, or a wrong MASTER_ADDR)";
-    default: return std::strerror(err);
+    case ECONNREFUSED:
+      return "connection refused: nothing listens there (has rank 0 started? same MASTER_PORT?)";
+    case EHOSTUNREACH:
+    case ENETUNREACH:
+      return "no route to the host (check MASTER_ADDR and the network)";
+    case ETIMEDOUT:
+      return "connection attempts time out (a firewall, or a wrong MASTER_ADDR)";
+    default:
+      return std::strerror(err);
   }
 }
 
@@ -63,7 +70,8 @@ absl::Status wait_for_listener(const std::string& host, int port, Deadline deadl
   addrinfo* found = nullptr;
   const std::string service = std::to_string(port);
   if (const int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found); rc != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("MASTER_ADDR '", host, "' does not resolve: ", ::gai_strerror(rc)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("MASTER_ADDR '", host, "' does not resolve: ", ::gai_strerror(rc)));
   }
   std::unique_ptr<addrinfo, void (*)(addrinfo*)> owner(found, ::freeaddrinfo);
   int last = ETIMEDOUT;
@@ -76,19 +84,24 @@ absl::Status wait_for_listener(const std::string& host, int port, Deadline deadl
       if (last == 0) return absl::OkStatus();
     }
     if (ms_left(deadline) == 0) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(std::min<int64_t>(ms_left(deadline), 50 << std::min(attempt, 4))));
+    std::this_thread::sleep_for(std::chrono::milliseconds(
+        std::min<int64_t>(ms_left(deadline), 50 << std::min(attempt, 4))));
   }
-  const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
-  return absl::DeadlineExceededError(absl::StrCat("cannot reach the master ", host, ":", port, " within ",
-                                                  waited.count(), " ms: ", cause(last)));
+  const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::steady_clock::now() - start);
+  return absl::DeadlineExceededError(absl::StrCat("cannot reach the master ", host, ":", port,
+                                                  " within ", waited.count(),
+                                                  " ms: ", cause(last)));
 }
 
-absl::Status check_arrivals(c10d::Store& store, int rank, int world_size, Deadline deadline, const std::string& what) {
+absl::Status check_arrivals(c10d::Store& store, int rank, int world_size, Deadline deadline,
+                            const std::string& what) {
   const std::string prefix = "dtrain/arrived/";
   const int64_t claims = store.add(absl::StrCat(prefix, rank), 1);
   if (claims > 1) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": ", claims, " processes started with RANK=", rank,
-                                                   "; give every process its own RANK in [0, WORLD_SIZE)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", claims, " processes started with RANK=", rank,
+                     "; give every process its own RANK in [0, WORLD_SIZE)"));
   }
   // Every rank publishes its WORLD_SIZE and compares it with every other rank's in its world, so
   // that a mismatch fails on every rank that arrived, each naming the ranks that differ (not only
@@ -114,15 +127,17 @@ absl::Status check_arrivals(c10d::Store& store, int rank, int world_size, Deadli
   for (;;) {
     read_pending();
     if (!differing.empty() || pending.empty() || ms_left(deadline) == 0) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(std::min<int64_t>(ms_left(deadline), 20)));
+    std::this_thread::sleep_for(
+        std::chrono::milliseconds(std::min<int64_t>(ms_left(deadline), 20)));
   }
   if (differing.empty() && pending.empty()) return absl::OkStatus();
   store.add(verdicts_key, 1);  // this rank is done with the store
   if (differing.empty()) {
     std::vector<int> shown(pending.begin(), pending.begin() + std::min<size_t>(pending.size(), 16));
     return absl::DeadlineExceededError(absl::StrCat(
-        what, ": rank", pending.size() == 1 ? " " : "s ", absl::StrJoin(shown, ", "), pending.size() > 16 ? ", ..." : "",
-        " of ", world_size, " never arrived (not started, crashed, or started with another MASTER_ADDR, MASTER_PORT "
+        what, ": rank", pending.size() == 1 ? " " : "s ", absl::StrJoin(shown, ", "),
+        pending.size() > 16 ? ", ..." : "", " of ", world_size,
+        " never arrived (not started, crashed, or started with another MASTER_ADDR, MASTER_PORT "
         "or WORLD_SIZE)"));
   }
   if (rank == 0) {
@@ -145,17 +160,19 @@ absl::Status check_arrivals(c10d::Store& store, int rank, int world_size, Deadli
       theirs.push_back("...");
       break;
     }
-    theirs.push_back(absl::StrCat("rank ", r, " has WORLD_SIZE=", absl::CHexEscape(w.substr(0, 24))));
+    theirs.push_back(
+        absl::StrCat("rank ", r, " has WORLD_SIZE=", absl::CHexEscape(w.substr(0, 24))));
   }
   std::string absent;
   if (!pending.empty()) {
     std::vector<int> shown(pending.begin(), pending.begin() + std::min<size_t>(pending.size(), 16));
     absent = absl::StrCat("; rank", pending.size() == 1 ? " " : "s ", absl::StrJoin(shown, ", "),
-                          pending.size() > 16 ? ", ..." : "", pending.size() == 1 ? " has" : " have", " not arrived");
+                          pending.size() > 16 ? ", ..." : "",
+                          pending.size() == 1 ? " has" : " have", " not arrived");
   }
-  return absl::InvalidArgumentError(absl::StrCat(what, ": this rank (RANK=", rank, ") has WORLD_SIZE=", world_size,
-                                                 " but ", absl::StrJoin(theirs, ", "),
-                                                 "; start every rank with the same WORLD_SIZE", absent));
+  return absl::InvalidArgumentError(absl::StrCat(
+      what, ": this rank (RANK=", rank, ") has WORLD_SIZE=", world_size, " but ",
+      absl::StrJoin(theirs, ", "), "; start every rank with the same WORLD_SIZE", absent));
 }
 
 }  // namespace dtrain::comm

@@ -40,7 +40,8 @@ absl::Status wait_for_listener(const std::string& host, int port, Deadline deadl
 // value or shared_ptr only); callers add what to check. An exception from fn() is returned as
 // Unavailable with its message.
 template <typename T>
-absl::StatusOr<T> run_with_deadline(std::function<absl::StatusOr<T>()> fn, Deadline deadline, const std::string& what) {
+absl::StatusOr<T> run_with_deadline(std::function<absl::StatusOr<T>()> fn, Deadline deadline,
+                                    const std::string& what) {
   const auto start = std::chrono::steady_clock::now();
   auto promise = std::make_shared<std::promise<absl::StatusOr<T>>>();
   std::future<absl::StatusOr<T>> result = promise->get_future();
@@ -52,8 +53,10 @@ absl::StatusOr<T> run_with_deadline(std::function<absl::StatusOr<T>()> fn, Deadl
     }
   }).detach();
   if (result.wait_until(deadline) != std::future_status::ready) {
-    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
-    return absl::DeadlineExceededError(absl::StrCat(what, " did not finish within ", waited.count(), " ms"));
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::steady_clock::now() - start);
+    return absl::DeadlineExceededError(
+        absl::StrCat(what, " did not finish within ", waited.count(), " ms"));
   }
   return result.get();
 }
@@ -66,7 +69,8 @@ absl::StatusOr<T> run_with_deadline(std::function<absl::StatusOr<T>()> fn, Deadl
 // (never past `deadline`) for the ranks that arrived to read their verdict; DeadlineExceeded naming
 // the ranks that never arrived. `what` names the rendezvous in messages ("rendezvous on
 // 10.0.0.1:29500"). Store errors throw, as the store's calls do.
-absl::Status check_arrivals(c10d::Store& store, int rank, int world_size, Deadline deadline, const std::string& what);
+absl::Status check_arrivals(c10d::Store& store, int rank, int world_size, Deadline deadline,
+                            const std::string& what);
 
 }  // namespace dtrain::comm
 

@@ -30,7 +30,9 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 // A socket that accepts connections (the kernel's backlog does) and never says a word.
 struct SilentListener {
@@ -51,7 +53,8 @@ struct SilentListener {
 };
 
 // What the messages say to check when rank 0's store accepts but does not answer.
-constexpr char kCheckRank0[] = "check that rank 0 is running and not stopped (SIGSTOP, a debugger, swapping)";
+constexpr char kCheckRank0[] =
+    "check that rank 0 is running and not stopped (SIGSTOP, a debugger, swapping)";
 
 // Forwards each connection on its port to 127.0.0.1:`target` until freeze(); from then on it
 // forwards nothing and keeps every connection open, as the sockets of a SIGSTOPped process are.
@@ -115,14 +118,16 @@ InitOptions tcp(int port, int rank, int world, std::chrono::milliseconds timeout
 TEST(RendezvousChecksTest, NothingListeningIsRefusedNotAHang) {
   const int port = testing::free_port();
   const auto t0 = Clock::now();
-  absl::Status s = wait_for_listener("127.0.0.1", port, Clock::now() + std::chrono::milliseconds(700));
+  absl::Status s =
+      wait_for_listener("127.0.0.1", port, Clock::now() + std::chrono::milliseconds(700));
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(std::string(s.message()), HasSubstr("connection refused: nothing listens there"));
   EXPECT_LT(seconds_since(t0), 3);
   SilentListener l;
   EXPECT_TRUE(wait_for_listener("127.0.0.1", l.port, Clock::now() + std::chrono::seconds(2)).ok());
-  EXPECT_EQ(wait_for_listener("no-such-host.invalid", 1, Clock::now() + std::chrono::seconds(1)).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      wait_for_listener("no-such-host.invalid", 1, Clock::now() + std::chrono::seconds(1)).code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 TEST(RendezvousChecksTest, AMasterPortThatAcceptsAndNeverAnswersEndsByTheDeadline) {
@@ -151,13 +156,15 @@ TEST(RendezvousChecksTest, AStoreThatStopsAnsweringSaysHowLongItWaitedAndWhatToC
   so.timeout = std::chrono::seconds(60);
   // Rank 0's store, through a proxy that freezes; both kept until the test process ends (the
   // abandoned client stays blocked on the proxy).
-  static auto& server = *new c10::intrusive_ptr<c10d::TCPStore>(c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so));
+  static auto& server =
+      *new c10::intrusive_ptr<c10d::TCPStore>(c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so));
   static FreezingProxy& proxy = *new FreezingProxy(server->getPort());
   std::thread freezer([] {
     std::this_thread::sleep_for(std::chrono::milliseconds(700));
     proxy.freeze();
   });
-  InitOptions o = tcp(proxy.port(), 1, 2, std::chrono::seconds(60));  // the store's calls would wait a minute
+  InitOptions o =
+      tcp(proxy.port(), 1, 2, std::chrono::seconds(60));  // the store's calls would wait a minute
   o.rendezvous_timeout = std::chrono::milliseconds(2000);
   const auto t0 = Clock::now();
   auto g = init_process_group(o);
@@ -184,7 +191,8 @@ TEST(RendezvousChecksTest, RunWithDeadlineSaysHowLongItWaited) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded) << r.status();
   const std::string message(r.status().message());
   int waited = -1;
-  ASSERT_EQ(std::sscanf(message.c_str(), "the step did not finish within %d ms", &waited), 1) << message;
+  ASSERT_EQ(std::sscanf(message.c_str(), "the step did not finish within %d ms", &waited), 1)
+      << message;
   EXPECT_GE(waited, 390) << message;
   EXPECT_LT(waited, 1900) << message;
 }
@@ -197,8 +205,9 @@ TEST(RendezvousChecksTest, AMasterPortInUseIsOneErrorWithoutC10dLogLines) {
   auto g = init_process_group(tcp(taken.port, 0, 1, std::chrono::seconds(5)));
   const std::string logged = absl::AsciiStrToLower(::testing::internal::GetCapturedStderr());
   EXPECT_EQ(g.status().code(), absl::StatusCode::kUnavailable) << g.status();
-  EXPECT_THAT(std::string(g.status().message()),
-              HasSubstr("cannot listen on 127.0.0.1:" + std::to_string(taken.port) + ": port in use"));
+  EXPECT_THAT(
+      std::string(g.status().message()),
+      HasSubstr("cannot listen on 127.0.0.1:" + std::to_string(taken.port) + ": port in use"));
   EXPECT_THAT(std::string(g.status().message()), HasSubstr("pick another MASTER_PORT"));
   EXPECT_THAT(logged, Not(HasSubstr("in use"))) << logged;
   EXPECT_THAT(logged, Not(HasSubstr("server socket"))) << logged;
@@ -215,15 +224,19 @@ TEST(RendezvousChecksTest, ALoneRankZeroNamesTheMissingRanksWithinItsTimeout) {
 TEST(RendezvousChecksTest, WorldSizeMismatchIsNamed) {
   const int port = testing::free_port();
   absl::Status rank1;
-  std::thread other([&] { rank1 = init_process_group(tcp(port, 1, 3, std::chrono::seconds(3))).status(); });
+  std::thread other(
+      [&] { rank1 = init_process_group(tcp(port, 1, 3, std::chrono::seconds(3))).status(); });
   auto g0 = init_process_group(tcp(port, 0, 2, std::chrono::seconds(3)));
   other.join();
   EXPECT_EQ(rank1.code(), absl::StatusCode::kInvalidArgument) << rank1;
-  EXPECT_THAT(std::string(rank1.message()), HasSubstr("has WORLD_SIZE=3 but rank 0 has WORLD_SIZE=2"));
+  EXPECT_THAT(std::string(rank1.message()),
+              HasSubstr("has WORLD_SIZE=3 but rank 0 has WORLD_SIZE=2"));
   EXPECT_EQ(g0.status().code(), absl::StatusCode::kInvalidArgument) << g0.status();
-  EXPECT_THAT(std::string(g0.status().message()),
-              HasSubstr("this rank (RANK=0) has WORLD_SIZE=2 but rank 1 has WORLD_SIZE=3; start every rank with "
-                        "the same WORLD_SIZE"));
+  EXPECT_THAT(
+      std::string(g0.status().message()),
+      HasSubstr(
+          "this rank (RANK=0) has WORLD_SIZE=2 but rank 1 has WORLD_SIZE=3; start every rank with "
+          "the same WORLD_SIZE"));
 }
 
 // Issue 29: with 3 ranks and rank 1 alone on another WORLD_SIZE, ranks 0 and 2 passed the arrival
@@ -236,7 +249,9 @@ TEST(RendezvousChecksTest, EveryRankOfAWorldSizeMismatchNamesTheCause) {
   std::vector<std::thread> ranks;
   const auto t0 = Clock::now();
   for (int r = 0; r < 3; ++r) {
-    ranks.emplace_back([&, r] { out[r] = init_process_group(tcp(port, r, worlds[r], std::chrono::seconds(20))).status(); });
+    ranks.emplace_back([&, r] {
+      out[r] = init_process_group(tcp(port, r, worlds[r], std::chrono::seconds(20))).status();
+    });
   }
   for (auto& t : ranks) t.join();
   EXPECT_LT(seconds_since(t0), 10) << "a rank waited for its timeout instead of failing at once";
@@ -246,7 +261,9 @@ TEST(RendezvousChecksTest, EveryRankOfAWorldSizeMismatchNamesTheCause) {
   for (int r = 0; r < 3; ++r) {
     EXPECT_EQ(out[r].code(), absl::StatusCode::kInvalidArgument) << r << ": " << out[r];
     EXPECT_THAT(std::string(out[r].message()), HasSubstr(expected[r])) << r;
-    EXPECT_THAT(std::string(out[r].message()), HasSubstr("start every rank with the same WORLD_SIZE")) << r;
+    EXPECT_THAT(std::string(out[r].message()),
+                HasSubstr("start every rank with the same WORLD_SIZE"))
+        << r;
   }
 }
 
@@ -262,11 +279,14 @@ TEST(RendezvousChecksTest, AWorldSizeMismatchNamesTheRanksNotArrived) {
   first.join();
   EXPECT_LT(seconds_since(t0), 10);
   EXPECT_EQ(zero.code(), absl::StatusCode::kInvalidArgument) << zero;
-  EXPECT_THAT(std::string(zero.message()),
-              HasSubstr("test: this rank (RANK=0) has WORLD_SIZE=3 but rank 1 has WORLD_SIZE=4; start every rank "
-                        "with the same WORLD_SIZE; rank 2 has not arrived"));
+  EXPECT_THAT(
+      std::string(zero.message()),
+      HasSubstr(
+          "test: this rank (RANK=0) has WORLD_SIZE=3 but rank 1 has WORLD_SIZE=4; start every rank "
+          "with the same WORLD_SIZE; rank 2 has not arrived"));
   EXPECT_EQ(one.code(), absl::StatusCode::kInvalidArgument) << one;
-  EXPECT_THAT(std::string(one.message()), HasSubstr("test: this rank (RANK=1) has WORLD_SIZE=4 but rank 0 has WORLD_SIZE=3"));
+  EXPECT_THAT(std::string(one.message()),
+              HasSubstr("test: this rank (RANK=1) has WORLD_SIZE=4 but rank 0 has WORLD_SIZE=3"));
 }
 
 TEST(RendezvousChecksTest, TwoProcessesWithOneRankAreNamed) {
@@ -287,7 +307,8 @@ TEST(RendezvousChecksTest, AllArrivedReturnsAtOnce) {
   const Deadline d = Clock::now() + std::chrono::seconds(5);
   std::vector<std::thread> ranks;
   std::vector<absl::Status> out(3);
-  for (int r = 0; r < 3; ++r) ranks.emplace_back([&, r] { out[r] = check_arrivals(*store, r, 3, d, "test"); });
+  for (int r = 0; r < 3; ++r)
+    ranks.emplace_back([&, r] { out[r] = check_arrivals(*store, r, 3, d, "test"); });
   for (auto& t : ranks) t.join();
   for (int r = 0; r < 3; ++r) EXPECT_TRUE(out[r].ok()) << r << ": " << out[r];
 }

@@ -74,11 +74,12 @@ void run_ranks_as_threads(int world_size, const RankFn& fn, const HarnessOptions
   }
   {
     std::unique_lock<std::mutex> lock(mu);
-    const bool all = cv.wait_for(lock, options.timeout + options.grace,
-                                 [&] { return finished == world_size; });
+    const bool all =
+        cv.wait_for(lock, options.timeout + options.grace, [&] { return finished == world_size; });
     if (!all) {
       std::string hung;
-      for (int r = 0; r < world_size; ++r) if (!done[r]) absl::StrAppend(&hung, hung.empty() ? "" : ", ", r);
+      for (int r = 0; r < world_size; ++r)
+        if (!done[r]) absl::StrAppend(&hung, hung.empty() ? "" : ", ", r);
       std::cerr << "FAILED: rank(s) " << hung << " still running "
                 << (options.timeout + options.grace).count()
                 << " ms after start (a hung collective?); ending the test process\n";
@@ -134,8 +135,10 @@ void run_ranks_as_processes(int world_size, const RankFn& fn, const HarnessOptio
     const std::string w = std::to_string(world_size);
     ProcessSpec spec;
     spec.argv = {"/proc/self/exe", filter, "--gtest_brief=1"};
-    spec.env = {{kRankEnv, r}, {"RANK", r}, {"LOCAL_RANK", r}, {"WORLD_SIZE", w}, {"LOCAL_WORLD_SIZE", w},
-                {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port}};
+    spec.env = {{kRankEnv, r},           {"RANK", r},
+                {"LOCAL_RANK", r},       {"WORLD_SIZE", w},
+                {"LOCAL_WORLD_SIZE", w}, {"MASTER_ADDR", "127.0.0.1"},
+                {"MASTER_PORT", port}};
     // Children of a test must not write the parent's XML report.
     spec.unset_env = {"XML_OUTPUT_FILE", "GTEST_OUTPUT"};
     spec.output = ProcessSpec::Output::kMerged;
@@ -146,7 +149,8 @@ void run_ranks_as_processes(int world_size, const RankFn& fn, const HarnessOptio
   const auto deadline = std::chrono::steady_clock::now() + options.timeout + options.grace;
   bool timed_out = false;
   while (!children.done()) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
       timed_out = true;
       break;
@@ -159,10 +163,14 @@ void run_ranks_as_processes(int world_size, const RankFn& fn, const HarnessOptio
   for (int r = 0; r < world_size; ++r) {
     const int code = children.exit_code(r);
     if (timed_out) {
-      ADD_FAILURE() << "rank " << r << " still running " << (options.timeout + options.grace).count()
-                    << " ms after start (hung?); killed. Output:\n" << output[r];
+      ADD_FAILURE() << "rank " << r << " still running "
+                    << (options.timeout + options.grace).count()
+                    << " ms after start (hung?); killed. Output:\n"
+                    << output[r];
     } else if (children.term_signal(r) != 0) {
-      ADD_FAILURE() << "rank " << r << " died of signal " << children.term_signal(r) << ". Output:\n" << output[r];
+      ADD_FAILURE() << "rank " << r << " died of signal " << children.term_signal(r)
+                    << ". Output:\n"
+                    << output[r];
     } else if (code != 0) {
       ADD_FAILURE() << "rank " << r << " exited with code " << code << ". Output:\n" << output[r];
     }

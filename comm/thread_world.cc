@@ -22,11 +22,13 @@ Group& thread_world_rank(int rank, int world_size) {
   {
     std::lock_guard<std::mutex> lock(mu);
     if (!world) world = std::make_unique<World>(world_size);
-    TORCH_CHECK(static_cast<int>(world->groups.size()) == world_size, "thread_world_rank: this process already has a ",
-                world->groups.size(), "-rank world, asked for ", world_size);
+    TORCH_CHECK(static_cast<int>(world->groups.size()) == world_size,
+                "thread_world_rank: this process already has a ", world->groups.size(),
+                "-rank world, asked for ", world_size);
     w = world.get();
   }
-  TORCH_CHECK(rank >= 0 && rank < world_size, "thread_world_rank: rank ", rank, " outside [0, ", world_size, ")");
+  TORCH_CHECK(rank >= 0 && rank < world_size, "thread_world_rank: rank ", rank, " outside [0, ",
+              world_size, ")");
   std::call_once(w->once[rank], [w, rank, world_size] {
     InitOptions o;
     o.rank = rank;

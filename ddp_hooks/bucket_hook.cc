@@ -10,10 +10,12 @@ at::Tensor BucketHook::parseHookResult(const c10::IValue& result) {
   }
   if (result.isList()) {
     const auto& list = result.toListRef();
-    TORCH_CHECK(!list.empty() && list[0].isTensor(), "DDP comm hook result is a list whose first element is not a tensor");
+    TORCH_CHECK(!list.empty() && list[0].isTensor(),
+                "DDP comm hook result is a list whose first element is not a tensor");
     return list[0].toTensor();
   }
-  TORCH_CHECK(false, "DDP comm hook result must be a tensor or a list of tensors, got ", result.tagKind());
+  TORCH_CHECK(false, "DDP comm hook result must be a tensor or a list of tensors, got ",
+              result.tagKind());
 }
 
 }  // namespace dtrain::ddp_hooks

@@ -40,20 +40,23 @@ TEST(BucketHookTest, ParsesATensorOrTheFirstOfAList) {
 TEST(BucketHookTest, RejectsWhatIsNoBucket) {
   Identity hook;
   EXPECT_THAT([&] { hook.parseHookResult(c10::IValue(int64_t{3})); },
-              testing::ThrowsMessage<c10::Error>(testing::HasSubstr("must be a tensor or a list of tensors")));
+              testing::ThrowsMessage<c10::Error>(
+                  testing::HasSubstr("must be a tensor or a list of tensors")));
   EXPECT_THAT([&] { hook.parseHookResult(c10::IValue(std::vector<at::Tensor>{})); },
               testing::ThrowsMessage<c10::Error>(testing::HasSubstr("empty tensor list")));
   c10::impl::GenericList generic(c10::AnyType::get());
   generic.push_back(c10::IValue(1.5));
-  EXPECT_THAT([&] { hook.parseHookResult(c10::IValue(generic)); },
-              testing::ThrowsMessage<c10::Error>(testing::HasSubstr("first element is not a tensor")));
+  EXPECT_THAT(
+      [&] { hook.parseHookResult(c10::IValue(generic)); },
+      testing::ThrowsMessage<c10::Error>(testing::HasSubstr("first element is not a tensor")));
 }
 
 TEST(BucketHookTest, StatefulHookKeepsTheCallersStateAndNamesItselfWhenThereIsNone) {
   auto counter = std::make_shared<Counter>();
   Counting hook(counter);
   const std::vector<int64_t> shape = {4};
-  c10d::GradBucket bucket = make_grad_bucket(0, 1, at::zeros({4}), {0}, {4}, {shape}, {at::zeros({4})});
+  c10d::GradBucket bucket =
+      make_grad_bucket(0, 1, at::zeros({4}), {0}, {4}, {shape}, {at::zeros({4})});
   hook.runHook(bucket);
   EXPECT_EQ(counter->calls, 1);
   EXPECT_THAT([] { Counting nothing(nullptr); },

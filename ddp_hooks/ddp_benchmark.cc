@@ -36,10 +36,10 @@
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>
 
-#include "comm/thread_world.h"
 #include "comm/coalesced.h"
-#include "ddp_hooks/default_hooks.h"
+#include "comm/thread_world.h"
 #include "ddp_hooks/benchmark_mlp.h"
+#include "ddp_hooks/default_hooks.h"
 #include "ddp_hooks/distributed_data_parallel.h"
 #include "ddp_hooks/zero_hook.h"
 #include "optim/zero_redundancy_optimizer.h"
@@ -49,9 +49,9 @@ namespace {
 
 constexpr int kWorld = 2;
 
-
 double elapsed_ms(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
 }
 
 // zero_grad() with the LibTorch's own default (set_to_none < 0; 2.x: true, 1.13: false), or as named.
@@ -78,10 +78,27 @@ void ddp_iteration(benchmark::State& state, int set_to_none) {
   state.counters["ms"] = elapsed_ms(start) / state.iterations() / kWorld;
 }
 void BM_DDPIteration(benchmark::State& state) { ddp_iteration(state, -1); }
-BENCHMARK(BM_DDPIteration)->ArgNames({"bucket_view", "cap_mb"})->Args({0, 25})->Args({1, 25})->Args({1, 4})->Threads(kWorld)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_DDPIteration)
+    ->ArgNames({"bucket_view", "cap_mb"})
+    ->Args({0, 25})
+    ->Args({1, 25})
+    ->Args({1, 4})
+    ->Threads(kWorld)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 // The same with zero_grad(set_to_none) named: 1 allocates every gradient afresh in each backward.
-void BM_DDPIterationZeroGrad(benchmark::State& state) { ddp_iteration(state, static_cast<int>(state.range(2))); }
-BENCHMARK(BM_DDPIterationZeroGrad)->ArgNames({"bucket_view", "cap_mb", "set_to_none"})->Args({0, 25, 0})->Args({0, 25, 1})->Args({1, 25, 0})->Args({1, 25, 1})->Threads(kWorld)->UseRealTime()->Unit(benchmark::kMillisecond);
+void BM_DDPIterationZeroGrad(benchmark::State& state) {
+  ddp_iteration(state, static_cast<int>(state.range(2)));
+}
+BENCHMARK(BM_DDPIterationZeroGrad)
+    ->ArgNames({"bucket_view", "cap_mb", "set_to_none"})
+    ->Args({0, 25, 0})
+    ->Args({0, 25, 1})
+    ->Args({1, 25, 0})
+    ->Args({1, 25, 1})
+    ->Threads(kWorld)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 void BM_Backward(benchmark::State& state) {
   auto mlp = benchmark_mlp();
@@ -116,7 +133,13 @@ void BM_BackwardZeroGrad(benchmark::State& state) {
   for (auto _ : state) iteration();
   state.counters["ms"] = elapsed_ms(start) / state.iterations() / kWorld;
 }
-BENCHMARK(BM_BackwardZeroGrad)->ArgName("set_to_none")->Arg(0)->Arg(1)->Threads(kWorld)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_BackwardZeroGrad)
+    ->ArgName("set_to_none")
+    ->Arg(0)
+    ->Arg(1)
+    ->Threads(kWorld)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 void BM_AllReduce(benchmark::State& state) {
   comm::Group& g = comm::thread_world_rank(state.thread_index(), kWorld);
@@ -133,7 +156,8 @@ BENCHMARK(BM_AllReduce)->Threads(kWorld)->UseRealTime()->Unit(benchmark::kMillis
 // future when its transfer would have ended, so the hook never blocks the autograd thread.
 class OffCpuLinkHook : public c10d::CommHookInterface {
  public:
-  explicit OffCpuLinkHook(double bytes_per_ms) : bytes_per_ms_(bytes_per_ms), timer_([this] { run(); }) {}
+  explicit OffCpuLinkHook(double bytes_per_ms)
+      : bytes_per_ms_(bytes_per_ms), timer_([this] { run(); }) {}
   ~OffCpuLinkHook() override {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -210,7 +234,8 @@ void BM_Overlap(benchmark::State& state) {
   o.bucket_cap_mb = cap_mb;
   DistributedDataParallel ddp(mlp.ptr(), o);
   if (link_ms > 0) {
-    ddp.register_comm_hook(std::make_unique<OffCpuLinkHook>(static_cast<double>(grad_bytes) / link_ms));
+    ddp.register_comm_hook(
+        std::make_unique<OffCpuLinkHook>(static_cast<double>(grad_bytes) / link_ms));
   }
   const torch::Tensor x = torch::randn({2, 1024});
   auto backward = [&] {
@@ -221,7 +246,9 @@ void BM_Overlap(benchmark::State& state) {
     if (link_ms > 0) {
       std::this_thread::sleep_for(std::chrono::milliseconds(link_ms));
     } else {
-      comm::all_reduce_coalesced(g, grads, c10d::ReduceOp::SUM, static_cast<int64_t>(cap_mb * (1 << 20))).wait();
+      comm::all_reduce_coalesced(g, grads, c10d::ReduceOp::SUM,
+                                 static_cast<int64_t>(cap_mb * (1 << 20)))
+          .wait();
     }
   };
   auto iteration = [&] {
@@ -285,10 +312,13 @@ void BM_DDPZeroStep(benchmark::State& state) {
   zo.overlap_with_ddp = overlap;
   zo.shard_gradients = zero2;
   optim::ZeroRedundancyOptimizer zero(
-      mlp->parameters(), optim::local_optimizer<optim::FunctionalOptimizerAdapter>("Adam", {{"lr", 1e-4}}), zo);
-  if (state.range(0) == 1) ddp.register_comm_hook(hook_with_zero_step(std::make_unique<AllReduceHook>(g), ddp, zero));
+      mlp->parameters(),
+      optim::local_optimizer<optim::FunctionalOptimizerAdapter>("Adam", {{"lr", 1e-4}}), zo);
+  if (state.range(0) == 1)
+    ddp.register_comm_hook(hook_with_zero_step(std::make_unique<AllReduceHook>(g), ddp, zero));
   if (state.range(0) == 2) {
-    ddp.register_comm_hook(hook_with_zero_step_interleaved(std::make_unique<AllReduceHook>(g), ddp, zero));
+    ddp.register_comm_hook(
+        hook_with_zero_step_interleaved(std::make_unique<AllReduceHook>(g), ddp, zero));
   }
   if (zero2) ddp.register_comm_hook(hook_with_zero2(ddp, zero));
   const torch::Tensor x = torch::randn({2, 1024});
@@ -305,7 +335,15 @@ void BM_DDPZeroStep(benchmark::State& state) {
   state.counters["state_MiB"] = static_cast<double>(zero.local_state_bytes()) / (1 << 20) / kWorld;
   state.counters["grad_MiB"] = static_cast<double>(zero.gradient_bytes()) / (1 << 20) / kWorld;
 }
-BENCHMARK(BM_DDPZeroStep)->ArgName("overlap")->Arg(0)->Arg(1)->Arg(2)->Arg(3)->Threads(kWorld)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_DDPZeroStep)
+    ->ArgName("overlap")
+    ->Arg(0)
+    ->Arg(1)
+    ->Arg(2)
+    ->Arg(3)
+    ->Threads(kWorld)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace dtrain::ddp_hooks

@@ -25,9 +25,9 @@
 #include <utility>
 
 #include <benchmark/benchmark.h>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/cuda.h>
 #include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include "comm/process_group.h"
 #include "ddp_hooks/default_hooks.h"
@@ -42,7 +42,7 @@ namespace {
 constexpr int kLayers = 8;
 constexpr int64_t kWidth = 1792;
 constexpr int64_t kBatch = 256;
-constexpr int kWarmup = 3;            // untimed iterations per run (cuBLAS, allocator, optimizer state)
+constexpr int kWarmup = 3;  // untimed iterations per run (cuBLAS, allocator, optimizer state)
 constexpr int kFloorIterations = 20;  // when BM_CudaForwardBackward did not run in this process
 constexpr double kLr = 1e-4;
 
@@ -66,7 +66,8 @@ comm::Group& nccl_world() {
     o.device_id = 0;
     auto group = comm::init_process_group(o);
     if (!group.ok()) {
-      std::cerr << "ddp_cuda_benchmark: NCCL group of world size 1 on cuda:0: " << group.status() << "\n";
+      std::cerr << "ddp_cuda_benchmark: NCCL group of world size 1 on cuda:0: " << group.status()
+                << "\n";
       std::exit(1);
     }
     slot = std::make_unique<comm::Group>(*std::move(group));
@@ -85,7 +86,9 @@ torch::nn::Sequential cuda_mlp() {
   return mlp;
 }
 
-torch::Tensor cuda_input() { return torch::randn({kBatch, kWidth}, torch::TensorOptions().device(cuda0())); }
+torch::Tensor cuda_input() {
+  return torch::randn({kBatch, kWidth}, torch::TensorOptions().device(cuda0()));
+}
 
 DDPOptions ddp_options() {
   DDPOptions o;
@@ -133,7 +136,8 @@ double fwd_bwd_seconds() {
     iteration();
     torch::cuda::synchronize();
   }
-  cached = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kFloorIterations;
+  cached = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
+           kFloorIterations;
   return cached;
 }
 
@@ -190,8 +194,10 @@ void zero_row(benchmark::State& state, bool overlap) {
   zo.group = g;
   zo.overlap_with_ddp = overlap;
   optim::ZeroRedundancyOptimizer zero(
-      mlp->parameters(), optim::local_optimizer<optim::FunctionalOptimizerAdapter>("Adam", {{"lr", kLr}}), zo);
-  if (overlap) ddp.register_comm_hook(hook_with_zero_step(std::make_unique<AllReduceHook>(g), ddp, zero));
+      mlp->parameters(),
+      optim::local_optimizer<optim::FunctionalOptimizerAdapter>("Adam", {{"lr", kLr}}), zo);
+  if (overlap)
+    ddp.register_comm_hook(hook_with_zero_step(std::make_unique<AllReduceHook>(g), ddp, zero));
   const double seconds = timed_seconds(state, [&] {
     zero.zero_grad();
     ddp.forward([&] { return mlp->forward(x).sum(); }).backward();

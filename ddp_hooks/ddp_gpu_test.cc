@@ -46,15 +46,26 @@ Net make_net(const torch::Device& device) {
   {
     torch::NoGradGuard no_grad;
     int k = 0;
-    for (auto& p : net->parameters()) p.copy_(torch::sin(torch::arange(p.numel()).view(p.sizes()) * 0.3 + k++) * 0.5);
+    for (auto& p : net->parameters())
+      p.copy_(torch::sin(torch::arange(p.numel()).view(p.sizes()) * 0.3 + k++) * 0.5);
   }
   net->to(device);
   return net;
 }
 
-enum class Kind { kAllReduce, kFp16, kBf16, kPowerSGD, kZero1, kZero2, kZeroOverlap, kPostLocalSGD };
+enum class Kind {
+  kAllReduce,
+  kFp16,
+  kBf16,
+  kPowerSGD,
+  kZero1,
+  kZero2,
+  kZeroOverlap,
+  kPostLocalSGD
+};
 std::string name(Kind k) {
-  const char* n[] = {"allreduce", "fp16", "bf16", "powersgd", "zero1", "zero2", "zero_overlap", "post_local_sgd"};
+  const char* n[] = {"allreduce", "fp16",  "bf16",         "powersgd",
+                     "zero1",     "zero2", "zero_overlap", "post_local_sgd"};
   return n[static_cast<int>(k)];
 }
 
@@ -98,8 +109,11 @@ std::vector<torch::Tensor> train(comm::Group& g, Kind kind, const torch::Device&
         std::move(plain), std::make_shared<optim::PeriodicModelAverager>(2, 2, g));
   }
   for (int s = 0; s < kSteps; ++s) {
-    const torch::Tensor x = ((torch::arange(kBatch, torch::kLong) * 7 + s * 5 + g.rank() * 3) % 40).to(device);
-    const torch::Tensor y = torch::sin(torch::arange(kBatch * 3, torch::kFloat).view({kBatch, 3}) + s + g.rank()).to(device);
+    const torch::Tensor x =
+        ((torch::arange(kBatch, torch::kLong) * 7 + s * 5 + g.rank() * 3) % 40).to(device);
+    const torch::Tensor y =
+        torch::sin(torch::arange(kBatch * 3, torch::kFloat).view({kBatch, 3}) + s + g.rank())
+            .to(device);
     if (plain) plain->zero_grad();
     if (zero) zero->zero_grad();
     ddp.forward([&] { return torch::mse_loss(net->forward(x), y); }).backward();
@@ -136,7 +150,9 @@ TEST_P(DdpOnGpuTest, CudaParametersTrainAsOnTheCpu) {
     const std::vector<torch::Tensor> cpu = train(g, kind, torch::kCPU);
     const std::vector<torch::Tensor> cuda = train(g, kind, torch::Device(torch::kCUDA, 0));
     // fp16/bf16 round the same values on both devices; cuBLAS and CPU BLAS sum in different orders.
-    const double tol = kind == Kind::kBf16 ? 2e-2 : kind == Kind::kFp16 || kind == Kind::kPowerSGD ? 2e-3 : 1e-4;
+    const double tol = kind == Kind::kBf16                              ? 2e-2
+                       : kind == Kind::kFp16 || kind == Kind::kPowerSGD ? 2e-3
+                                                                        : 1e-4;
     for (size_t i = 0; i < cpu.size(); ++i) {
       EXPECT_TRUE(torch::allclose(cuda[i], cpu[i], tol, tol))
           << name(kind) << " rank " << g.rank() << " parameter " << i << ": max difference "
@@ -146,8 +162,9 @@ TEST_P(DdpOnGpuTest, CudaParametersTrainAsOnTheCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Hooks, DdpOnGpuTest,
-                         ::testing::Values(Kind::kAllReduce, Kind::kFp16, Kind::kBf16, Kind::kPowerSGD, Kind::kZero1,
-                                           Kind::kZero2, Kind::kZeroOverlap, Kind::kPostLocalSGD),
+                         ::testing::Values(Kind::kAllReduce, Kind::kFp16, Kind::kBf16,
+                                           Kind::kPowerSGD, Kind::kZero1, Kind::kZero2,
+                                           Kind::kZeroOverlap, Kind::kPostLocalSGD),
                          [](const auto& info) { return name(info.param); });
 
 // NCCL at world size 1: DDP and ZeRO construct (their agreement checks run on the GPU) and train.
@@ -155,9 +172,11 @@ TEST(DdpOnGpuTest, NcclWorldOfOneTrainsDdpAndZero) {
   DTRAIN_GPU_TEST_OR_SKIP();
   std::vector<torch::Tensor> cpu, cuda;
   run_ranks_as_threads(1, [&](comm::Group& g) { cpu = train(g, Kind::kZero1, torch::kCPU); }, {});
-  run_ranks_as_threads(1, [&](comm::Group& g) { cuda = train(g, Kind::kZero1, g.device()); },
-                       comm::testing::with_backend("nccl"));
-  for (size_t i = 0; i < cpu.size(); ++i) EXPECT_TRUE(torch::allclose(cuda[i], cpu[i], 1e-4, 1e-4)) << i;
+  run_ranks_as_threads(
+      1, [&](comm::Group& g) { cuda = train(g, Kind::kZero1, g.device()); },
+      comm::testing::with_backend("nccl"));
+  for (size_t i = 0; i < cpu.size(); ++i)
+    EXPECT_TRUE(torch::allclose(cuda[i], cpu[i], 1e-4, 1e-4)) << i;
 }
 
 // Stream order: ~100 ms of matrix products are queued before the forward on the current stream;
@@ -174,14 +193,16 @@ TEST(DdpOnGpuTest, ReductionWaitsForKernelsQueuedBeforeBackward) {
       DistributedDataParallel ddp(net.ptr(), d);
       torch::Tensor x = ((torch::arange(kBatch, torch::kLong) * 3 + g.rank()) % 40).to(cuda);
       if (busy) {
-        torch::Tensor a = torch::rand({2048, 2048}, cuda), b = torch::rand({2048, 2048}, cuda) / 2048;
+        torch::Tensor a = torch::rand({2048, 2048}, cuda),
+                      b = torch::rand({2048, 2048}, cuda) / 2048;
         for (int i = 0; i < 40; ++i) a = torch::tanh(torch::mm(a, b));
         x = x + a.sum().isnan().to(torch::kLong);  // x, once the products are done
       }
       ddp.forward([&] { return net->forward(x).square().mean(); }).backward();
       for (auto& p : net->parameters()) (busy ? slow : grads).push_back(p.grad().cpu());
     }
-    for (size_t i = 0; i < grads.size(); ++i) EXPECT_TRUE(torch::equal(grads[i], slow[i])) << "rank " << g.rank() << " " << i;
+    for (size_t i = 0; i < grads.size(); ++i)
+      EXPECT_TRUE(torch::equal(grads[i], slow[i])) << "rank " << g.rank() << " " << i;
   });
 }
 

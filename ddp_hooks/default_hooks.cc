@@ -44,7 +44,8 @@ bool gloo_reduces(at::ScalarType dtype) {
   return it->second;
 }
 
-c10::intrusive_ptr<c10::ivalue::Future> allreduce_sum(const comm::Group& group, const at::Tensor& t) {
+c10::intrusive_ptr<c10::ivalue::Future> allreduce_sum(const comm::Group& group,
+                                                      const at::Tensor& t) {
   if (group.backend() != "gloo" || gloo_reduces(t.scalar_type())) {
     std::vector<at::Tensor> in = {t};
     return group->allreduce(in)->getFuture();
@@ -59,7 +60,8 @@ c10::intrusive_ptr<c10::ivalue::Future> allreduce_sum(const comm::Group& group, 
       [t, parts = all[0]](c10::ivalue::Future& gathered) {
         gathered.value();  // rethrows the gather's error
         at::Tensor sum = at::zeros(t.sizes(), t.options().dtype(at::kFloat));
-        for (const auto& p : parts) sum.add_(p.view(t.scalar_type()).view(t.sizes()).to(at::kFloat));
+        for (const auto& p : parts)
+          sum.add_(p.view(t.scalar_type()).view(t.sizes()).to(at::kFloat));
         t.copy_(sum);
         return c10::IValue(t);
       },
@@ -72,9 +74,10 @@ c10::intrusive_ptr<c10::ivalue::Future> AllReduceHook::runHook(c10d::GradBucket&
   return allreduce_sum(group_, buffer);
 }
 
-CompressHook::CompressHook(comm::Group group, at::ScalarType dtype) : group_(std::move(group)), dtype_(dtype) {
-  TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16, "CompressHook compresses to float16 or bfloat16, got ",
-              dtype);
+CompressHook::CompressHook(comm::Group group, at::ScalarType dtype)
+    : group_(std::move(group)), dtype_(dtype) {
+  TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16,
+              "CompressHook compresses to float16 or bfloat16, got ", dtype);
 }
 
 int64_t CompressHook::buffers_allocated() const {
@@ -85,7 +88,8 @@ int64_t CompressHook::buffers_allocated() const {
 CompressHook::Kept CompressHook::acquire(const at::Tensor& buffer, size_t index) {
   auto fresh = [&] {
     ++allocated_;
-    return Kept{at::empty(buffer.sizes(), buffer.options().dtype(dtype_)), std::make_shared<std::atomic<bool>>(false)};
+    return Kept{at::empty(buffer.sizes(), buffer.options().dtype(dtype_)),
+                std::make_shared<std::atomic<bool>>(false)};
   };
   std::lock_guard<std::mutex> lock(mu_);
   Kept kept;
@@ -113,7 +117,8 @@ c10::intrusive_ptr<c10::ivalue::Future> CompressHook::runHook(c10d::GradBucket& 
   return fut->then(
       [buffer, compressed, done = kept.done](c10::ivalue::Future& reduced) {
         try {
-          reduced.value();  // rethrows the all-reduce's error: a failed collective is never a result
+          reduced
+              .value();  // rethrows the all-reduce's error: a failed collective is never a result
         } catch (...) {
           done->store(true);
           throw;
@@ -125,11 +130,12 @@ c10::intrusive_ptr<c10::ivalue::Future> CompressHook::runHook(c10d::GradBucket& 
       c10::TensorType::get());
 }
 
-CompressWrapper::CompressWrapper(std::unique_ptr<c10d::CommHookInterface> inner, at::ScalarType dtype)
+CompressWrapper::CompressWrapper(std::unique_ptr<c10d::CommHookInterface> inner,
+                                 at::ScalarType dtype)
     : inner_(std::move(inner)), dtype_(dtype) {
   TORCH_CHECK(inner_ != nullptr, "CompressWrapper needs a hook to wrap");
-  TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16, "CompressWrapper compresses to float16 or bfloat16, got ",
-              dtype);
+  TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16,
+              "CompressWrapper compresses to float16 or bfloat16, got ", dtype);
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> CompressWrapper::runHook(c10d::GradBucket& bucket) {
@@ -147,14 +153,17 @@ c10::intrusive_ptr<c10::ivalue::Future> CompressWrapper::runHook(c10d::GradBucke
       c10::TensorType::get());
 }
 
-PostLocalSGDState::PostLocalSGDState(comm::Group process_group, comm::Group subgroup, int64_t start_localSGD_iter,
+PostLocalSGDState::PostLocalSGDState(comm::Group process_group, comm::Group subgroup,
+                                     int64_t start_localSGD_iter,
                                      bool post_local_gradient_allreduce)
     : process_group(std::move(process_group)),
       subgroup(std::move(subgroup)),
       start_localSGD_iter(start_localSGD_iter),
       post_local_gradient_allreduce(post_local_gradient_allreduce) {
-  TORCH_CHECK(this->process_group.is_member(), "PostLocalSGDState: the process group is not set or this rank is not in it");
-  TORCH_CHECK(start_localSGD_iter >= 0, "start_localSGD_iter must be >= 0, got ", start_localSGD_iter);
+  TORCH_CHECK(this->process_group.is_member(),
+              "PostLocalSGDState: the process group is not set or this rank is not in it");
+  TORCH_CHECK(start_localSGD_iter >= 0, "start_localSGD_iter must be >= 0, got ",
+              start_localSGD_iter);
 }
 
 PostLocalSGDHook::PostLocalSGDHook(std::shared_ptr<PostLocalSGDState> state)
@@ -176,8 +185,10 @@ c10::intrusive_ptr<c10::ivalue::Future> PostLocalSGDHook::runHook(c10d::GradBuck
   if (!s.subgroup.is_member()) {
     // Every rank reaches this bucket together, so creating the subgroups here is safe.
     const char* local = std::getenv("LOCAL_WORLD_SIZE");
-    TORCH_CHECK(local != nullptr, "post-local SGD started without a subgroup and LOCAL_WORLD_SIZE is not set: pass "
-                "PostLocalSGDState::subgroup (e.g. comm::new_subgroups(world, ranks_per_node).mine)");
+    TORCH_CHECK(
+        local != nullptr,
+        "post-local SGD started without a subgroup and LOCAL_WORLD_SIZE is not set: pass "
+        "PostLocalSGDState::subgroup (e.g. comm::new_subgroups(world, ranks_per_node).mine)");
     auto sub = comm::new_subgroups(s.process_group, std::atoi(local));
     TORCH_CHECK(sub.ok(), "post-local SGD: ", sub.status().ToString());
     s.subgroup = sub->mine;

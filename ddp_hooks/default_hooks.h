@@ -30,7 +30,8 @@ bool gloo_reduces(at::ScalarType dtype);
 // The sum of `t` over `group`, in place in t: an all-reduce, or where Gloo cannot reduce t's dtype
 // (gloo_reduces), an all-gather of every rank's values summed here in float32 and rounded once
 // into t's dtype. The future's value holds t; its error is the collective's.
-c10::intrusive_ptr<c10::ivalue::Future> allreduce_sum(const comm::Group& group, const at::Tensor& t);
+c10::intrusive_ptr<c10::ivalue::Future> allreduce_sum(const comm::Group& group,
+                                                      const at::Tensor& t);
 
 // PyTorch's allreduce_hook: divide by the world size, then all-reduce (sum).
 class AllReduceHook : public BucketHook {

@@ -51,8 +51,9 @@ TEST(DefaultHooksTest, CompressHooks) {
         // Bit for bit: Gloo sums the bf16 halves in bf16, as PyTorch's bf16 hook does; where this
         // Gloo cannot reduce bf16 (Debian sid's), dtrain sums the gathered halves in fp32.
         const at::Tensor h0 = values_for(0).to(dtype).div_(2), h1 = values_for(1).to(dtype).div_(2);
-        const at::Tensor exact = gloo_reduces(dtype) ? (h0 + h1).to(at::kFloat)
-                                                     : (h0.to(at::kFloat) + h1.to(at::kFloat)).to(dtype).to(at::kFloat);
+        const at::Tensor exact =
+            gloo_reduces(dtype) ? (h0 + h1).to(at::kFloat)
+                                : (h0.to(at::kFloat) + h1.to(at::kFloat)).to(dtype).to(at::kFloat);
         EXPECT_TRUE(out.equal(exact));
       }
     }
@@ -73,8 +74,10 @@ TEST(DefaultHooksTest, CompressHookReusesItsBufferAndGivesAFreshHooksValues) {
           const at::Tensor values = values_for(g.rank()) * (it + 1) + static_cast<double>(index);
           OneBucket a(values), b(values);
           CompressHook fresh(g, dtype);
-          c10d::GradBucket ga = make_grad_bucket(index, 2, a.buffer, {0, 24}, {24, 3}, a.sizes, a.params);
-          c10d::GradBucket gb = make_grad_bucket(index, 2, b.buffer, {0, 24}, {24, 3}, b.sizes, b.params);
+          c10d::GradBucket ga =
+              make_grad_bucket(index, 2, a.buffer, {0, 24}, {24, 3}, a.sizes, a.params);
+          c10d::GradBucket gb =
+              make_grad_bucket(index, 2, b.buffer, {0, 24}, {24, 3}, b.sizes, b.params);
           auto fa = kept.runHook(ga);
           fa->wait();
           auto fb = fresh.runHook(gb);
@@ -128,7 +131,8 @@ TEST(DefaultHooksTest, CompressWrapperAroundPowerSGD) {
     state->iter = 2;
     CompressWrapper hook(std::make_unique<PowerSGDHook>(state), at::kHalf);
     // A rank-1 matrix: PowerSGD reproduces it up to float16 rounding.
-    at::Tensor matrix = at::outer(at::cos(at::arange(6, at::kFloat)), at::sin(at::arange(4, at::kFloat) + 1));
+    at::Tensor matrix =
+        at::outer(at::cos(at::arange(6, at::kFloat)), at::sin(at::arange(4, at::kFloat) + 1));
     OneBucket b(at::cat({matrix.reshape(-1), at::ones({3})}));
     at::Tensor out = b.run(hook);
     EXPECT_TRUE(out.narrow(0, 0, 24).view({6, 4}).allclose(matrix, 0, 3e-2));
@@ -152,7 +156,8 @@ TEST(DefaultHooksTest, PostLocalSGDSwitchesToTheSubgroup) {
     }
     EXPECT_EQ(state->iter, 2);  // counted only until local SGD starts, as PyTorch
     // Without post-local gradient all-reduce: no communication after the start.
-    auto quiet = std::make_shared<PostLocalSGDState>(g, pairs->mine, 0, /*post_local_gradient_allreduce=*/false);
+    auto quiet = std::make_shared<PostLocalSGDState>(g, pairs->mine, 0,
+                                                     /*post_local_gradient_allreduce=*/false);
     PostLocalSGDHook none(quiet);
     OneBucket b(values_for(g.rank()));
     EXPECT_TRUE(b.run(none).equal(values_for(g.rank())));

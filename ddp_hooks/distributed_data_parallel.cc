@@ -22,7 +22,7 @@ namespace dtrain::ddp_hooks {
 
 struct DistributedDataParallel::State {
   struct Bucket {
-    std::vector<size_t> params;      // indices into State::params
+    std::vector<size_t> params;  // indices into State::params
     std::vector<size_t> offsets, lengths;
     std::vector<c10::IntArrayRef> sizes;
     int64_t numel = 0;
@@ -56,8 +56,10 @@ struct DistributedDataParallel::State {
 
   at::Tensor bucket_view(size_t i) {
     const auto [b, k] = where[i];
-    return buckets[b].buffer.narrow(0, static_cast<int64_t>(buckets[b].offsets[k]),
-                                    static_cast<int64_t>(buckets[b].lengths[k]))
+    return buckets[b]
+        .buffer
+        .narrow(0, static_cast<int64_t>(buckets[b].offsets[k]),
+                static_cast<int64_t>(buckets[b].lengths[k]))
         .view(params[i].sizes());
   }
 
@@ -68,9 +70,11 @@ struct DistributedDataParallel::State {
     const at::Tensor& buffer = buckets[b].buffer;
     const auto sizes = params[i].sizes();
     std::vector<int64_t> strides(sizes.size(), 1);
-    for (size_t d = sizes.size(); d-- > 1;) strides[d - 1] = strides[d] * std::max<int64_t>(sizes[d], 1);
+    for (size_t d = sizes.size(); d-- > 1;)
+      strides[d - 1] = strides[d] * std::max<int64_t>(sizes[d], 1);
     at::Tensor alias = at::empty({0}, buffer.options());
-    alias.set_(buffer.storage(), buffer.storage_offset() + static_cast<int64_t>(buckets[b].offsets[k]), sizes,
+    alias.set_(buffer.storage(),
+               buffer.storage_offset() + static_cast<int64_t>(buckets[b].offsets[k]), sizes,
                strides);
     return alias;
   }
@@ -78,7 +82,8 @@ struct DistributedDataParallel::State {
   // Makes .grad of parameter i the alias of its bucket slot, unless it already is.
   void point_grad_at_bucket(size_t i) {
     const at::Tensor& grad = params[i].grad();
-    if (!grad.defined() || grad.data_ptr() != bucket_view(i).data_ptr()) params[i].mutable_grad() = grad_alias(i);
+    if (!grad.defined() || grad.data_ptr() != bucket_view(i).data_ptr())
+      params[i].mutable_grad() = grad_alias(i);
   }
 
   // Puts parameter i's gradient into its bucket (or zeros when it has none). A consumer's
@@ -103,8 +108,9 @@ struct DistributedDataParallel::State {
       Bucket& bucket = buckets[next_bucket];
       std::vector<at::Tensor> bucket_params;
       for (size_t i : bucket.params) bucket_params.push_back(params[i]);
-      c10d::GradBucket grad_bucket = make_grad_bucket(next_bucket, buckets.size(), bucket.buffer, bucket.offsets,
-                                                     bucket.lengths, bucket.sizes, bucket_params);
+      c10d::GradBucket grad_bucket =
+          make_grad_bucket(next_bucket, buckets.size(), bucket.buffer, bucket.offsets,
+                           bucket.lengths, bucket.sizes, bucket_params);
       bucket.future = hook->runHook(grad_bucket);
       if (consumer != nullptr) bucket.buffer = at::Tensor();  // the hook keeps what it needs
       ++next_bucket;
@@ -112,8 +118,10 @@ struct DistributedDataParallel::State {
   }
 
   void mark_ready(size_t i) {
-    TORCH_CHECK(!ready[i], "DDP: parameter '", names[i], "' was marked ready twice in one backward pass; this happens "
-                "when a parameter is used by two autograd graphs or reentrant backward. Call backward once per "
+    TORCH_CHECK(!ready[i], "DDP: parameter '", names[i],
+                "' was marked ready twice in one backward pass; this happens "
+                "when a parameter is used by two autograd graphs or reentrant backward. Call "
+                "backward once per "
                 "forward.");
     ready[i] = true;
     gather_grad(i);
@@ -156,7 +164,8 @@ struct DistributedDataParallel::State {
     at::Tensor globally_used;
     if (options.find_unused_parameters) {
       globally_used = at::zeros({static_cast<int64_t>(params.size())}, at::kInt);
-      int* used = globally_used.data_ptr<int>();  // element-wise tensor indexing costs a dispatch each
+      int* used =
+          globally_used.data_ptr<int>();  // element-wise tensor indexing costs a dispatch each
       for (size_t i = 0; i < params.size(); ++i) used[i] = locally_used[i] ? 1 : 0;
       // On the group's device (NCCL refuses CPU tensors), read back on the CPU.
       std::vector<at::Tensor> t = {globally_used.to(options.group.device())};
@@ -195,10 +204,14 @@ struct DistributedDataParallel::State {
     std::vector<std::string> which;
     for (size_t i : unused) which.push_back(absl::StrCat(names[i], " (index ", i, ")"));
     return absl::StrCat(
-        "Expected to have finished reduction in the prior iteration before starting a new one. This error indicates "
-        "that your module has parameters that were not used in producing loss. You can enable unused parameter "
-        "detection by setting find_unused_parameters=true in DDPOptions. Parameters which did not receive grad "
-        "for rank ", options.group.rank(), ": ", absl::StrJoin(which, ", "));
+        "Expected to have finished reduction in the prior iteration before starting a new one. "
+        "This error indicates "
+        "that your module has parameters that were not used in producing loss. You can enable "
+        "unused parameter "
+        "detection by setting find_unused_parameters=true in DDPOptions. Parameters which did not "
+        "receive grad "
+        "for rank ",
+        options.group.rank(), ": ", absl::StrJoin(which, ", "));
   }
 
   void reset() {
@@ -217,46 +230,55 @@ struct DistributedDataParallel::State {
 namespace {
 
 std::string describe(const std::string& name, const at::Tensor& t) {
-  return absl::StrCat(name, " ", c10::toString(t.scalar_type()), " [", absl::StrJoin(t.sizes(), ", "), "]");
+  return absl::StrCat(name, " ", c10::toString(t.scalar_type()), " [",
+                      absl::StrJoin(t.sizes(), ", "), "]");
 }
 
 }  // namespace
 
-DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, DDPOptions options)
+DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
+                                                 DDPOptions options)
     : module_(std::move(module)), state_(std::make_shared<State>()) {
   TORCH_CHECK(module_ != nullptr, "DistributedDataParallel needs a module");
-  TORCH_CHECK(options.group.is_member(), "DistributedDataParallel: DDPOptions::group is not set or this rank is not in it");
-  TORCH_CHECK(options.bucket_cap_mb > 0 && options.first_bucket_cap_mb > 0, "bucket caps must be positive");
+  TORCH_CHECK(options.group.is_member(),
+              "DistributedDataParallel: DDPOptions::group is not set or this rank is not in it");
+  TORCH_CHECK(options.bucket_cap_mb > 0 && options.first_bucket_cap_mb > 0,
+              "bucket caps must be positive");
   State& s = *state_;
   s.self = state_;
   s.options = std::move(options);
   for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
     if (!item.value().requires_grad()) continue;
-    TORCH_CHECK(item.value().layout() == at::kStrided, "DistributedDataParallel: parameter '", item.key(),
-                "' is sparse, which is not supported");
+    TORCH_CHECK(item.value().layout() == at::kStrided, "DistributedDataParallel: parameter '",
+                item.key(), "' is sparse, which is not supported");
     s.names.push_back(item.key());
     s.params.push_back(item.value());
   }
-  TORCH_CHECK(!s.params.empty(), "DistributedDataParallel is not needed when a module doesn't have any parameter that "
+  TORCH_CHECK(!s.params.empty(),
+              "DistributedDataParallel is not needed when a module doesn't have any parameter that "
               "requires a gradient.");
   // One device per rank: buckets, hooks and Join hold one device (README, "Differences from PyTorch").
   for (size_t i = 1; i < s.params.size(); ++i) {
-    TORCH_CHECK(s.params[i].device() == s.params[0].device(), "DistributedDataParallel: parameter '", s.names[i],
-                "' is on ", s.params[i].device(), " but '", s.names[0], "' is on ", s.params[0].device(),
-                "; a module spread over several devices is not supported: move the whole module to one device "
+    TORCH_CHECK(s.params[i].device() == s.params[0].device(),
+                "DistributedDataParallel: parameter '", s.names[i], "' is on ",
+                s.params[i].device(), " but '", s.names[0], "' is on ", s.params[0].device(),
+                "; a module spread over several devices is not supported: move the whole module to "
+                "one device "
                 "per rank (module->to(group.device()))");
   }
-  TORCH_CHECK(!s.options.group.device().is_cuda() || s.params[0].is_cuda(), "DistributedDataParallel: the module is on ",
-              s.params[0].device(), " but the group is NCCL's, which reduces CUDA tensors only: move the module to ",
+  TORCH_CHECK(!s.options.group.device().is_cuda() || s.params[0].is_cuda(),
+              "DistributedDataParallel: the module is on ", s.params[0].device(),
+              " but the group is NCCL's, which reduces CUDA tensors only: move the module to ",
               s.options.group.device(), " (group.device()), or use a Gloo group for a CPU module");
-  for (const auto& item : module_->named_buffers(/*recurse=*/true)) s.buffers.push_back(item.value());
+  for (const auto& item : module_->named_buffers(/*recurse=*/true))
+    s.buffers.push_back(item.value());
 
   // Same model everywhere, or a clear error naming the first difference.
   std::vector<std::string> mine;
   for (size_t i = 0; i < s.params.size(); ++i) mine.push_back(describe(s.names[i], s.params[i]));
   const absl::Status same = comm::check_identical(s.options.group, mine, "parameter");
-  TORCH_CHECK(!absl::IsInvalidArgument(same), "DistributedDataParallel expects the same model on every rank: ",
-              same.message());
+  TORCH_CHECK(!absl::IsInvalidArgument(same),
+              "DistributedDataParallel expects the same model on every rank: ", same.message());
   TORCH_CHECK(same.ok(), "DistributedDataParallel construction is a collective: ", same.ToString());
   {
     c10::NoGradGuard no_grad;
@@ -279,14 +301,16 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
       it = open.emplace(p.scalar_type(), std::make_pair(s.buckets.size() - 1, int64_t{0})).first;
     }
     State::Bucket& bucket = s.buckets[it->second.first];
-    const size_t offset = bucket.offsets.empty() ? 0 : bucket.offsets.back() + bucket.lengths.back();
+    const size_t offset =
+        bucket.offsets.empty() ? 0 : bucket.offsets.back() + bucket.lengths.back();
     s.where[k] = {it->second.first, bucket.params.size()};
     bucket.params.push_back(k);
     bucket.offsets.push_back(offset);
     bucket.lengths.push_back(static_cast<size_t>(p.numel()));
     bucket.sizes.push_back(p.sizes());
     it->second.second += p.numel() * static_cast<int64_t>(p.element_size());
-    const double cap_mb = closed[p.scalar_type()] == 0 ? s.options.first_bucket_cap_mb : s.options.bucket_cap_mb;
+    const double cap_mb =
+        closed[p.scalar_type()] == 0 ? s.options.first_bucket_cap_mb : s.options.bucket_cap_mb;
     if (static_cast<double>(it->second.second) >= cap_mb * 1024 * 1024) {
       ++closed[p.scalar_type()];
       open.erase(it);
@@ -311,9 +335,11 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   std::weak_ptr<State> weak = state_;
   for (size_t i = 0; i < s.params.size(); ++i) {
     auto acc = torch::autograd::impl::grad_accumulator(s.params[i]);
-    TORCH_CHECK(acc != nullptr, "DDP: parameter '", s.names[i], "' has no gradient accumulator (not a leaf?)");
+    TORCH_CHECK(acc != nullptr, "DDP: parameter '", s.names[i],
+                "' has no gradient accumulator (not a leaf?)");
     acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-        [weak, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+        [weak, i](const torch::autograd::variable_list& outputs,
+                  const torch::autograd::variable_list&) {
           if (auto st = weak.lock()) st->on_grad_ready(i);
           return outputs;
         }));
@@ -340,8 +366,8 @@ void DistributedDataParallel::pre_forward() {
   if (join_enabled()) {
     // Joined ranks add 0 to the same call (shadow_backward), so the sum counts the active ranks
     // (all ranks follow the same no_sync pattern, so 0 means nobody syncs).
-    std::vector<at::Tensor> flag = {
-        at::full({1}, s.sync ? 1 : 0, at::TensorOptions().dtype(at::kInt).device(s.options.group.device()))};
+    std::vector<at::Tensor> flag = {at::full(
+        {1}, s.sync ? 1 : 0, at::TensorOptions().dtype(at::kInt).device(s.options.group.device()))};
     s.options.group->allreduce(flag)->wait();
     std::lock_guard<std::mutex> lock(s.mu);
     s.active_ranks = flag[0].item<int>();
@@ -375,14 +401,15 @@ void DistributedDataParallel::shadow_backward() {
     at::Tensor zeros = at::zeros({bucket.numel}, bucket.options);
     std::vector<at::Tensor> params;
     for (size_t i : bucket.params) params.push_back(s.params[i]);
-    c10d::GradBucket grad_bucket =
-        make_grad_bucket(b, s.buckets.size(), zeros, bucket.offsets, bucket.lengths, bucket.sizes, params);
+    c10d::GradBucket grad_bucket = make_grad_bucket(b, s.buckets.size(), zeros, bucket.offsets,
+                                                    bucket.lengths, bucket.sizes, params);
     s.hook->runHook(grad_bucket)->wait();
   }
   if (s.consumer != nullptr) s.consumer->finish_backward();
   if (s.options.find_unused_parameters) {
-    std::vector<at::Tensor> used = {at::zeros(
-        {static_cast<int64_t>(s.params.size())}, at::TensorOptions().dtype(at::kInt).device(s.options.group.device()))};
+    std::vector<at::Tensor> used = {
+        at::zeros({static_cast<int64_t>(s.params.size())},
+                  at::TensorOptions().dtype(at::kInt).device(s.options.group.device()))};
     s.options.group->allreduce(used)->wait();
   }
 }
@@ -390,8 +417,9 @@ void DistributedDataParallel::shadow_backward() {
 void DistributedDataParallel::sync_final_model(bool is_last_joiner) {
   State& s = *state_;
   // The last rank to join trained longest: its model is the authoritative one.
-  std::vector<at::Tensor> who = {at::full({1}, is_last_joiner ? s.options.group.rank() : -1,
-                                          at::TensorOptions().dtype(at::kInt).device(s.options.group.device()))};
+  std::vector<at::Tensor> who = {
+      at::full({1}, is_last_joiner ? s.options.group.rank() : -1,
+               at::TensorOptions().dtype(at::kInt).device(s.options.group.device()))};
   c10d::AllreduceOptions max;
   max.reduceOp = c10d::ReduceOp::MAX;
   s.options.group->allreduce(who, max)->wait();
@@ -412,7 +440,8 @@ class DDPJoinHook : public comm::JoinHook {
   DistributedDataParallel* ddp_;
 };
 
-std::unique_ptr<comm::JoinHook> DistributedDataParallel::join_hook(const comm::JoinOptions& options) {
+std::unique_ptr<comm::JoinHook> DistributedDataParallel::join_hook(
+    const comm::JoinOptions& options) {
   std::lock_guard<std::mutex> lock(state_->mu);
   if (const auto* refusing = dynamic_cast<const NotJoinable*>(state_->hook.get())) {
     TORCH_CHECK(false, "DistributedDataParallel cannot join: ", refusing->why_not_joinable());
@@ -431,15 +460,21 @@ void DistributedDataParallel::register_comm_hook(std::unique_ptr<c10d::CommHookI
   TORCH_CHECK(hook != nullptr, "register_comm_hook: null hook");
   std::lock_guard<std::mutex> lock(state_->mu);
   State& s = *state_;
-  TORCH_CHECK(!s.custom_hook, "register_comm_hook or register_builtin_comm_hook can only be called once.");
+  TORCH_CHECK(!s.custom_hook,
+              "register_comm_hook or register_builtin_comm_hook can only be called once.");
   auto* consumer = dynamic_cast<GradientConsumer*>(hook.get());
   if (consumer != nullptr) {
-    TORCH_CHECK(!s.options.gradient_as_bucket_view, "this communication hook shards the gradients (ZeRO-2) and frees "
-                "each bucket once reduced, which gradient_as_bucket_view would keep as every parameter's .grad: set "
+    TORCH_CHECK(!s.options.gradient_as_bucket_view,
+                "this communication hook shards the gradients (ZeRO-2) and frees "
+                "each bucket once reduced, which gradient_as_bucket_view would keep as every "
+                "parameter's .grad: set "
                 "DDPOptions::gradient_as_bucket_view = false");
-    TORCH_CHECK(!s.options.find_unused_parameters, "this communication hook shards the gradients (ZeRO-2), which "
-                "does not support find_unused_parameters yet (a parameter unused on every rank would be stepped with "
-                "a zero gradient): set DDPOptions::find_unused_parameters = false and use every parameter");
+    TORCH_CHECK(
+        !s.options.find_unused_parameters,
+        "this communication hook shards the gradients (ZeRO-2), which "
+        "does not support find_unused_parameters yet (a parameter unused on every rank would be "
+        "stepped with "
+        "a zero gradient): set DDPOptions::find_unused_parameters = false and use every parameter");
     for (State::Bucket& bucket : s.buckets) bucket.buffer = at::Tensor();
   }
   s.hook = std::move(hook);
@@ -464,7 +499,9 @@ DistributedDataParallel::NoSyncGuard::NoSyncGuard(NoSyncGuard&& other) noexcept
   other.ddp_ = nullptr;
 }
 
-DistributedDataParallel::NoSyncGuard DistributedDataParallel::no_sync() { return NoSyncGuard(this); }
+DistributedDataParallel::NoSyncGuard DistributedDataParallel::no_sync() {
+  return NoSyncGuard(this);
+}
 
 std::vector<std::vector<size_t>> DistributedDataParallel::bucket_indices() const {
   std::vector<std::vector<size_t>> out;
@@ -472,9 +509,13 @@ std::vector<std::vector<size_t>> DistributedDataParallel::bucket_indices() const
   return out;
 }
 
-const std::vector<std::string>& DistributedDataParallel::parameter_names() const { return state_->names; }
+const std::vector<std::string>& DistributedDataParallel::parameter_names() const {
+  return state_->names;
+}
 
-const std::vector<at::Tensor>& DistributedDataParallel::parameters() const { return state_->params; }
+const std::vector<at::Tensor>& DistributedDataParallel::parameters() const {
+  return state_->params;
+}
 
 const comm::Group& DistributedDataParallel::group() const { return state_->options.group; }
 

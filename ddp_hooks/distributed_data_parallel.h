@@ -24,8 +24,8 @@
 #include <string>
 #include <vector>
 
-#include <torch/csrc/distributed/c10d/comm.hpp>
 #include <torch/nn/module.h>
+#include <torch/csrc/distributed/c10d/comm.hpp>
 
 #include "comm/join.h"
 #include "comm/process_group.h"
@@ -33,10 +33,10 @@
 namespace dtrain::ddp_hooks {
 
 struct DDPOptions {
-  comm::Group group;                 // required
-  double bucket_cap_mb = 25;         // MiB per bucket (PyTorch's bucket_cap_mb)
-  double first_bucket_cap_mb = 1;    // the first bucket of each dtype, so communication starts early
-  bool broadcast_buffers = true;     // broadcast rank 0's buffers before each forward
+  comm::Group group;               // required
+  double bucket_cap_mb = 25;       // MiB per bucket (PyTorch's bucket_cap_mb)
+  double first_bucket_cap_mb = 1;  // the first bucket of each dtype, so communication starts early
+  bool broadcast_buffers = true;   // broadcast rank 0's buffers before each forward
   // Parameters that get no gradient in an iteration count as ready with zero gradient; those
   // unused on every rank keep their .grad untouched. Without it, a parameter without gradient
   // is an error at the next forward, naming it (as PyTorch).

@@ -10,8 +10,8 @@
 namespace dtrain::ddp_hooks {
 namespace {
 
-using ::testing::HasSubstr;
 using comm::testing::run_ranks_as_threads;
+using ::testing::HasSubstr;
 
 struct NetImpl : torch::nn::Module {
   NetImpl() {
@@ -35,7 +35,8 @@ Net make_net(double salt) {
   Net net;
   torch::NoGradGuard no_grad;
   int k = 0;
-  for (auto& p : net->parameters()) p.copy_(torch::sin(torch::arange(p.numel()).view(p.sizes()) * 0.3 + k++ + salt));
+  for (auto& p : net->parameters())
+    p.copy_(torch::sin(torch::arange(p.numel()).view(p.sizes()) * 0.3 + k++ + salt));
   return net;
 }
 
@@ -47,7 +48,8 @@ std::vector<torch::Tensor> reference_grads(bool use_spare = false) {
   Net net = make_net(0);
   torch::mse_loss(net->forward(batch_x(), use_spare), batch_y()).backward();
   std::vector<torch::Tensor> g;
-  for (auto& p : net->parameters()) g.push_back(p.grad().defined() ? p.grad().clone() : torch::Tensor());
+  for (auto& p : net->parameters())
+    g.push_back(p.grad().defined() ? p.grad().clone() : torch::Tensor());
   return g;
 }
 
@@ -68,7 +70,8 @@ TEST(DistributedDataParallelTest, AveragedGradientsEqualTheFullBatch) {
     for (double cap : {1e-6, 25.0}) {
       SCOPED_TRACE(std::string(view ? "bucket view" : "copy") + " cap " + std::to_string(cap));
       run_ranks_as_threads(2, [&](comm::Group& g) {
-        Net net = make_net(g.rank() == 0 ? 0 : 5);  // rank 1 starts elsewhere: DDP broadcasts rank 0's
+        Net net =
+            make_net(g.rank() == 0 ? 0 : 5);  // rank 1 starts elsewhere: DDP broadcasts rank 0's
         DistributedDataParallel ddp(net.ptr(), options_for(g, view, cap));
         EXPECT_EQ(ddp.bucket_indices().size(), cap < 1 ? 6u : 1u);
         for (int iter = 0; iter < 2; ++iter) {  // twice: state resets between iterations
@@ -79,7 +82,8 @@ TEST(DistributedDataParallelTest, AveragedGradientsEqualTheFullBatch) {
           for (size_t i = 0; i < params.size(); ++i) {
             if (!want[i].defined()) continue;
             ASSERT_TRUE(params[i].grad().defined()) << i;
-            EXPECT_TRUE(params[i].grad().allclose(want[i], 1e-5, 1e-6)) << "iter " << iter << " param " << i;
+            EXPECT_TRUE(params[i].grad().allclose(want[i], 1e-5, 1e-6))
+                << "iter " << iter << " param " << i;
           }
         }
       });
@@ -98,7 +102,8 @@ TEST(DistributedDataParallelTest, FindUnusedParameters) {
     ddp.forward([&] { return torch::mse_loss(net->forward(x, g.rank() == 1), y); }).backward();
     ASSERT_TRUE(net->spare->weight.grad().defined());
     std::vector<torch::Tensor> w = {net->spare->weight.grad().clone()};
-    std::vector<std::vector<torch::Tensor>> all(1, {torch::empty_like(w[0]), torch::empty_like(w[0])});
+    std::vector<std::vector<torch::Tensor>> all(1,
+                                                {torch::empty_like(w[0]), torch::empty_like(w[0])});
     g->allgather(all, w)->wait();
     EXPECT_TRUE(all[0][0].equal(all[0][1]));
     // Unused on every rank: .grad is left untouched.
@@ -121,7 +126,8 @@ TEST(DistributedDataParallelTest, UnusedParametersWithoutDetectionNameThemAtTheN
       ddp.forward([&] { return torch::mse_loss(net->forward(x), y); });
       ADD_FAILURE() << "expected an error";
     } catch (const c10::Error& e) {
-      EXPECT_THAT(e.what_without_backtrace(), HasSubstr("Parameters which did not receive grad for rank"));
+      EXPECT_THAT(e.what_without_backtrace(),
+                  HasSubstr("Parameters which did not receive grad for rank"));
       EXPECT_THAT(e.what_without_backtrace(), HasSubstr("spare.weight"));
     }
   });
@@ -174,7 +180,8 @@ TEST(DistributedDataParallelTest, HooksAndTheirRules) {
     auto params = net->parameters();
     for (size_t i = 0; i < params.size(); ++i) {
       if (!want[i].defined()) continue;
-      EXPECT_TRUE(params[i].grad().allclose(want[i], 2e-3, 2e-3)) << "fp16 rounding only, param " << i;
+      EXPECT_TRUE(params[i].grad().allclose(want[i], 2e-3, 2e-3))
+          << "fp16 rounding only, param " << i;
       EXPECT_EQ(params[i].grad().scalar_type(), at::kFloat);
     }
   });
@@ -207,7 +214,9 @@ TEST(DistributedDataParallelTest, BuffersBroadcastFromRankZero) {
 // training, with divide_by_initial_world_size=false); at the end both ranks hold rank 1's model.
 // Reproduce that with one process and plain SGD.
 void check_join_with_uneven_inputs(bool divide_by_initial_world_size) {
-  auto x_for = [](int rank, int step) { return batch_x().narrow(0, 4 * rank, 4) * (1 + 0.1 * step); };
+  auto x_for = [](int rank, int step) {
+    return batch_x().narrow(0, 4 * rank, 4) * (1 + 0.1 * step);
+  };
   auto y_for = [](int rank) { return batch_y().narrow(0, 4 * rank, 4); };
   Net ref = make_net(0);
   {
@@ -233,12 +242,15 @@ void check_join_with_uneven_inputs(bool divide_by_initial_world_size) {
     const int inputs = g.rank() == 0 ? 3 : 5;
     for (int step = 0; step < inputs; ++step) {
       sgd.zero_grad();
-      ddp.forward([&] { return torch::mse_loss(net->forward(x_for(g.rank(), step)), y_for(g.rank())); }).backward();
+      ddp.forward(
+             [&] { return torch::mse_loss(net->forward(x_for(g.rank(), step)), y_for(g.rank())); })
+          .backward();
       sgd.step();
     }
     join.finish();
     auto a = net->parameters(), b = ref->parameters();
-    for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(a[i].allclose(b[i], 1e-5, 1e-6)) << "rank " << g.rank() << " param " << i;
+    for (size_t i = 0; i < a.size(); ++i)
+      EXPECT_TRUE(a[i].allclose(b[i], 1e-5, 1e-6)) << "rank " << g.rank() << " param " << i;
   });
 }
 
@@ -264,7 +276,9 @@ TEST(DistributedDataParallelTest, DifferentModelsAreAClearError) {
       DistributedDataParallel ddp(net.ptr(), o);
       ADD_FAILURE() << "expected an error";
     } catch (const c10::Error& e) {
-      EXPECT_THAT(e.what_without_backtrace(), HasSubstr("expects the same model on every rank: parameter 0 is fc.weight Float [5, 4] on rank 1 but fc.weight Float [3, 4] on rank 0"));
+      EXPECT_THAT(e.what_without_backtrace(),
+                  HasSubstr("expects the same model on every rank: parameter 0 is fc.weight Float "
+                            "[5, 4] on rank 1 but fc.weight Float [3, 4] on rank 0"));
     }
   });
 }
@@ -279,8 +293,9 @@ TEST(DistributedDataParallelTest, AModuleOverSeveralDevicesIsAClearError) {
       DistributedDataParallel ddp(net, options_for(g, false, 25));
       ADD_FAILURE() << "expected an error";
     } catch (const c10::Error& e) {
-      EXPECT_THAT(e.what_without_backtrace(), HasSubstr("parameter 'bias' is on meta but 'weight' is on cpu; a "
-                                                        "module spread over several devices is not supported"));
+      EXPECT_THAT(e.what_without_backtrace(),
+                  HasSubstr("parameter 'bias' is on meta but 'weight' is on cpu; a "
+                            "module spread over several devices is not supported"));
     }
   });
 }

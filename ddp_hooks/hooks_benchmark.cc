@@ -11,14 +11,13 @@
 
 #include "comm/thread_world.h"
 #include "ddp_hooks/default_hooks.h"
-#include "ddp_hooks/powersgd_hook.h"
 #include "ddp_hooks/libtorch_compat.h"
+#include "ddp_hooks/powersgd_hook.h"
 
 namespace dtrain::ddp_hooks {
 namespace {
 
 constexpr int kWorld = 2;
-
 
 struct Buckets {
   std::vector<at::Tensor> params;
@@ -53,7 +52,8 @@ Buckets make_buckets() {
     in_bucket += bytes;
     b.bytes += bytes;
   }
-  for (auto& one : b.buckets) one.buffer = at::randn({static_cast<int64_t>(one.offsets.back() + one.lengths.back())});
+  for (auto& one : b.buckets)
+    one.buffer = at::randn({static_cast<int64_t>(one.offsets.back() + one.lengths.back())});
   return b;
 }
 
@@ -66,9 +66,15 @@ void BM_Hook(benchmark::State& state) {
   std::unique_ptr<c10d::CommHookInterface> hook;
   std::shared_ptr<PowerSGDState> psgd;
   switch (kind) {
-    case kAllReduce: hook = std::make_unique<AllReduceHook>(g); break;
-    case kFp16: hook = std::make_unique<CompressHook>(g, at::kHalf); break;
-    case kBf16: hook = std::make_unique<CompressHook>(g, at::kBFloat16); break;
+    case kAllReduce:
+      hook = std::make_unique<AllReduceHook>(g);
+      break;
+    case kFp16:
+      hook = std::make_unique<CompressHook>(g, at::kHalf);
+      break;
+    case kBf16:
+      hook = std::make_unique<CompressHook>(g, at::kBFloat16);
+      break;
     case kPowerSGD1:
     case kPowerSGD4:
       psgd = std::make_shared<PowerSGDState>(g);
@@ -77,13 +83,16 @@ void BM_Hook(benchmark::State& state) {
       psgd->iter = 2;  // compress from the first measured call
       hook = std::make_unique<PowerSGDHook>(psgd);
       break;
-    case kNoOp: hook = std::make_unique<NoOpHook>(); break;
+    case kNoOp:
+      hook = std::make_unique<NoOpHook>();
+      break;
   }
   auto run = [&] {
     std::vector<c10::intrusive_ptr<c10::ivalue::Future>> futures;
     for (size_t k = 0; k < b.buckets.size(); ++k) {
       auto& one = b.buckets[k];
-      c10d::GradBucket gb = make_grad_bucket(k, b.buckets.size(), one.buffer, one.offsets, one.lengths, one.sizes, one.params);
+      c10d::GradBucket gb = make_grad_bucket(k, b.buckets.size(), one.buffer, one.offsets,
+                                             one.lengths, one.sizes, one.params);
       futures.push_back(hook->runHook(gb));
     }
     for (auto& f : futures) {
@@ -101,8 +110,9 @@ void BM_Hook(benchmark::State& state) {
   }
   const auto start = std::chrono::steady_clock::now();
   for (auto _ : state) run();
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() /
-                    state.iterations();
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() /
+      state.iterations();
   double sent = static_cast<double>(b.bytes);
   if (kind == kFp16 || kind == kBf16) sent /= 2;
   if (psgd) sent = static_cast<double>(b.bytes) / psgd->compression_rate();
@@ -123,8 +133,9 @@ void BM_RawAllReduce(benchmark::State& state) {
   std::vector<at::Tensor> t = {at::randn({int64_t{20} << 20})};  // 80 MiB
   const auto start = std::chrono::steady_clock::now();
   for (auto _ : state) g->allreduce(t)->wait();
-  state.counters["ms"] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() /
-                         state.iterations() / kWorld;
+  state.counters["ms"] =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() /
+      state.iterations() / kWorld;
 }
 BENCHMARK(BM_RawAllReduce)->Threads(kWorld)->UseRealTime()->Unit(benchmark::kMillisecond);
 

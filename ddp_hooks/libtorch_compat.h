@@ -15,20 +15,22 @@
 #include <vector>
 
 #include <torch/csrc/autograd/variable.h>
-#include <torch/csrc/distributed/c10d/comm.hpp>
 #include <torch/version.h>
+#include <torch/csrc/distributed/c10d/comm.hpp>
 
 namespace dtrain::ddp_hooks {
 
 // The owning pointer to a parameter's gradient accumulator (the autograd node DDP hooks into):
 // std::shared_ptr<Node> up to LibTorch 2.6, c10::intrusive_ptr<Node> in 2.14.
-using GradAccumulatorPtr = decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
+using GradAccumulatorPtr =
+    decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
 
 inline c10d::GradBucket make_grad_bucket(size_t index, size_t bucket_count, at::Tensor buffer,
                                          std::vector<size_t> offsets, std::vector<size_t> lengths,
-                                         std::vector<c10::IntArrayRef> sizes, std::vector<at::Tensor> params) {
-  return c10d::GradBucket(index, bucket_count, std::move(buffer), std::move(offsets), std::move(lengths),
-                          std::move(sizes), std::move(params), std::nullopt);
+                                         std::vector<c10::IntArrayRef> sizes,
+                                         std::vector<at::Tensor> params) {
+  return c10d::GradBucket(index, bucket_count, std::move(buffer), std::move(offsets),
+                          std::move(lengths), std::move(sizes), std::move(params), std::nullopt);
 }
 
 }  // namespace dtrain::ddp_hooks

@@ -16,27 +16,30 @@
 namespace dtrain::ddp_hooks {
 namespace {
 
-#define DTRAIN_NEEDS_TWO_GPUS()                                                               \
-  DTRAIN_GPU_TEST_OR_SKIP();                                                                  \
-  if (torch::cuda::device_count() < 2) {                                                      \
-    GTEST_SKIP() << "needs 2 GPUs (NCCL refuses two ranks on one device); "                   \
-                 << torch::cuda::device_count() << " visible";                                \
+#define DTRAIN_NEEDS_TWO_GPUS()                                             \
+  DTRAIN_GPU_TEST_OR_SKIP();                                                \
+  if (torch::cuda::device_count() < 2) {                                    \
+    GTEST_SKIP() << "needs 2 GPUs (NCCL refuses two ranks on one device); " \
+                 << torch::cuda::device_count() << " visible";              \
   }
 
 TEST(NcclTwoGpusTest, CollectivesOnEachRanksOwnGpu) {
   DTRAIN_NEEDS_TWO_GPUS();
-  comm::testing::run_ranks_as_processes(2, [](comm::Group& g) {
-    EXPECT_EQ(g.device(), torch::Device(torch::kCUDA, g.rank()));
-    std::vector<torch::Tensor> t = {torch::full({1 << 16}, g.rank() + 1.0, g.device())};
-    g->allreduce(t)->wait();
-    EXPECT_EQ(t[0].min().item<float>(), 3.0f);
-    auto all = comm::all_gather_object(g, c10::IValue(int64_t{10 + g.rank()}));
-    ASSERT_TRUE(all.ok()) << all.status();
-    EXPECT_EQ((*all)[1].toInt(), 11);
-    auto at0 = comm::gather_object(g, c10::IValue(std::string(g.rank() == 0 ? "a" : "b")), 0);
-    ASSERT_TRUE(at0.ok()) << at0.status();
-    if (g.rank() == 0) EXPECT_EQ((*at0)[1].toStringRef(), "b");
-  }, comm::testing::with_backend("nccl"));
+  comm::testing::run_ranks_as_processes(
+      2,
+      [](comm::Group& g) {
+        EXPECT_EQ(g.device(), torch::Device(torch::kCUDA, g.rank()));
+        std::vector<torch::Tensor> t = {torch::full({1 << 16}, g.rank() + 1.0, g.device())};
+        g->allreduce(t)->wait();
+        EXPECT_EQ(t[0].min().item<float>(), 3.0f);
+        auto all = comm::all_gather_object(g, c10::IValue(int64_t{10 + g.rank()}));
+        ASSERT_TRUE(all.ok()) << all.status();
+        EXPECT_EQ((*all)[1].toInt(), 11);
+        auto at0 = comm::gather_object(g, c10::IValue(std::string(g.rank() == 0 ? "a" : "b")), 0);
+        ASSERT_TRUE(at0.ok()) << at0.status();
+        if (g.rank() == 0) EXPECT_EQ((*at0)[1].toStringRef(), "b");
+      },
+      comm::testing::with_backend("nccl"));
 }
 
 struct NetImpl : torch::nn::Module {
@@ -64,8 +67,9 @@ std::vector<torch::Tensor> train(comm::Group& g, Kind kind) {
   optim::ZeroOptions zo;
   zo.group = g;
   zo.shard_gradients = kind == Kind::kZero2;
-  optim::ZeroRedundancyOptimizer zero(net->parameters(),
-                                      optim::local_optimizer<optim::FunctionalOptimizerAdapter>("Adam", adam), zo);
+  optim::ZeroRedundancyOptimizer zero(
+      net->parameters(), optim::local_optimizer<optim::FunctionalOptimizerAdapter>("Adam", adam),
+      zo);
   if (kind == Kind::kZero2) ddp.register_comm_hook(hook_with_zero2(ddp, zero));
   if (kind == Kind::kPowerSGD) {
     auto state = std::make_shared<PowerSGDState>(g);
@@ -74,7 +78,8 @@ std::vector<torch::Tensor> train(comm::Group& g, Kind kind) {
     ddp.register_comm_hook(std::make_unique<PowerSGDHook>(state));
   }
   for (int s = 0; s < 5; ++s) {
-    torch::Tensor x = torch::sin(torch::arange(48, torch::kFloat).view({8, 6}) + s + g.rank()).to(g.device());
+    torch::Tensor x =
+        torch::sin(torch::arange(48, torch::kFloat).view({8, 6}) + s + g.rank()).to(g.device());
     zero.zero_grad();
     ddp.forward([&] { return net->forward(x).square().mean(); }).backward();
     zero.step();
@@ -92,15 +97,20 @@ TEST_P(NcclTwoGpusDdpTest, MatchesTheCpuRun) {
   const Kind kind = GetParam();
   std::vector<std::vector<torch::Tensor>> cpu(2);
   comm::testing::run_ranks_as_threads(2, [&](comm::Group& g) { cpu[g.rank()] = train(g, kind); });
-  comm::testing::run_ranks_as_processes(2, [&](comm::Group& g) {
-    const std::vector<torch::Tensor> cuda = train(g, kind);
-    for (size_t i = 0; i < cuda.size(); ++i) {
-      EXPECT_TRUE(torch::allclose(cuda[i], cpu[g.rank()][i], 2e-3, 2e-3)) << static_cast<int>(kind) << " " << i;
-    }
-  }, comm::testing::with_backend("nccl"));
+  comm::testing::run_ranks_as_processes(
+      2,
+      [&](comm::Group& g) {
+        const std::vector<torch::Tensor> cuda = train(g, kind);
+        for (size_t i = 0; i < cuda.size(); ++i) {
+          EXPECT_TRUE(torch::allclose(cuda[i], cpu[g.rank()][i], 2e-3, 2e-3))
+              << static_cast<int>(kind) << " " << i;
+        }
+      },
+      comm::testing::with_backend("nccl"));
 }
 
-INSTANTIATE_TEST_SUITE_P(Hooks, NcclTwoGpusDdpTest, ::testing::Values(Kind::kAllReduce, Kind::kPowerSGD, Kind::kZero2));
+INSTANTIATE_TEST_SUITE_P(Hooks, NcclTwoGpusDdpTest,
+                         ::testing::Values(Kind::kAllReduce, Kind::kPowerSGD, Kind::kZero2));
 
 }  // namespace
 }  // namespace dtrain::ddp_hooks

@@ -6,8 +6,8 @@
 //   - from W on: equal within a node at every step (gradients all-reduced in the subgroup), and
 //     equal across the nodes exactly at the averaging steps (W, W + 4, ...), nowhere else.
 #include <gtest/gtest.h>
-#include <torch/nn/modules/linear.h>
 #include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
 
 #include "comm/process_group.h"
@@ -54,13 +54,16 @@ TEST(PostLocalSGDSeedTest, ReplicasAgreeWhereTheSeedSaysTheyDo) {
         std::make_shared<optim::PeriodicModelAverager>(kPeriod, kWarmup, world));
     for (int64_t step = 0; step < kSteps; ++step) {
       opt.zero_grad();
-      const at::Tensor x = at::sin(at::arange(24, at::kFloat).view({4, 6}) * 0.3 + step + 1.7 * world.rank());
-      const at::Tensor y = at::cos(at::arange(12, at::kFloat).view({4, 3}) + step * 0.1 + world.rank());
+      const at::Tensor x =
+          at::sin(at::arange(24, at::kFloat).view({4, 6}) * 0.3 + step + 1.7 * world.rank());
+      const at::Tensor y =
+          at::cos(at::arange(12, at::kFloat).view({4, 3}) + step * 0.1 + world.rank());
       ddp.forward([&] { return torch::nn::functional::mse_loss(model->forward(x), y); }).backward();
       opt.step();
       const at::Tensor flat = at::cat({model->weight.detach().reshape(-1), model->bias.detach()});
       const bool averaged = step >= kWarmup && (step - kWarmup) % kPeriod == 0;
-      EXPECT_TRUE(equal_on(nodes->mine, flat)) << "step " << step << ": replicas differ within a node";
+      EXPECT_TRUE(equal_on(nodes->mine, flat))
+          << "step " << step << ": replicas differ within a node";
       EXPECT_EQ(equal_on(world, flat), step < kWarmup || averaged) << "step " << step;
     }
   });

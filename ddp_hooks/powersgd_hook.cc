@@ -50,13 +50,21 @@ void allreduce(const comm::Group& group, at::Tensor& t) {
 // which model it was written for, so each tensor must fit the bucket (before any collective: a
 // misfit fails here, not as a silent re-randomisation or a broadcast add); then it moves to the
 // bucket's device.
-void adopt_loaded(PowerSGDState& s, int64_t index, bool last, const at::Tensor& input, int64_t ps_size, int64_t qs_size) {
+void adopt_loaded(PowerSGDState& s, int64_t index, bool last, const at::Tensor& input,
+                  int64_t ps_size, int64_t qs_size) {
   // The first iteration after loading a state that had compressed: it has every bucket's memories, no other bucket's.
   auto complete = [&](const std::map<int64_t, at::Tensor>& dict, const char* key, bool kept) {
-    const bool missing = kept && dict.count(index) == 0, extra = last && !dict.empty() && dict.rbegin()->first > index;
-    TORCH_CHECK(!missing && !extra, "PowerSGDHook: the loaded state's '", key, "' has ", missing ? "no" : "an", " entry for "
-                "bucket ", missing ? index : dict.rbegin()->first, missing ? "" : ", which this model does not have", "; the "
-                "checkpoint was written for another model or bucket layout (bucket_cap_mb), or edited: resume with the "
+    const bool missing = kept && dict.count(index) == 0,
+               extra = last && !dict.empty() && dict.rbegin()->first > index;
+    TORCH_CHECK(!missing && !extra, "PowerSGDHook: the loaded state's '", key, "' has ",
+                missing ? "no" : "an",
+                " entry for "
+                "bucket ",
+                missing ? index : dict.rbegin()->first,
+                missing ? "" : ", which this model does not have",
+                "; the "
+                "checkpoint was written for another model or bucket layout (bucket_cap_mb), or "
+                "edited: resume with the "
                 "settings it was written with, or start without its hook state");
   };
   if (s.check_loaded_buckets) {
@@ -69,10 +77,13 @@ void adopt_loaded(PowerSGDState& s, int64_t index, bool last, const at::Tensor& 
     auto it = dict.find(index);
     if (it == dict.end()) return;
     const at::Tensor& t = it->second;
-    TORCH_CHECK(t.numel() == numel && t.scalar_type() == input.scalar_type(), "PowerSGDHook: the loaded state's '",
-                key, "'[", index, "] holds ", t.numel(), " ", t.scalar_type(), " numbers but bucket ", index, " needs ",
-                numel, " ", input.scalar_type(), "; the checkpoint was written for another model, bucket layout "
-                "(bucket_cap_mb) or precision: resume with the settings it was written with, or start without its hook "
+    TORCH_CHECK(t.numel() == numel && t.scalar_type() == input.scalar_type(),
+                "PowerSGDHook: the loaded state's '", key, "'[", index, "] holds ", t.numel(), " ",
+                t.scalar_type(), " numbers but bucket ", index, " needs ", numel, " ",
+                input.scalar_type(),
+                "; the checkpoint was written for another model, bucket layout "
+                "(bucket_cap_mb) or precision: resume with the settings it was written with, or "
+                "start without its hook "
                 "state");
     it->second = t.to(input.device(), input.scalar_type());
   };
@@ -88,7 +99,8 @@ void adopt_loaded(PowerSGDState& s, int64_t index, bool last, const at::Tensor& 
 }  // namespace
 
 void orthogonalize(at::Tensor& matrices, double epsilon) {
-  TORCH_CHECK(matrices.dim() == 3 && matrices.size(2) <= matrices.size(1), "orthogonalize expects b x n x r with r <= n");
+  TORCH_CHECK(matrices.dim() == 3 && matrices.size(2) <= matrices.size(1),
+              "orthogonalize expects b x n x r with r <= n");
   if (reduced_on_cpu(matrices)) {
     at::Tensor wide = matrices.to(at::kFloat);
     orthogonalize(wide, epsilon);
@@ -112,12 +124,16 @@ void orthogonalize(at::Tensor& matrices, double epsilon) {
 }
 
 void PowerSGDState::validate() const {
-  TORCH_CHECK(group.is_member(), "PowerSGDState: the process group is not set or this rank is not in it");
+  TORCH_CHECK(group.is_member(),
+              "PowerSGDState: the process group is not set or this rank is not in it");
   TORCH_CHECK(!((use_error_feedback || warm_start) && start_powerSGD_iter <= 1),
-              "Expect `start_powerSGD_iter` > 1 if `use_error_feedback` or `warm_start` is enabled, because PowerSGD "
+              "Expect `start_powerSGD_iter` > 1 if `use_error_feedback` or `warm_start` is "
+              "enabled, because PowerSGD "
               "can only be applied after the first two iterations in DDP.");
-  TORCH_CHECK(matrix_approximation_rank >= 1, "matrix_approximation_rank must be >= 1, got ", matrix_approximation_rank);
-  TORCH_CHECK(min_compression_rate >= 1, "min_compression_rate must be >= 1, got ", min_compression_rate);
+  TORCH_CHECK(matrix_approximation_rank >= 1, "matrix_approximation_rank must be >= 1, got ",
+              matrix_approximation_rank);
+  TORCH_CHECK(min_compression_rate >= 1, "min_compression_rate must be >= 1, got ",
+              min_compression_rate);
 }
 
 double PowerSGDState::compression_rate() const {
@@ -126,8 +142,8 @@ double PowerSGDState::compression_rate() const {
              : static_cast<double>(total_numel_before_compression) / total_numel_after_compression;
 }
 
-
-PowerSGDHook::PowerSGDHook(std::shared_ptr<PowerSGDState> state) : StatefulHook(std::move(state), "PowerSGDHook") {
+PowerSGDHook::PowerSGDHook(std::shared_ptr<PowerSGDState> state)
+    : StatefulHook(std::move(state), "PowerSGDHook") {
   this->state().validate();
 }
 
@@ -157,7 +173,8 @@ c10::intrusive_ptr<c10::ivalue::Future> PowerSGDHook::runHook(c10d::GradBucket& 
     const int64_t r = std::min({n, m, s.matrix_approximation_rank});
     const int64_t before = n * m, after = (n + m) * r;
     numel_before += before;
-    if (grad.dim() >= 2 && static_cast<double>(after) * s.min_compression_rate < static_cast<double>(before)) {
+    if (grad.dim() >= 2 &&
+        static_cast<double>(after) * s.min_compression_rate < static_cast<double>(before)) {
       to_compress.push_back(grad.view({n, m}));
       ps_size += n * r;
       qs_size += m * r;
@@ -183,10 +200,12 @@ c10::intrusive_ptr<c10::ivalue::Future> PowerSGDHook::runHook(c10d::GradBucket& 
   // II. Uncompressed tensors: one all-reduce of their concatenation.
   std::vector<at::Tensor> flat_parts;
   for (const auto& t : uncompressed) flat_parts.push_back(t.reshape(-1));
-  at::Tensor uncompressed_memory = flat_parts.empty() ? at::empty({0}, input.options()) : at::cat(flat_parts);
+  at::Tensor uncompressed_memory =
+      flat_parts.empty() ? at::empty({0}, input.options()) : at::cat(flat_parts);
   // III. P and Q memories (reused across iterations with warm start).
   bool randomize_qs = false;
-  if (!s.warm_start || s.p_memory_dict.count(index) == 0 || s.p_memory_dict[index].numel() != ps_size) {
+  if (!s.warm_start || s.p_memory_dict.count(index) == 0 ||
+      s.p_memory_dict[index].numel() != ps_size) {
     randomize_qs = true;
     s.p_memory_dict[index] = at::empty({ps_size}, input.options());
     s.q_memory_dict[index] = at::empty({qs_size}, input.options());
@@ -252,12 +271,14 @@ c10::intrusive_ptr<c10::ivalue::Future> PowerSGDHook::runHook(c10d::GradBucket& 
   s.q_memory_dict[index].div_(world);
   // Decompress: M ~ P Q^T, into the bucket.
   for (size_t k = 0; k < mats.size(); ++k) {
-    at::Tensor approx = reduced_on_cpu(ps[k]) ? at::bmm(ps[k].to(at::kFloat), qs[k].transpose(1, 2).to(at::kFloat))
-                                              : at::bmm(ps[k], qs[k].transpose(1, 2));
+    at::Tensor approx = reduced_on_cpu(ps[k])
+                            ? at::bmm(ps[k].to(at::kFloat), qs[k].transpose(1, 2).to(at::kFloat))
+                            : at::bmm(ps[k], qs[k].transpose(1, 2));
     if (batches[k].size() == 1) {
       batches[k][0].copy_(approx[0]);
     } else {
-      for (size_t j = 0; j < batches[k].size(); ++j) batches[k][j].copy_(approx[static_cast<int64_t>(j)]);
+      for (size_t j = 0; j < batches[k].size(); ++j)
+        batches[k][j].copy_(approx[static_cast<int64_t>(j)]);
     }
   }
   if (s.use_error_feedback) s.error_dict[index] = input_copy - input;

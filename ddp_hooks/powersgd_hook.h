@@ -41,8 +41,8 @@ struct PowerSGDState {
   // PyTorch's PowerSGDState fields, same meanings and defaults.
   comm::Group group;
   int64_t matrix_approximation_rank = 1;
-  int64_t start_powerSGD_iter = 1000;   // plain all-reduce before this iteration
-  double min_compression_rate = 2;      // compress only when (n + m) r * rate < n m
+  int64_t start_powerSGD_iter = 1000;  // plain all-reduce before this iteration
+  double min_compression_rate = 2;     // compress only when (n + m) r * rate < n m
   bool use_error_feedback = true;
   bool warm_start = true;
   double orthogonalization_epsilon = 0;

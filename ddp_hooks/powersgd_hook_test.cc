@@ -18,8 +18,8 @@
 namespace dtrain::ddp_hooks {
 namespace {
 
-using ::testing::HasSubstr;
 using comm::testing::run_ranks_as_threads;
+using ::testing::HasSubstr;
 
 // A bucket holding an 8x6 matrix and a 5-vector, like DDP builds it.
 struct TestBucket {
@@ -31,7 +31,9 @@ struct TestBucket {
     buffer = at::cat({matrix.reshape(-1), vec});
     for (const auto& p : params) sizes.push_back(p.sizes());
   }
-  c10d::GradBucket bucket() { return make_grad_bucket(0, 1, buffer, offsets, lengths, sizes, params); }
+  c10d::GradBucket bucket() {
+    return make_grad_bucket(0, 1, buffer, offsets, lengths, sizes, params);
+  }
   at::Tensor matrix() const { return buffer.narrow(0, 0, 48).view({8, 6}); }
   at::Tensor vec() const { return buffer.narrow(0, 48, 5); }
 };
@@ -65,7 +67,8 @@ TEST(PowerSGDTest, RankOneGradientsAreReproducedExactly) {
       at::Tensor out = hook.parseHookResult(hook.runHook(gb)->value());
       EXPECT_TRUE(out.is_same(b.buffer));
       EXPECT_TRUE(b.matrix().allclose(at::outer(u(), v()) * 1.5, 1e-9, 1e-9)) << "iter " << iter;
-      EXPECT_TRUE(b.vec().allclose(at::arange(5, at::kDouble) * 1.5)) << "1-D tensors: exact average";
+      EXPECT_TRUE(b.vec().allclose(at::arange(5, at::kDouble) * 1.5))
+          << "1-D tensors: exact average";
     }
     EXPECT_EQ(state->iter, 4);
     // (8 + 6) * 1 numbers instead of 48 for the matrix, 5 for the vector, over 2 compressed iterations.
@@ -81,7 +84,8 @@ TEST(PowerSGDTest, PlainAllReduceBeforeStartIteration) {
     TestBucket b(full_rank * (g.rank() + 1), at::ones({5}, at::kDouble));
     auto gb = b.bucket();
     hook.runHook(gb);
-    EXPECT_TRUE(b.matrix().allclose(full_rank * 1.5)) << "a full-rank gradient is averaged exactly before start";
+    EXPECT_TRUE(b.matrix().allclose(full_rank * 1.5))
+        << "a full-rank gradient is averaged exactly before start";
     EXPECT_TRUE(state->error_dict.empty());
   });
 }
@@ -92,16 +96,20 @@ TEST(PowerSGDTest, ErrorFeedbackCarriesTheResidualAndWarmStartConverges) {
     state->iter = 2;  // compress from the first call
     PowerSGDHook hook(state);
     // Rank 2 target: dominant u v^T plus a weaker orthogonal-ish component.
-    const at::Tensor m = at::outer(u(), v()) * 3 + at::outer(at::sin(at::arange(8, at::kDouble) * 2), at::cos(at::arange(6, at::kDouble) * 3));
+    const at::Tensor m =
+        at::outer(u(), v()) * 3 +
+        at::outer(at::sin(at::arange(8, at::kDouble) * 2), at::cos(at::arange(6, at::kDouble) * 3));
     TestBucket first(m, at::zeros({5}, at::kDouble));
     auto gb = first.bucket();
     hook.runHook(gb);
     // The residual of this call is remembered exactly.
-    EXPECT_TRUE(state->error_dict.at(0).narrow(0, 0, 48).view({8, 6}).allclose(m - first.matrix(), 1e-9, 1e-9));
+    EXPECT_TRUE(state->error_dict.at(0).narrow(0, 0, 48).view({8, 6}).allclose(m - first.matrix(),
+                                                                               1e-9, 1e-9));
     // With warm start, repeated compression of the same matrix is a power iteration: the
     // approximation approaches the best rank-1 one (SVD).
     auto [U, S, V] = at::linalg_svd(m, /*full_matrices=*/false);
-    const double best = (m - S[0].item<double>() * at::outer(U.select(1, 0), V.select(0, 0))).norm().item<double>();
+    const double best =
+        (m - S[0].item<double>() * at::outer(U.select(1, 0), V.select(0, 0))).norm().item<double>();
     state->use_error_feedback = false;  // look at the approximation alone
     double err = 0;
     for (int i = 0; i < 15; ++i) {
@@ -125,7 +133,8 @@ TEST(PowerSGDTest, StateDictResumesIdentically) {
       auto gb = b.bucket();
       hook_a.runHook(gb);
     }
-    ASSERT_EQ(a->p_memory_dict.at(0).numel(), 8 * 2) << "the matrix is compressed: P and Q memories are resumed";
+    ASSERT_EQ(a->p_memory_dict.at(0).numel(), 8 * 2)
+        << "the matrix is compressed: P and Q memories are resumed";
     auto saved = a->state_dict();
     auto b_state = configured(g);  // constructed as `a` was: a state is resumed, not reconfigured
     ASSERT_TRUE(b_state->load_state_dict(saved, /*expected_iter=*/a->iter).ok());
@@ -147,7 +156,9 @@ TEST(PowerSGDTest, RejectsStartIterationOneWithErrorFeedback) {
       PowerSGDHook hook(s);
       ADD_FAILURE() << "expected an error";
     } catch (const c10::Error& e) {
-      EXPECT_THAT(e.what_without_backtrace(), HasSubstr("Expect `start_powerSGD_iter` > 1 if `use_error_feedback` or `warm_start` is enabled"));
+      EXPECT_THAT(e.what_without_backtrace(),
+                  HasSubstr("Expect `start_powerSGD_iter` > 1 if `use_error_feedback` or "
+                            "`warm_start` is enabled"));
     }
   });
 }
@@ -160,14 +171,16 @@ TEST(PowerSGDTest, BatchedSameShapeMatchesUnbatched) {
       s->batch_tensors_with_same_shape = batched;
       PowerSGDHook hook(s);
       // Two 4x6 matrices in one bucket (same shape).
-      at::Tensor buffer = at::cat({at::outer(at::cos(at::arange(4, at::kDouble)), v()).reshape(-1),
-                                   at::outer(at::sin(at::arange(4, at::kDouble) + 2), v()).reshape(-1)});
+      at::Tensor buffer =
+          at::cat({at::outer(at::cos(at::arange(4, at::kDouble)), v()).reshape(-1),
+                   at::outer(at::sin(at::arange(4, at::kDouble) + 2), v()).reshape(-1)});
       std::vector<at::Tensor> params = {at::zeros({4, 6}), at::zeros({4, 6})};
       std::vector<c10::IntArrayRef> sizes = {params[0].sizes(), params[1].sizes()};
       c10d::GradBucket gb = make_grad_bucket(0, 1, buffer, {0, 24}, {24, 24}, sizes, params);
       const at::Tensor before = buffer.clone();
       hook.runHook(gb);
-      EXPECT_TRUE(buffer.allclose(before, 1e-9, 1e-9)) << (batched ? "batched" : "unbatched") << ": rank-1 inputs are exact";
+      EXPECT_TRUE(buffer.allclose(before, 1e-9, 1e-9))
+          << (batched ? "batched" : "unbatched") << ": rank-1 inputs are exact";
     }
   });
 }
@@ -216,7 +229,8 @@ TEST(PowerSGDTest, CudaBucketsDrawOnTheCpuAndKeepTheirStateOnTheDevice) {
       PowerSGDHook hook(s);
       TestBucket layout(m, at::ones({5}, at::kDouble));
       at::Tensor buffer = cuda ? layout.buffer.cuda() : layout.buffer;
-      c10d::GradBucket gb = make_grad_bucket(0, 1, buffer, layout.offsets, layout.lengths, layout.sizes, layout.params);
+      c10d::GradBucket gb = make_grad_bucket(0, 1, buffer, layout.offsets, layout.lengths,
+                                             layout.sizes, layout.params);
       hook.runHook(gb);
       return buffer.cpu();
     };
@@ -226,12 +240,15 @@ TEST(PowerSGDTest, CudaBucketsDrawOnTheCpuAndKeepTheirStateOnTheDevice) {
       return s;
     };
     auto on_cpu = make(), on_gpu = make();
-    for (int i = 0; i < 3; ++i) EXPECT_TRUE(run(on_gpu, true).allclose(run(on_cpu, false), 1e-9, 1e-9)) << "step " << i;
+    for (int i = 0; i < 3; ++i)
+      EXPECT_TRUE(run(on_gpu, true).allclose(run(on_cpu, false), 1e-9, 1e-9)) << "step " << i;
     EXPECT_TRUE(on_gpu->error_dict.at(0).is_cuda());
     EXPECT_TRUE(on_gpu->p_memory_dict.at(0).is_cuda());
     const c10::IValue saved = on_gpu->state_dict();
     for (const char* key : {"error_dict", "p_memory_dict", "q_memory_dict"}) {
-      EXPECT_TRUE(saved.toGenericDict().at(key).toGenericDict().at(int64_t{0}).toTensor().device().is_cpu()) << key;
+      EXPECT_TRUE(
+          saved.toGenericDict().at(key).toGenericDict().at(int64_t{0}).toTensor().device().is_cpu())
+          << key;
     }
     auto resumed = make();
     ASSERT_TRUE(resumed->load_state_dict(saved, on_gpu->iter).ok());
@@ -249,7 +266,8 @@ std::shared_ptr<PowerSGDState> trained(comm::Group& g) {
   s->iter = 2;
   PowerSGDHook hook(s);
   for (int i = 0; i < 3; ++i) {
-    TestBucket b(at::sin(at::arange(48, at::kDouble).view({8, 6}) * 0.3), at::ones({5}, at::kDouble));
+    TestBucket b(at::sin(at::arange(48, at::kDouble).view({8, 6}) * 0.3),
+                 at::ones({5}, at::kDouble));
     auto gb = b.bucket();
     hook.runHook(gb);
   }
@@ -273,7 +291,8 @@ c10::impl::GenericDict bucket0(at::Tensor t) {
 }
 
 // The message of a refused load (the test fails when the load is accepted).
-std::string refused(PowerSGDState& s, const c10::IValue& sd, std::optional<int64_t> expected_iter = std::nullopt) {
+std::string refused(PowerSGDState& s, const c10::IValue& sd,
+                    std::optional<int64_t> expected_iter = std::nullopt) {
   const absl::Status status = s.load_state_dict(sd, expected_iter);
   EXPECT_FALSE(status.ok()) << "a hostile state was accepted";
   return std::string(status.message());
@@ -299,8 +318,10 @@ TEST(PowerSGDStateTest, RefusesAnIterOfAnotherStep) {
   run_ranks_as_threads(1, [](comm::Group& g) {
     auto s = resuming(g);
     EXPECT_THAT(refused(*s, hostile(g, {{"iter", int64_t{7}}}), /*expected_iter=*/5),
-                HasSubstr("PowerSGD state: 'iter' is 7, expected 5 (the iteration the checkpoint was written at)"));
-    EXPECT_TRUE(s->load_state_dict(trained(g)->state_dict(), 5).ok()) << "the same state at its own step loads";
+                HasSubstr("PowerSGD state: 'iter' is 7, expected 5 (the iteration the checkpoint "
+                          "was written at)"));
+    EXPECT_TRUE(s->load_state_dict(trained(g)->state_dict(), 5).ok())
+        << "the same state at its own step loads";
   });
 }
 
@@ -308,9 +329,11 @@ TEST(PowerSGDStateTest, RefusesMemoriesBeforeTheStartIteration) {
   run_ranks_as_threads(1, [](comm::Group& g) {
     auto s = resuming(g);
     s->start_powerSGD_iter = 10;
-    EXPECT_THAT(refused(*s, hostile(g, {{"start_powerSGD_iter", int64_t{10}}, {"iter", int64_t{7}}})),
-                HasSubstr("'iter' is 7, before start_powerSGD_iter 10, but the state holds 1 'error_dict' and 1 "
-                          "'p_memory_dict' entries"));
+    EXPECT_THAT(
+        refused(*s, hostile(g, {{"start_powerSGD_iter", int64_t{10}}, {"iter", int64_t{7}}})),
+        HasSubstr(
+            "'iter' is 7, before start_powerSGD_iter 10, but the state holds 1 'error_dict' and 1 "
+            "'p_memory_dict' entries"));
   });
 }
 
@@ -331,9 +354,11 @@ TEST(PowerSGDStateTest, RefusesANegativeIter) {
 TEST(PowerSGDStateTest, RefusesARankOtherThanThisRuns) {
   run_ranks_as_threads(1, [](comm::Group& g) {
     auto s = resuming(g);
-    EXPECT_THAT(refused(*s, hostile(g, {{"matrix_approximation_rank", int64_t{1} << 40}})),
-                HasSubstr("'matrix_approximation_rank' is 1099511627776 in the checkpoint but 2 in this run's "
-                          "PowerSGDState"));
+    EXPECT_THAT(
+        refused(*s, hostile(g, {{"matrix_approximation_rank", int64_t{1} << 40}})),
+        HasSubstr(
+            "'matrix_approximation_rank' is 1099511627776 in the checkpoint but 2 in this run's "
+            "PowerSGDState"));
     EXPECT_EQ(s->matrix_approximation_rank, 2);
   });
 }
@@ -341,17 +366,25 @@ TEST(PowerSGDStateTest, RefusesARankOtherThanThisRuns) {
 TEST(PowerSGDStateTest, RefusesAMemoryOfTheWrongShape) {
   run_ranks_as_threads(1, [](comm::Group& g) {
     auto s = resuming(g);
-    EXPECT_THAT(refused(*s, hostile(g, {{"p_memory_dict", bucket0(at::zeros({4, 4}, at::kDouble))}})),
-                HasSubstr("'p_memory_dict'[0] is a 2-D Strided tensor on cpu, expected a 1-D"));
-    EXPECT_THAT(refused(*s, hostile(g, {{"q_memory_dict", bucket0(at::zeros({12}, at::kLong))}})),
-                HasSubstr("'q_memory_dict'[0] is a Long tensor, expected Double, Float, Half or BFloat16"));
+    EXPECT_THAT(
+        refused(*s, hostile(g, {{"p_memory_dict", bucket0(at::zeros({4, 4}, at::kDouble))}})),
+        HasSubstr("'p_memory_dict'[0] is a 2-D Strided tensor on cpu, expected a 1-D"));
+    EXPECT_THAT(
+        refused(*s, hostile(g, {{"q_memory_dict", bucket0(at::zeros({12}, at::kLong))}})),
+        HasSubstr("'q_memory_dict'[0] is a Long tensor, expected Double, Float, Half or BFloat16"));
     // A length only the model can tell: refused at the first use, before anything changes.
-    ASSERT_TRUE(s->load_state_dict(hostile(g, {{"p_memory_dict", bucket0(at::zeros({5}, at::kDouble))}}), 5).ok());
-    EXPECT_THAT(first_use_error(s), HasSubstr("the loaded state's 'p_memory_dict'[0] holds 5 Double numbers but "
-                                              "bucket 0 needs 16 Double"));
+    ASSERT_TRUE(
+        s->load_state_dict(hostile(g, {{"p_memory_dict", bucket0(at::zeros({5}, at::kDouble))}}), 5)
+            .ok());
+    EXPECT_THAT(first_use_error(s),
+                HasSubstr("the loaded state's 'p_memory_dict'[0] holds 5 Double numbers but "
+                          "bucket 0 needs 16 Double"));
     auto t = resuming(g);
-    ASSERT_TRUE(t->load_state_dict(hostile(g, {{"error_dict", bucket0(at::zeros({1}, at::kDouble))}}), 5).ok());
-    EXPECT_THAT(first_use_error(t), HasSubstr("'error_dict'[0] holds 1 Double numbers but bucket 0 needs 53 Double"));
+    ASSERT_TRUE(
+        t->load_state_dict(hostile(g, {{"error_dict", bucket0(at::zeros({1}, at::kDouble))}}), 5)
+            .ok());
+    EXPECT_THAT(first_use_error(t),
+                HasSubstr("'error_dict'[0] holds 1 Double numbers but bucket 0 needs 53 Double"));
   });
 }
 
@@ -369,12 +402,15 @@ TEST(PowerSGDStateTest, RefusesADictOfAnotherKind) {
     c10::impl::GenericDict optimizer(c10::StringType::get(), c10::AnyType::get());
     optimizer.insert("state", bucket0(at::zeros({3})));
     optimizer.insert("param_groups", int64_t{0});
-    EXPECT_THAT(refused(*s, optimizer), HasSubstr("PowerSGD state: it has no 'matrix_approximation_rank'"));
-    EXPECT_THAT(refused(*s, at::zeros({3})), HasSubstr("PowerSGD state: it is a Tensor, expected a dict"));
+    EXPECT_THAT(refused(*s, optimizer),
+                HasSubstr("PowerSGD state: it has no 'matrix_approximation_rank'"));
+    EXPECT_THAT(refused(*s, at::zeros({3})),
+                HasSubstr("PowerSGD state: it is a Tensor, expected a dict"));
     c10::impl::GenericDict no_rng = trained(g)->state_dict().toGenericDict();
     EXPECT_EQ(no_rng.erase(c10::IValue("rng")), 1u);
     EXPECT_THAT(refused(*s, no_rng), HasSubstr("it has no 'rng'"));
-    EXPECT_THAT(refused(*s, hostile(g, {{"lr", 0.1}})), HasSubstr("it has the key lr, expected only the 16 keys"));
+    EXPECT_THAT(refused(*s, hostile(g, {{"lr", 0.1}})),
+                HasSubstr("it has the key lr, expected only the 16 keys"));
   });
 }
 
@@ -384,7 +420,8 @@ TEST(PowerSGDStateTest, ARefusedLoadChangesNothing) {
     EXPECT_THAT(refused(*s, hostile(g, {{"rng", std::string("12 34")}})),
                 HasSubstr("'rng' is not a std::mt19937_64 state"));
     EXPECT_EQ(s->iter, 0);
-    EXPECT_TRUE(s->error_dict.empty() && s->p_memory_dict.empty() && s->unchecked_error_buckets.empty());
+    EXPECT_TRUE(s->error_dict.empty() && s->p_memory_dict.empty() &&
+                s->unchecked_error_buckets.empty());
     EXPECT_FALSE(s->rng_seeded);
   });
 }

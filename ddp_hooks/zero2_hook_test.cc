@@ -16,12 +16,12 @@
 namespace dtrain::ddp_hooks {
 namespace {
 
-using ::testing::HasSubstr;
 using comm::testing::run_ranks_as_threads;
 using optim::FunctionalOptimizerAdapter;
 using optim::local_optimizer;
 using optim::ZeroOptions;
 using optim::ZeroRedundancyOptimizer;
+using ::testing::HasSubstr;
 
 constexpr int kBatch = 12;  // divisible by 2, 3 and 4
 
@@ -43,12 +43,17 @@ Net make_net() {
   Net net;
   torch::NoGradGuard no_grad;
   int k = 0;
-  for (auto& p : net->parameters()) p.copy_(torch::sin(torch::arange(p.numel()).view(p.sizes()) * 0.3 + k++) * 0.5);
+  for (auto& p : net->parameters())
+    p.copy_(torch::sin(torch::arange(p.numel()).view(p.sizes()) * 0.3 + k++) * 0.5);
   return net;
 }
 
-torch::Tensor batch_x(int step) { return (torch::arange(kBatch, torch::kLong) * 7 + step * 5) % 60; }
-torch::Tensor batch_y(int step) { return torch::sin(torch::arange(kBatch * 3, torch::kFloat).view({kBatch, 3}) + step); }
+torch::Tensor batch_x(int step) {
+  return (torch::arange(kBatch, torch::kLong) * 7 + step * 5) % 60;
+}
+torch::Tensor batch_y(int step) {
+  return torch::sin(torch::arange(kBatch * 3, torch::kFloat).view({kBatch, 3}) + step);
+}
 torch::Tensor rows(const torch::Tensor& t, const comm::Group& g) {
   const int64_t m = kBatch / g.size();
   return t.narrow(0, m * g.rank(), m);
@@ -114,7 +119,8 @@ std::vector<std::vector<torch::Tensor>> reference(const Opt& o, int steps, doubl
 // or ZeRO-1 (DDP's all-reduce, the optimizer stepping after backward).
 enum class Stage { kOne, kTwo };
 struct Rank {
-  explicit Rank(const comm::Group& g, Stage stage = Stage::kTwo, const Opt& o = kAdam, double cap_mb = kSmallBuckets)
+  explicit Rank(const comm::Group& g, Stage stage = Stage::kTwo, const Opt& o = kAdam,
+                double cap_mb = kSmallBuckets)
       : group(g),
         net(make_net()),
         ddp(net.ptr(), ddp_options(g, cap_mb)),
@@ -124,7 +130,9 @@ struct Rank {
   }
   // Forward and backward of step s on this rank's rows of the batch.
   void backward(int s) {
-    ddp.forward([&] { return torch::mse_loss(net->forward(rows(batch_x(s), group)), rows(batch_y(s), group)); })
+    ddp.forward([&] {
+         return torch::mse_loss(net->forward(rows(batch_x(s), group)), rows(batch_y(s), group));
+       })
         .backward();
   }
   void load_parameters(const std::vector<torch::Tensor>& values) {
@@ -146,10 +154,12 @@ void check_matches_reference(int world, const Opt& o, double cap_mb, int steps =
     for (int s = 0; s < steps; ++s) {
       r.zero.zero_grad();
       r.backward(s);
-      for (auto& p : r.net->parameters()) EXPECT_FALSE(p.grad().defined()) << "DDP kept a full gradient";
+      for (auto& p : r.net->parameters())
+        EXPECT_FALSE(p.grad().defined()) << "DDP kept a full gradient";
       r.zero.step();
       const double diff = max_diff(r.net->parameters(), expected[s]);
-      EXPECT_LT(diff, 2e-6) << o.name << " world " << world << " rank " << g.rank() << " step " << s;
+      EXPECT_LT(diff, 2e-6) << o.name << " world " << world << " rank " << g.rank() << " step "
+                            << s;
     }
     EXPECT_GT(r.zero.local_state_bytes(), 0);
   });
@@ -196,7 +206,8 @@ TEST(Zero2Test, ClipGradNormAcrossShardsMatchesTorchClipping) {
       EXPECT_NEAR(norm.item<double>(), want, 1e-5 * want) << "step " << s;
       EXPECT_GT(want, kMaxNorm);
       r.zero.step();
-      EXPECT_LT(max_diff(r.net->parameters(), expected[s]), 2e-6) << "rank " << g.rank() << " step " << s;
+      EXPECT_LT(max_diff(r.net->parameters(), expected[s]), 2e-6)
+          << "rank " << g.rank() << " step " << s;
     }
   });
 }
@@ -210,7 +221,8 @@ TEST(Zero2Test, NoSyncAccumulatesThenOneReduction) {
   for (int s = 0; s < 3; ++s) {
     ref_opt.zero_grad();
     for (int m = 0; m < 2; ++m) {
-      torch::mse_loss(ref->forward(batch_x(s).narrow(0, m * half, half)), batch_y(s).narrow(0, m * half, half))
+      torch::mse_loss(ref->forward(batch_x(s).narrow(0, m * half, half)),
+                      batch_y(s).narrow(0, m * half, half))
           .backward();
     }
     ref_opt.step();
@@ -223,17 +235,21 @@ TEST(Zero2Test, NoSyncAccumulatesThenOneReduction) {
       for (int m = 0; m < 2; ++m) {
         auto x = batch_x(s).narrow(0, m * half + g.rank() * q, q);
         auto y = batch_y(s).narrow(0, m * half + g.rank() * q, q);
-        auto pass = [&] { r.ddp.forward([&] { return torch::mse_loss(r.net->forward(x), y); }).backward(); };
+        auto pass = [&] {
+          r.ddp.forward([&] { return torch::mse_loss(r.net->forward(x), y); }).backward();
+        };
         if (m == 0) {
           auto guard = r.ddp.no_sync();
           pass();
-          EXPECT_TRUE(r.net->parameters()[0].grad().defined()) << "no_sync keeps the local gradient";
+          EXPECT_TRUE(r.net->parameters()[0].grad().defined())
+              << "no_sync keeps the local gradient";
         } else {
           pass();
         }
       }
       r.zero.step();
-      EXPECT_LT(max_diff(r.net->parameters(), expected[s]), 2e-6) << "rank " << g.rank() << " step " << s;
+      EXPECT_LT(max_diff(r.net->parameters(), expected[s]), 2e-6)
+          << "rank " << g.rank() << " step " << s;
     }
   });
 }
@@ -274,9 +290,13 @@ TEST(Zero2Test, BytesPerIterationFollowTheFormulas) {
         Net net = make_net();
         DistributedDataParallel ddp(net.ptr(), ddp_options(g, kSmallBuckets));
         counter->reset();
-        ddp.forward([&] { return torch::mse_loss(net->forward(rows(batch_x(0), g)), rows(batch_y(0), g)); }).backward();
+        ddp.forward([&] {
+             return torch::mse_loss(net->forward(rows(batch_x(0), g)), rows(batch_y(0), g));
+           })
+            .backward();
         // All-reduce: 2(n-1)/n of the model, rounded down per bucket.
-        EXPECT_NEAR(counter->total_bytes(), 2 * model * (n - 1) / n, 64) << "DDP alone, world " << n;
+        EXPECT_NEAR(counter->total_bytes(), 2 * model * (n - 1) / n, 64)
+            << "DDP alone, world " << n;
       }
       for (Stage stage : {Stage::kOne, Stage::kTwo}) {
         Rank r(g, stage);
@@ -323,7 +343,8 @@ TEST(Zero2Test, CheckpointsMoveBetweenZero2Zero1AndUnsharded) {
       FunctionalOptimizerAdapter opt(net->parameters(), "Adam", dict(kAdam));
       {
         torch::NoGradGuard no_grad;
-        for (size_t i = 0; i < params_after_2.size(); ++i) net->parameters()[i].copy_(params_after_2[i]);
+        for (size_t i = 0; i < params_after_2.size(); ++i)
+          net->parameters()[i].copy_(params_after_2[i]);
       }
       opt.load_state_dict(saved);
       for (int s = 2; s < 4; ++s) {
@@ -362,7 +383,8 @@ TEST(Zero2Test, CheckpointsMoveBetweenZero2Zero1AndUnsharded) {
     for (int s = 2; s < 4; ++s) {
       r.backward(s);
       r.zero.step();
-      EXPECT_LT(max_diff(r.net->parameters(), expected[s]), 2e-6) << "ZeRO-2 from ZeRO-1, step " << s;
+      EXPECT_LT(max_diff(r.net->parameters(), expected[s]), 2e-6)
+          << "ZeRO-2 from ZeRO-1, step " << s;
     }
   });
 }
@@ -408,8 +430,9 @@ TEST(Zero2Test, MisuseIsAClearError) {
     };
     {
       Net net = make_net();
-      ZeroRedundancyOptimizer zero(net->parameters(), local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)),
-                                   zero2_options(g));  // converted to the functional twin
+      ZeroRedundancyOptimizer zero(
+          net->parameters(), local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)),
+          zero2_options(g));  // converted to the functional twin
       EXPECT_THAT(error_of([&] { zero.step(); }), HasSubstr("hook_with_zero2(ddp, zero)"));
     }
     {
@@ -417,19 +440,22 @@ TEST(Zero2Test, MisuseIsAClearError) {
       DDPOptions d = ddp_options(g, 25);
       d.gradient_as_bucket_view = true;
       DistributedDataParallel ddp(net.ptr(), d);
-      ZeroRedundancyOptimizer zero(net->parameters(), local_optimizer<FunctionalOptimizerAdapter>("Adam", dict(kAdam)),
+      ZeroRedundancyOptimizer zero(net->parameters(),
+                                   local_optimizer<FunctionalOptimizerAdapter>("Adam", dict(kAdam)),
                                    zero2_options(g));
       EXPECT_THAT(error_of([&] { ddp.register_comm_hook(hook_with_zero2(ddp, zero)); }),
                   HasSubstr("gradient_as_bucket_view = false"));
     }
     {
       Rank one(g, Stage::kOne);
-      EXPECT_THAT(error_of([&] { hook_with_zero2(one.ddp, one.zero); }), HasSubstr("shard_gradients = true"));
+      EXPECT_THAT(error_of([&] { hook_with_zero2(one.ddp, one.zero); }),
+                  HasSubstr("shard_gradients = true"));
       ZeroOptions both = zero2_options(g);
       both.overlap_with_ddp = true;
       EXPECT_THAT(error_of([&] {
-                    ZeroRedundancyOptimizer z(one.net->parameters(),
-                                              local_optimizer<FunctionalOptimizerAdapter>("Adam", dict(kAdam)), both);
+                    ZeroRedundancyOptimizer z(
+                        one.net->parameters(),
+                        local_optimizer<FunctionalOptimizerAdapter>("Adam", dict(kAdam)), both);
                   }),
                   HasSubstr("choose one"));
     }

@@ -12,12 +12,13 @@ namespace {
 
 // ZeRO's parameter index of every DDP parameter, per DDP bucket (and their sizes). Errors name a
 // DDP parameter ZeRO lacks, or a ZeRO parameter DDP does not reduce.
-std::vector<std::vector<int64_t>> zero_indices_by_bucket(const DistributedDataParallel& ddp,
-                                                         const optim::ZeroRedundancyOptimizer& zero, const char* hook,
-                                                         std::vector<std::vector<int64_t>>* numels) {
+std::vector<std::vector<int64_t>> zero_indices_by_bucket(
+    const DistributedDataParallel& ddp, const optim::ZeroRedundancyOptimizer& zero,
+    const char* hook, std::vector<std::vector<int64_t>>* numels) {
   const auto& zero_params = zero.parameters();
   std::unordered_map<const c10::TensorImpl*, int64_t> zero_index;
-  for (size_t i = 0; i < zero_params.size(); ++i) zero_index[zero_params[i].unsafeGetTensorImpl()] = static_cast<int64_t>(i);
+  for (size_t i = 0; i < zero_params.size(); ++i)
+    zero_index[zero_params[i].unsafeGetTensorImpl()] = static_cast<int64_t>(i);
   const auto& ddp_params = ddp.parameters();
   std::vector<bool> covered(zero_params.size(), false);
   std::vector<std::vector<int64_t>> out;
@@ -27,7 +28,8 @@ std::vector<std::vector<int64_t>> zero_indices_by_bucket(const DistributedDataPa
     for (size_t d : bucket) {
       auto it = zero_index.find(ddp_params[d].unsafeGetTensorImpl());
       TORCH_CHECK(it != zero_index.end(), hook, ": DDP parameter '", ddp.parameter_names()[d],
-                  "' is not a parameter of the ZeroRedundancyOptimizer; build it over the same parameters as DDP");
+                  "' is not a parameter of the ZeroRedundancyOptimizer; build it over the same "
+                  "parameters as DDP");
       covered[it->second] = true;
       out.back().push_back(it->second);
       if (numels != nullptr) numels->back().push_back(ddp_params[d].numel());
@@ -35,22 +37,28 @@ std::vector<std::vector<int64_t>> zero_indices_by_bucket(const DistributedDataPa
   }
   for (size_t i = 0; i < covered.size(); ++i) {
     TORCH_CHECK(covered[i], hook, ": ZeroRedundancyOptimizer parameter ", i,
-                " is not reduced by DDP (frozen, or from another module); build ZeRO over DDP's parameters only");
+                " is not reduced by DDP (frozen, or from another module); build ZeRO over DDP's "
+                "parameters only");
   }
   return out;
 }
 
 }  // namespace
 
-ZeroOverlapHook::ZeroOverlapHook(std::unique_ptr<c10d::CommHookInterface> inner, const DistributedDataParallel& ddp,
-                                 optim::ZeroRedundancyOptimizer& zero, bool shard_buckets, ZeroStepSchedule schedule)
+ZeroOverlapHook::ZeroOverlapHook(std::unique_ptr<c10d::CommHookInterface> inner,
+                                 const DistributedDataParallel& ddp,
+                                 optim::ZeroRedundancyOptimizer& zero, bool shard_buckets,
+                                 ZeroStepSchedule schedule)
     : inner_(std::move(inner)), zero_(zero), schedule_(schedule) {
-  TORCH_CHECK(inner_ != nullptr, "hook_with_zero_step needs the hook that reduces the gradients (e.g. AllReduceHook)");
-  TORCH_CHECK(zero.overlap_with_ddp(), "hook_with_zero_step needs a ZeroRedundancyOptimizer built with "
+  TORCH_CHECK(inner_ != nullptr,
+              "hook_with_zero_step needs the hook that reduces the gradients (e.g. AllReduceHook)");
+  TORCH_CHECK(zero.overlap_with_ddp(),
+              "hook_with_zero_step needs a ZeroRedundancyOptimizer built with "
               "ZeroOptions::overlap_with_ddp = true");
   std::vector<std::vector<int64_t>> numels;
   bucket_params_ = zero_indices_by_bucket(ddp, zero, "hook_with_zero_step", &numels);
-  absl::StatusOr<partition::BucketPartition> bp = partition::assign_ddp_buckets(numels, zero.world_size(), shard_buckets);
+  absl::StatusOr<partition::BucketPartition> bp =
+      partition::assign_ddp_buckets(numels, zero.world_size(), shard_buckets);
   TORCH_CHECK(bp.ok(), "hook_with_zero_step: ", bp.status().message());
   // Owners' parameters in bucket order, so a bucket's slice is contiguous in its owner's ZeRO
   // bucket view and goes out as one broadcast.
@@ -70,8 +78,9 @@ ZeroOverlapHook::ZeroOverlapHook(std::unique_ptr<c10d::CommHookInterface> inner,
 
 c10::intrusive_ptr<c10::ivalue::Future> ZeroOverlapHook::runHook(c10d::GradBucket& bucket) {
   const size_t b = bucket.getIndex();
-  TORCH_CHECK(b == expected_ && b < pending_.size(), "ZeRO overlap hook: expected bucket ", expected_, " of ",
-              pending_.size(), " but DDP reduced bucket ", b, "; register the hook on the DDP it was built for");
+  TORCH_CHECK(b == expected_ && b < pending_.size(), "ZeRO overlap hook: expected bucket ",
+              expected_, " of ", pending_.size(), " but DDP reduced bucket ", b,
+              "; register the hook on the DDP it was built for");
   pending_[b].future = inner_->runHook(bucket);
   pending_[b].layout = bucket.getGradients();
   pending_[b].buffer = bucket.getBuffer();
@@ -116,18 +125,22 @@ void ZeroOverlapHook::step_bucket(size_t b) {
   p.buffer = at::Tensor();
 }
 
-at::Tensor ZeroOverlapHook::parseHookResult(const c10::IValue& result) { return inner_->parseHookResult(result); }
-
-std::string ZeroOverlapHook::why_not_joinable() const {
-  return "the ZeRO overlap hook steps the optimizer inside the gradient reduction, and a joined rank's shadow "
-         "reductions would step it with zero gradients (PyTorch's hook does that silently); give every rank the same "
-         "number of inputs, or use ZeroRedundancyOptimizer without overlap_with_ddp inside the Join";
+at::Tensor ZeroOverlapHook::parseHookResult(const c10::IValue& result) {
+  return inner_->parseHookResult(result);
 }
 
-std::unique_ptr<c10d::CommHookInterface> hook_with_zero_step(std::unique_ptr<c10d::CommHookInterface> inner,
-                                                             const DistributedDataParallel& ddp,
-                                                             optim::ZeroRedundancyOptimizer& zero,
-                                                             bool shard_buckets) {
+std::string ZeroOverlapHook::why_not_joinable() const {
+  return "the ZeRO overlap hook steps the optimizer inside the gradient reduction, and a joined "
+         "rank's shadow "
+         "reductions would step it with zero gradients (PyTorch's hook does that silently); give "
+         "every rank the same "
+         "number of inputs, or use ZeroRedundancyOptimizer without overlap_with_ddp inside the "
+         "Join";
+}
+
+std::unique_ptr<c10d::CommHookInterface> hook_with_zero_step(
+    std::unique_ptr<c10d::CommHookInterface> inner, const DistributedDataParallel& ddp,
+    optim::ZeroRedundancyOptimizer& zero, bool shard_buckets) {
   return std::make_unique<ZeroOverlapHook>(std::move(inner), ddp, zero, shard_buckets,
                                            ZeroStepSchedule::kAfterBackward);
 }
@@ -139,25 +152,31 @@ std::unique_ptr<c10d::CommHookInterface> hook_with_zero_step_interleaved(
                                            ZeroStepSchedule::kInterleaved);
 }
 
-ZeroGradShardHook::ZeroGradShardHook(const DistributedDataParallel& ddp, optim::ZeroRedundancyOptimizer& zero)
+ZeroGradShardHook::ZeroGradShardHook(const DistributedDataParallel& ddp,
+                                     optim::ZeroRedundancyOptimizer& zero)
     : zero_(zero), group_(ddp.group()) {
-  TORCH_CHECK(zero.shard_gradients(), "hook_with_zero2 needs a ZeroRedundancyOptimizer built with "
+  TORCH_CHECK(zero.shard_gradients(),
+              "hook_with_zero2 needs a ZeroRedundancyOptimizer built with "
               "ZeroOptions::shard_gradients = true");
-  TORCH_CHECK(zero.process_group().global_ranks() == group_.global_ranks(), "hook_with_zero2: DDP and the "
-              "ZeroRedundancyOptimizer must use the same group (the gradients are reduce-scattered over it)");
-  std::vector<std::vector<int64_t>> buckets = zero_indices_by_bucket(ddp, zero, "hook_with_zero2", nullptr);
+  TORCH_CHECK(zero.process_group().global_ranks() == group_.global_ranks(),
+              "hook_with_zero2: DDP and the "
+              "ZeroRedundancyOptimizer must use the same group (the gradients are reduce-scattered "
+              "over it)");
+  std::vector<std::vector<int64_t>> buckets =
+      zero_indices_by_bucket(ddp, zero, "hook_with_zero2", nullptr);
   pending_.resize(buckets.size());
   optim::ZeroGradShards(zero).set_buckets(std::move(buckets));
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> ZeroGradShardHook::runHook(c10d::GradBucket& bucket) {
   const size_t b = bucket.getIndex();
-  TORCH_CHECK(b == expected_ && b < pending_.size(), "ZeRO-2 hook: expected bucket ", expected_, " of ",
-              pending_.size(), " but DDP reduced bucket ", b, "; register the hook on the DDP it was built for");
+  TORCH_CHECK(b == expected_ && b < pending_.size(), "ZeRO-2 hook: expected bucket ", expected_,
+              " of ", pending_.size(), " but DDP reduced bucket ", b,
+              "; register the hook on the DDP it was built for");
   optim::ZeroGradShards shards(zero_);
   const at::Tensor& buffer = bucket.getBufferRef();
-  TORCH_CHECK(buffer.numel() == shards.bucket_numel(b), "ZeRO-2 hook: bucket ", b, " has ", buffer.numel(),
-              " elements, the optimizer's layout ", shards.bucket_numel(b));
+  TORCH_CHECK(buffer.numel() == shards.bucket_numel(b), "ZeRO-2 hook: bucket ", b, " has ",
+              buffer.numel(), " elements, the optimizer's layout ", shards.bucket_numel(b));
   // Bucket b-1's reduction ran while bucket b's gradients were computed; finishing it here keeps
   // at most two buckets' buffers alive.
   if (b > 0) finish(b - 1);
@@ -182,8 +201,8 @@ void ZeroGradShardHook::finish(size_t b) {
 
 void ZeroGradShardHook::finish_backward() {
   for (size_t b = 0; b < pending_.size(); ++b) finish(b);
-  TORCH_CHECK(expected_ == pending_.size(), "ZeRO-2 hook: backward ended after ", expected_, " of ", pending_.size(),
-              " buckets");
+  TORCH_CHECK(expected_ == pending_.size(), "ZeRO-2 hook: backward ended after ", expected_, " of ",
+              pending_.size(), " buckets");
   expected_ = 0;
   optim::ZeroGradShards(zero_).mark_reduced();
 }

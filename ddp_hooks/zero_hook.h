@@ -73,8 +73,9 @@ class ZeroOverlapHook : public c10d::CommHookInterface, public NotJoinable {
   // Wraps `inner` (the gradient reduction, e.g. AllReduceHook or a compression hook). REQUIRES:
   // zero built with ZeroOptions::overlap_with_ddp over exactly ddp's parameters, no step taken
   // yet. Errors name the mismatch. `ddp` and `zero` must outlive the hook.
-  ZeroOverlapHook(std::unique_ptr<c10d::CommHookInterface> inner, const DistributedDataParallel& ddp,
-                  optim::ZeroRedundancyOptimizer& zero, bool shard_buckets, ZeroStepSchedule schedule);
+  ZeroOverlapHook(std::unique_ptr<c10d::CommHookInterface> inner,
+                  const DistributedDataParallel& ddp, optim::ZeroRedundancyOptimizer& zero,
+                  bool shard_buckets, ZeroStepSchedule schedule);
   c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override;
   at::Tensor parseHookResult(const c10::IValue& result) override;
   std::string why_not_joinable() const override;
@@ -101,10 +102,9 @@ class ZeroOverlapHook : public c10d::CommHookInterface, public NotJoinable {
 };
 
 // PyTorch's two hooks (see the top of this file).
-std::unique_ptr<c10d::CommHookInterface> hook_with_zero_step(std::unique_ptr<c10d::CommHookInterface> inner,
-                                                             const DistributedDataParallel& ddp,
-                                                             optim::ZeroRedundancyOptimizer& zero,
-                                                             bool shard_buckets = false);
+std::unique_ptr<c10d::CommHookInterface> hook_with_zero_step(
+    std::unique_ptr<c10d::CommHookInterface> inner, const DistributedDataParallel& ddp,
+    optim::ZeroRedundancyOptimizer& zero, bool shard_buckets = false);
 std::unique_ptr<c10d::CommHookInterface> hook_with_zero_step_interleaved(
     std::unique_ptr<c10d::CommHookInterface> inner, const DistributedDataParallel& ddp,
     optim::ZeroRedundancyOptimizer& zero, bool shard_buckets = false);

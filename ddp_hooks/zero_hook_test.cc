@@ -12,12 +12,12 @@
 namespace dtrain::ddp_hooks {
 namespace {
 
-using ::testing::HasSubstr;
 using comm::testing::run_ranks_as_threads;
 using optim::FunctionalOptimizerAdapter;
 using optim::local_optimizer;
 using optim::ZeroOptions;
 using optim::ZeroRedundancyOptimizer;
+using ::testing::HasSubstr;
 
 struct NetImpl : torch::nn::Module {
   NetImpl() {
@@ -25,7 +25,9 @@ struct NetImpl : torch::nn::Module {
     fc2 = register_module("fc2", torch::nn::Linear(8, 6));
     fc3 = register_module("fc3", torch::nn::Linear(6, 3));
   }
-  torch::Tensor forward(const torch::Tensor& x) { return fc3(torch::tanh(fc2(torch::relu(fc1(x))))); }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return fc3(torch::tanh(fc2(torch::relu(fc1(x)))));
+  }
   torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
 };
 TORCH_MODULE(Net);
@@ -34,11 +36,14 @@ Net make_net() {
   Net net;
   torch::NoGradGuard no_grad;
   int k = 0;
-  for (auto& p : net->parameters()) p.copy_(torch::sin(torch::arange(p.numel()).view(p.sizes()) * 0.3 + k++) * 0.5);
+  for (auto& p : net->parameters())
+    p.copy_(torch::sin(torch::arange(p.numel()).view(p.sizes()) * 0.3 + k++) * 0.5);
   return net;
 }
 
-torch::Tensor batch_x(int step) { return torch::cos(torch::arange(32, torch::kFloat).view({8, 4}) * 0.7 + step); }
+torch::Tensor batch_x(int step) {
+  return torch::cos(torch::arange(32, torch::kFloat).view({8, 4}) * 0.7 + step);
+}
 torch::Tensor batch_y() { return torch::sin(torch::arange(24, torch::kFloat).view({8, 3})); }
 
 optim::LocalOptimizer adam() {
@@ -68,13 +73,15 @@ struct Case {
   bool shard_buckets;
   bool zero_bucket_view;
   bool ddp_bucket_view;
-  bool torch_local = false;  // local_optimizer<torch::optim::Adam>: converted to its functional twin
+  bool torch_local =
+      false;  // local_optimizer<torch::optim::Adam>: converted to its functional twin
 };
 
 std::unique_ptr<ZeroOverlapHook> make_hook(comm::Group& g, const DistributedDataParallel& ddp,
                                            ZeroRedundancyOptimizer& zero, bool shard_buckets,
                                            ZeroStepSchedule schedule) {
-  return std::make_unique<ZeroOverlapHook>(std::make_unique<AllReduceHook>(g), ddp, zero, shard_buckets, schedule);
+  return std::make_unique<ZeroOverlapHook>(std::make_unique<AllReduceHook>(g), ddp, zero,
+                                           shard_buckets, schedule);
 }
 
 // ZeRO over a DDP group with overlap_with_ddp, and DDP with buckets of `cap_mb` (0: the default).
@@ -95,10 +102,12 @@ DDPOptions ddp_options(comm::Group& g, double cap_mb = 0) {
 }
 
 // Steps [from, to) of this rank's half of the batch through DDP (the hook steps ZeRO).
-void train(Net& net, DistributedDataParallel& ddp, ZeroRedundancyOptimizer& zero, comm::Group& g, int from, int to) {
+void train(Net& net, DistributedDataParallel& ddp, ZeroRedundancyOptimizer& zero, comm::Group& g,
+           int from, int to) {
   for (int s = from; s < to; ++s) {
     zero.zero_grad();
-    torch::Tensor x = batch_x(s).narrow(0, 4 * g.rank(), 4), y = batch_y().narrow(0, 4 * g.rank(), 4);
+    torch::Tensor x = batch_x(s).narrow(0, 4 * g.rank(), 4),
+                  y = batch_y().narrow(0, 4 * g.rank(), 4);
     ddp.forward([&] { return torch::mse_loss(net->forward(x), y); }).backward();
   }
 }
@@ -127,10 +136,12 @@ void check_matches_unsharded_adam(const Case& c, ZeroStepSchedule schedule) {
     zo.group = g;
     zo.overlap_with_ddp = true;
     zo.parameters_as_bucket_view = c.zero_bucket_view;
-    ZeroRedundancyOptimizer zero(
-        net->parameters(),
-        c.torch_local ? local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01).weight_decay(0.01)) : adam(),
-        zo);
+    ZeroRedundancyOptimizer zero(net->parameters(),
+                                 c.torch_local
+                                     ? local_optimizer<torch::optim::Adam>(
+                                           torch::optim::AdamOptions(0.01).weight_decay(0.01))
+                                     : adam(),
+                                 zo);
     auto hook = make_hook(g, ddp, zero, c.shard_buckets, schedule);
     const size_t buckets = hook->bucket_params().size();
     if (c.bucket_cap_mb < 1e-5) {
@@ -142,13 +153,18 @@ void check_matches_unsharded_adam(const Case& c, ZeroStepSchedule schedule) {
     EXPECT_GT(zero.partition().numel_per_rank[1], 0);
     for (int s = 0; s < kSteps; ++s) {
       zero.zero_grad();
-      torch::Tensor x = batch_x(s).narrow(0, 4 * g.rank(), 4), y = batch_y().narrow(0, 4 * g.rank(), 4);
+      torch::Tensor x = batch_x(s).narrow(0, 4 * g.rank(), 4),
+                    y = batch_y().narrow(0, 4 * g.rank(), 4);
       ddp.forward([&] { return torch::mse_loss(net->forward(x), y); }).backward();
       // The parameters were updated during backward; step() must not update them again, and a
       // closure is not evaluated (PyTorch warns and returns None).
       EXPECT_FALSE(zero.step().defined());
       int closure_calls = 0;
-      EXPECT_FALSE(zero.step([&] { ++closure_calls; return torch::ones({}); }).defined());
+      EXPECT_FALSE(zero.step([&] {
+                         ++closure_calls;
+                         return torch::ones({});
+                       })
+                       .defined());
       EXPECT_EQ(closure_calls, 0);
       auto params = net->parameters();
       for (size_t i = 0; i < params.size(); ++i) {
@@ -187,10 +203,12 @@ TEST_P(ZeroOverlapScheduleTest, TorchOptimAdamIsConvertedToItsFunctionalTwin) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Schedules, ZeroOverlapScheduleTest,
-                         ::testing::Values(ZeroStepSchedule::kAfterBackward, ZeroStepSchedule::kInterleaved),
+                         ::testing::Values(ZeroStepSchedule::kAfterBackward,
+                                           ZeroStepSchedule::kInterleaved),
                          [](const auto& info) {
-                           return info.param == ZeroStepSchedule::kAfterBackward ? "HookWithZeroStep"
-                                                                                 : "HookWithZeroStepInterleaved";
+                           return info.param == ZeroStepSchedule::kAfterBackward
+                                      ? "HookWithZeroStep"
+                                      : "HookWithZeroStepInterleaved";
                          });
 
 TEST(ZeroOverlapHookTest, MisuseIsAClearError) {
@@ -203,24 +221,35 @@ TEST(ZeroOverlapHookTest, MisuseIsAClearError) {
     ZeroOptions plain;
     plain.group = g;
     ZeroRedundancyOptimizer not_overlapped(net->parameters(), adam(), plain);
-    EXPECT_THAT(message([&] { ZeroOverlapHook(std::make_unique<AllReduceHook>(g), ddp, not_overlapped, false, ZeroStepSchedule::kAfterBackward); }),
+    EXPECT_THAT(message([&] {
+                  ZeroOverlapHook(std::make_unique<AllReduceHook>(g), ddp, not_overlapped, false,
+                                  ZeroStepSchedule::kAfterBackward);
+                }),
                 HasSubstr("overlap_with_ddp = true"));
     ZeroOptions zo = plain;
     zo.overlap_with_ddp = true;
     EXPECT_THAT(message([&] {
-                  ZeroRedundancyOptimizer z(net->parameters(),
-                                            local_optimizer<torch::optim::LBFGS>(torch::optim::LBFGSOptions(0.1)), zo);
+                  ZeroRedundancyOptimizer z(
+                      net->parameters(),
+                      local_optimizer<torch::optim::LBFGS>(torch::optim::LBFGSOptions(0.1)), zo);
                 }),
                 HasSubstr("needs a functional local optimizer"));
     // One 115-element bucket cannot be cut into 2 slices below 57.5 elements (PyTorch asserts).
     ZeroRedundancyOptimizer sharded(net->parameters(), adam(), zo);
-    EXPECT_THAT(message([&] { ZeroOverlapHook(std::make_unique<AllReduceHook>(g), ddp, sharded, true, ZeroStepSchedule::kAfterBackward); }),
+    EXPECT_THAT(message([&] {
+                  ZeroOverlapHook(std::make_unique<AllReduceHook>(g), ddp, sharded, true,
+                                  ZeroStepSchedule::kAfterBackward);
+                }),
                 HasSubstr("needs more than 2 slices below the threshold"));
     auto params = net->parameters();
     params.pop_back();
     ZeroRedundancyOptimizer partial(params, adam(), zo);
-    EXPECT_THAT(message([&] { ZeroOverlapHook(std::make_unique<AllReduceHook>(g), ddp, partial, false, ZeroStepSchedule::kInterleaved); }),
-                HasSubstr("DDP parameter 'fc3.bias' is not a parameter of the ZeroRedundancyOptimizer"));
+    EXPECT_THAT(
+        message([&] {
+          ZeroOverlapHook(std::make_unique<AllReduceHook>(g), ddp, partial, false,
+                          ZeroStepSchedule::kInterleaved);
+        }),
+        HasSubstr("DDP parameter 'fc3.bias' is not a parameter of the ZeroRedundancyOptimizer"));
   });
 }
 
@@ -233,9 +262,11 @@ TEST(ZeroOverlapHookTest, JoinIsRefusedOnEveryRank) {
     const ZeroOptions zo = overlap_options(g);
     ZeroRedundancyOptimizer zero(net->parameters(), adam(), zo);
     ddp.register_comm_hook(hook_with_zero_step(std::make_unique<AllReduceHook>(g), ddp, zero));
-    EXPECT_THAT(error_of([&] { comm::Join join({&ddp}); }), HasSubstr("DistributedDataParallel cannot join: the ZeRO "
-                                                                       "overlap hook steps the optimizer"));
-    EXPECT_THAT(error_of([&] { comm::Join join({&zero}); }), HasSubstr("overlap_with_ddp cannot join"));
+    EXPECT_THAT(error_of([&] { comm::Join join({&ddp}); }),
+                HasSubstr("DistributedDataParallel cannot join: the ZeRO "
+                          "overlap hook steps the optimizer"));
+    EXPECT_THAT(error_of([&] { comm::Join join({&zero}); }),
+                HasSubstr("overlap_with_ddp cannot join"));
   });
 }
 
@@ -249,11 +280,14 @@ TEST(ZeroOverlapHookTest, ATrainabilityChangeIsAnError) {
     const ZeroOptions zo = overlap_options(g);
     ZeroRedundancyOptimizer zero(net->parameters(), adam(), zo);
     ddp.register_comm_hook(hook_with_zero_step(std::make_unique<AllReduceHook>(g), ddp, zero));
-    torch::Tensor x = batch_x(0).narrow(0, 4 * g.rank(), 4), y = batch_y().narrow(0, 4 * g.rank(), 4);
+    torch::Tensor x = batch_x(0).narrow(0, 4 * g.rank(), 4),
+                  y = batch_y().narrow(0, 4 * g.rank(), 4);
     ddp.forward([&] { return torch::mse_loss(net->forward(x), y); }).backward();
     net->fc3->bias.set_requires_grad(false);
     zero.zero_grad();
-    EXPECT_THAT(error_of([&] { ddp.forward([&] { return torch::mse_loss(net->forward(x), y); }).backward(); }),
+    EXPECT_THAT(error_of([&] {
+                  ddp.forward([&] { return torch::mse_loss(net->forward(x), y); }).backward();
+                }),
                 HasSubstr("does not support changing parameter trainability at run time"));
   });
 }
@@ -264,25 +298,27 @@ TEST(ZeroOverlapHookTest, Fp16AndBf16CompressionInsideTheOverlapHook) {
   constexpr int kSteps = 4;
   const auto expected = reference(kSteps);
   for (at::ScalarType dtype : {at::kHalf, at::kBFloat16}) {
-  const double tolerance = dtype == at::kHalf ? 1e-3 : 1e-2;
-  run_ranks_as_threads(2, [&](comm::Group& g) {
-    Net net = make_net();
-    DistributedDataParallel ddp(net.ptr(), ddp_options(g, 1e-6));
-    const ZeroOptions zo = overlap_options(g);
-    ZeroRedundancyOptimizer zero(net->parameters(), adam(), zo);
-    ddp.register_comm_hook(
-        hook_with_zero_step_interleaved(std::make_unique<CompressHook>(g, dtype), ddp, zero));
-    train(net, ddp, zero, g, 0, kSteps);
-    auto params = net->parameters();
-    for (size_t i = 0; i < params.size(); ++i) {
-      EXPECT_TRUE(params[i].allclose(expected[kSteps - 1][i], tolerance, tolerance)) << dtype << " param " << i;
-      std::vector<std::vector<at::Tensor>> all(1);
-      for (int r = 0; r < g.size(); ++r) all[0].push_back(at::empty_like(params[i]));
-      std::vector<at::Tensor> mine = {params[i].detach().clone()};
-      g->allgather(all, mine)->wait();
-      EXPECT_TRUE(all[0][0].equal(all[0][1])) << dtype << " param " << i << " differs between the ranks";
-    }
-  });
+    const double tolerance = dtype == at::kHalf ? 1e-3 : 1e-2;
+    run_ranks_as_threads(2, [&](comm::Group& g) {
+      Net net = make_net();
+      DistributedDataParallel ddp(net.ptr(), ddp_options(g, 1e-6));
+      const ZeroOptions zo = overlap_options(g);
+      ZeroRedundancyOptimizer zero(net->parameters(), adam(), zo);
+      ddp.register_comm_hook(
+          hook_with_zero_step_interleaved(std::make_unique<CompressHook>(g, dtype), ddp, zero));
+      train(net, ddp, zero, g, 0, kSteps);
+      auto params = net->parameters();
+      for (size_t i = 0; i < params.size(); ++i) {
+        EXPECT_TRUE(params[i].allclose(expected[kSteps - 1][i], tolerance, tolerance))
+            << dtype << " param " << i;
+        std::vector<std::vector<at::Tensor>> all(1);
+        for (int r = 0; r < g.size(); ++r) all[0].push_back(at::empty_like(params[i]));
+        std::vector<at::Tensor> mine = {params[i].detach().clone()};
+        g->allgather(all, mine)->wait();
+        EXPECT_TRUE(all[0][0].equal(all[0][1]))
+            << dtype << " param " << i << " differs between the ranks";
+      }
+    });
   }
 }
 
@@ -297,7 +333,9 @@ TEST(ZeroOverlapHookTest, FrozenParametersStayOutAndStill) {
     DistributedDataParallel ddp(net.ptr(), ddp_options(g));
     const ZeroOptions zo = overlap_options(g);
     ZeroRedundancyOptimizer with_frozen(net->parameters(), adam(), zo);
-    EXPECT_THAT(error_of([&] { hook_with_zero_step(std::make_unique<AllReduceHook>(g), ddp, with_frozen); }),
+    EXPECT_THAT(error_of([&] {
+                  hook_with_zero_step(std::make_unique<AllReduceHook>(g), ddp, with_frozen);
+                }),
                 HasSubstr("is not reduced by DDP (frozen"));
     ZeroRedundancyOptimizer zero(ddp.parameters(), adam(), zo);
     ddp.register_comm_hook(hook_with_zero_step(std::make_unique<AllReduceHook>(g), ddp, zero));

@@ -64,15 +64,18 @@ std::shared_ptr<PowerSGDState> make_state(comm::Group& g) {
 class Model {
  public:
   struct Step {
-    std::vector<at::Tensor> buffers;     // every bucket's contents after the hook
-    std::optional<std::string> error;    // the c10::Error a bucket's hook threw (the step stops there)
+    std::vector<at::Tensor> buffers;  // every bucket's contents after the hook
+    std::optional<std::string>
+        error;  // the c10::Error a bucket's hook threw (the step stops there)
     bool failed_bucket_unchanged = false;
   };
 
   Model() {
-    for (const auto& shapes : std::vector<std::vector<std::vector<int64_t>>>{{{12, 10}, {12}}, {{8, 6}, {4, 3}, {5}}}) {
+    for (const auto& shapes :
+         std::vector<std::vector<std::vector<int64_t>>>{{{12, 10}, {12}}, {{8, 6}, {4, 3}, {5}}}) {
       std::vector<at::Tensor> params;
-      for (const auto& shape : shapes) params.push_back(at::zeros(shape, at::TensorOptions().dtype(at::kFloat)));
+      for (const auto& shape : shapes)
+        params.push_back(at::zeros(shape, at::TensorOptions().dtype(at::kFloat)));
       params_.push_back(std::move(params));
     }
   }
@@ -82,7 +85,8 @@ class Model {
   at::Tensor gradients(int rank, int iter, size_t b) const {
     int64_t numel = 0;
     for (const auto& p : params_[b]) numel += p.numel();
-    at::Generator gen = at::detail::createCPUGenerator(static_cast<uint64_t>(1000 * iter + 10 * rank) + b);
+    at::Generator gen =
+        at::detail::createCPUGenerator(static_cast<uint64_t>(1000 * iter + 10 * rank) + b);
     return at::randn({numel}, gen, at::TensorOptions().dtype(at::kFloat));
   }
 
@@ -100,7 +104,8 @@ class Model {
         sizes.push_back(p.sizes());
       }
       // What ddp_hooks/libtorch_compat.h's make_grad_bucket (private to ddp_hooks) builds.
-      c10d::GradBucket bucket(b, params_.size(), buffer, offsets, lengths, sizes, params_[b], std::nullopt);
+      c10d::GradBucket bucket(b, params_.size(), buffer, offsets, lengths, sizes, params_[b],
+                              std::nullopt);
       try {
         hook.runHook(bucket);
       } catch (const c10::Error& e) {
@@ -129,7 +134,8 @@ const std::string& original_file() {
         const Model::Step s = model.step(hook, g.rank(), iter);
         ASSERT_FALSE(s.error.has_value()) << *s.error;
       }
-      ASSERT_TRUE(state->iter == kSavedIter && state->error_dict.size() == 2 && state->p_memory_dict.size() == 2);
+      ASSERT_TRUE(state->iter == kSavedIter && state->error_dict.size() == 2 &&
+                  state->p_memory_dict.size() == 2);
       if (g.rank() == 0) {
         const absl::Status s = checkpoint::save_state(*p, state->state_dict());
         ASSERT_TRUE(s.ok()) << s;
@@ -140,7 +146,15 @@ const std::string& original_file() {
   return *path;
 }
 
-enum class Outcome { kRefusedAtLoad, kRefusedAtState, kRefusedAtFirstUse, kIdentical, kSameStep, kDifferent, kBroken };
+enum class Outcome {
+  kRefusedAtLoad,
+  kRefusedAtState,
+  kRefusedAtFirstUse,
+  kIdentical,
+  kSameStep,
+  kDifferent,
+  kBroken
+};
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -157,7 +171,8 @@ class Checker {
   bool init(const std::string& original) {
     absl::StatusOr<c10::IValue> loaded = checkpoint::load_state(original);
     auto state = make_state(group_);
-    const absl::Status s = loaded.ok() ? state->load_state_dict(*loaded, kSavedIter) : loaded.status();
+    const absl::Status s =
+        loaded.ok() ? state->load_state_dict(*loaded, kSavedIter) : loaded.status();
     EXPECT_TRUE(s.ok()) << s;
     if (!s.ok()) return false;
     PowerSGDHook hook(state);
@@ -185,16 +200,19 @@ class Checker {
     std::cout << title << ": " << mutants_ << " mutants: " << counts_[Outcome::kRefusedAtLoad]
               << " refused at load (checkpoint::load_state), " << counts_[Outcome::kRefusedAtState]
               << " refused at state (load_state_dict), " << counts_[Outcome::kRefusedAtFirstUse]
-              << " refused at the hook's first use, " << counts_[Outcome::kIdentical] << " identical, "
-              << counts_[Outcome::kSameStep] << " the same step (only counters, the RNG state or unused entries "
-              << "differ), " << counts_[Outcome::kDifferent] << " different, " << counts_[Outcome::kBroken] << " broken\n";
+              << " refused at the hook's first use, " << counts_[Outcome::kIdentical]
+              << " identical, " << counts_[Outcome::kSameStep]
+              << " the same step (only counters, the RNG state or unused entries "
+              << "differ), " << counts_[Outcome::kDifferent] << " different, "
+              << counts_[Outcome::kBroken] << " broken\n";
   }
 
   // The file at path()'s outcome (not counted).
   Outcome check(const std::string& what) {
     absl::StatusOr<c10::IValue> loaded = checkpoint::load_state(path_);
     if (!loaded.ok()) {
-      EXPECT_TRUE(absl::StrContains(loaded.status().message(), path_)) << what << ": " << loaded.status();
+      EXPECT_TRUE(absl::StrContains(loaded.status().message(), path_))
+          << what << ": " << loaded.status();
       EXPECT_TRUE(absl::IsDataLoss(loaded.status()) || absl::IsInvalidArgument(loaded.status()))
           << what << ": " << loaded.status();
       return Outcome::kRefusedAtLoad;
@@ -217,7 +235,8 @@ class Checker {
     if (!s.ok()) {
       EXPECT_TRUE(absl::StartsWith(s.message(), "PowerSGD state: ")) << what << ": " << s;
       EXPECT_TRUE(absl::IsDataLoss(s) || absl::IsInvalidArgument(s)) << what << ": " << s;
-      EXPECT_TRUE(state->iter == 0 && state->error_dict.empty() && state->p_memory_dict.empty() && !state->rng_seeded)
+      EXPECT_TRUE(state->iter == 0 && state->error_dict.empty() && state->p_memory_dict.empty() &&
+                  !state->rng_seeded)
           << what << ": the refused load changed the state";
       return Outcome::kRefusedAtState;
     }
@@ -226,11 +245,13 @@ class Checker {
                          !absl::StrContains(*next.error, "INTERNAL ASSERT");
       if (named && next.failed_bucket_unchanged) return Outcome::kRefusedAtFirstUse;
       ADD_FAILURE() << what << ": the step after loading it failed "
-                    << (named ? "after changing the bucket: " : "without naming the loaded state: ") << *next.error;
+                    << (named ? "after changing the bucket: " : "without naming the loaded state: ")
+                    << *next.error;
       return Outcome::kBroken;
     }
     if (!same_step(next, after)) return Outcome::kDifferent;
-    return checkpoint::testing::same_values(after, reference_state_) ? Outcome::kIdentical : Outcome::kSameStep;
+    return checkpoint::testing::same_values(after, reference_state_) ? Outcome::kIdentical
+                                                                     : Outcome::kSameStep;
   }
 
  private:
@@ -238,7 +259,8 @@ class Checker {
     const Outcome o = check(what);
     ++mutants_;
     ++counts_[o];
-    if (o == Outcome::kDifferent) ADD_FAILURE() << what << ": loaded, and trains another next step than the original";
+    if (o == Outcome::kDifferent)
+      ADD_FAILURE() << what << ": loaded, and trains another next step than the original";
   }
 
   // The same averaged gradients, iter, and error / P / Q memories of every bucket after the step
@@ -255,7 +277,8 @@ class Checker {
       for (size_t b = 0; b < model_.buckets(); ++b) {
         const c10::IValue index(static_cast<int64_t>(b));
         if (mx.contains(index) != my.contains(index)) return false;
-        if (mx.contains(index) && !checkpoint::testing::same_values(mx.at(index), my.at(index))) return false;
+        if (mx.contains(index) && !checkpoint::testing::same_values(mx.at(index), my.at(index)))
+          return false;
       }
     }
     return true;
@@ -271,7 +294,8 @@ class Checker {
 };
 
 // `base` (a state dict) with `key` set to `value`, or without `key`.
-c10::IValue with(const c10::IValue& base, const std::string& key, c10::IValue value, bool drop = false) {
+c10::IValue with(const c10::IValue& base, const std::string& key, c10::IValue value,
+                 bool drop = false) {
   GenericDict d = base.toGenericDict().copy();
   if (drop) d.erase(key);
   if (!drop) d.insert_or_assign(key, std::move(value));
@@ -284,7 +308,8 @@ GenericDict untyped(const c10::IValue& dict) {
   return out;
 }
 // `base` with the memory dict `key` (bucket index -> tensor) edited.
-c10::IValue with_memory(const c10::IValue& base, const std::string& key, const std::function<void(GenericDict&)>& edit) {
+c10::IValue with_memory(const c10::IValue& base, const std::string& key,
+                        const std::function<void(GenericDict&)>& edit) {
   GenericDict m = untyped(base.toGenericDict().at(key));
   edit(m);
   return with(base, key, m);
@@ -294,29 +319,39 @@ at::Tensor entry(const c10::IValue& base, const std::string& key, int64_t bucket
 }
 
 // Runs `mutate` over one rank's Checker of the original file; `title` names the counts line.
-void sweep(const std::string& title, int at_least, const std::function<void(const c10::IValue&, Checker&)>& mutate) {
+void sweep(const std::string& title, int at_least,
+           const std::function<void(const c10::IValue&, Checker&)>& mutate) {
   const std::string& original = original_file();
   absl::StatusOr<c10::IValue> base = checkpoint::load_state(original);
   ASSERT_TRUE(base.ok()) << base.status();
   ASSERT_TRUE(base->isGenericDict());
   comm::testing::HarnessOptions options;
-  options.timeout = std::chrono::minutes(5);  // one rank: no peer to wait for, only the sweep's length
-  comm::testing::run_ranks_as_threads(1, [&](comm::Group& g) {
-    Checker s(g, ::testing::TempDir() + "mutant.pt");
-    if (!s.init(original)) return;
-    mutate(*base, s);
-    s.report(absl::StrCat(title, " (", read_file(original).size(), "-byte file)"));
-    EXPECT_GE(s.mutants(), at_least);
-  }, options);
+  options.timeout =
+      std::chrono::minutes(5);  // one rank: no peer to wait for, only the sweep's length
+  comm::testing::run_ranks_as_threads(
+      1,
+      [&](comm::Group& g) {
+        Checker s(g, ::testing::TempDir() + "mutant.pt");
+        if (!s.init(original)) return;
+        mutate(*base, s);
+        s.report(absl::StrCat(title, " (", read_file(original).size(), "-byte file)"));
+        EXPECT_GE(s.mutants(), at_least);
+      },
+      options);
 }
 
 TEST(PowerSGDStateFileMutationTest, EveryMutantIsRefusedOrTrainsTheSameNextStep) {
   sweep("PowerSGD state file", 500, [](const c10::IValue& base, Checker& s) {
     // The comparison can fail: a memory with other numbers loads and trains another step.
-    ASSERT_TRUE(checkpoint::save_state(s.path(), with_memory(base, "error_dict", [&](GenericDict& m) {
-                                         m.insert_or_assign(int64_t{0}, entry(base, "error_dict", 0) * 2);
-                                       })).ok());
-    EXPECT_EQ(s.check("control: error_dict[0] doubled"), Outcome::kDifferent) << "the comparison sees nothing";
+    ASSERT_TRUE(checkpoint::save_state(
+                    s.path(), with_memory(base, "error_dict",
+                                          [&](GenericDict& m) {
+                                            m.insert_or_assign(int64_t{0},
+                                                               entry(base, "error_dict", 0) * 2);
+                                          }))
+                    .ok());
+    EXPECT_EQ(s.check("control: error_dict[0] doubled"), Outcome::kDifferent)
+        << "the comparison sees nothing";
     // Damaged bytes: cut, bits flipped, ranges zeroed or overwritten, bytes appended.
     const std::string good = read_file(original_file());
     for (size_t cut = 0; cut < good.size(); cut += cut + 48 < good.size() ? 7 : 1) {
@@ -331,45 +366,61 @@ TEST(PowerSGDStateFileMutationTest, EveryMutantIsRefusedOrTrainsTheSameNextStep)
     for (int k = 0; k < 200; ++k) {
       std::string b = good;
       const size_t from = rng() % b.size(), len = 1 + rng() % 64;
-      for (size_t i = from; i < std::min(b.size(), from + len); ++i) b[i] = k % 2 ? '\0' : static_cast<char>(rng());
+      for (size_t i = from; i < std::min(b.size(), from + len); ++i)
+        b[i] = k % 2 ? '\0' : static_cast<char>(rng());
       s.bytes(absl::StrCat(k % 2 ? "zeroed " : "random ", len, " bytes at ", from), b);
     }
-    for (const std::string& tail : {std::string("x"), std::string(100, '\0'), good.substr(good.size() - 40)}) {
+    for (const std::string& tail :
+         {std::string("x"), std::string(100, '\0'), good.substr(good.size() - 40)}) {
       s.bytes(absl::StrCat("appended ", tail.size(), " bytes"), good + tail);
     }
     // Checksum-valid files with changed fields. Any key, any value of another type or out of range:
     const GenericDict empty(c10::StringType::get(), c10::AnyType::get());
     const std::vector<std::pair<std::string, c10::IValue>> odd = {
-        {"None", c10::IValue()}, {"'7'", std::string("7")}, {"2.5", 2.5}, {"NaN", std::nan("")},
-        {"a tensor", at::ones({5})}, {"[1, 2]", c10::List<int64_t>({1, 2})}, {"{}", empty}, {"True", true},
-        {"False", false}, {"-1", int64_t{-1}}, {"INT64_MAX", std::numeric_limits<int64_t>::max()},
-        {"INT64_MIN", std::numeric_limits<int64_t>::min()}, {"2^62 + 1", (int64_t{1} << 62) + 1}};
+        {"None", c10::IValue()},
+        {"'7'", std::string("7")},
+        {"2.5", 2.5},
+        {"NaN", std::nan("")},
+        {"a tensor", at::ones({5})},
+        {"[1, 2]", c10::List<int64_t>({1, 2})},
+        {"{}", empty},
+        {"True", true},
+        {"False", false},
+        {"-1", int64_t{-1}},
+        {"INT64_MAX", std::numeric_limits<int64_t>::max()},
+        {"INT64_MIN", std::numeric_limits<int64_t>::min()},
+        {"2^62 + 1", (int64_t{1} << 62) + 1}};
     for (const auto& item : base.toGenericDict()) {  // all 16
       const std::string key = item.key().toStringRef();
       for (const auto& [name, v] : odd) {
-        if (key == "error_dict" && name == "{}") continue;  // no memory at all: the other test's case
+        if (key == "error_dict" && name == "{}")
+          continue;  // no memory at all: the other test's case
         s.value(absl::StrCat(key, " = ", name), with(base, key, v));
       }
       s.value(absl::StrCat("no ", key), with(base, key, c10::IValue(), /*drop=*/true));
     }
     // Integers near and far from the saved ones (settings, iter, the counters).
-    for (const char* key : {"matrix_approximation_rank", "start_powerSGD_iter", "random_seed", "iter",
-                            "total_numel_before_compression", "total_numel_after_compression"}) {
+    for (const char* key :
+         {"matrix_approximation_rank", "start_powerSGD_iter", "random_seed", "iter",
+          "total_numel_before_compression", "total_numel_after_compression"}) {
       const int64_t v = base.toGenericDict().at(key).toInt();
-      for (int64_t x : {v - 1, v + 1, int64_t{0}, int64_t{1}, 2 * v, -v, int64_t{1} << 31, int64_t{1'000'000'000'000},
-                        int64_t{1'000'000'000'001}, int64_t{1} << 62}) {
+      for (int64_t x : {v - 1, v + 1, int64_t{0}, int64_t{1}, 2 * v, -v, int64_t{1} << 31,
+                        int64_t{1'000'000'000'000}, int64_t{1'000'000'000'001}, int64_t{1} << 62}) {
         if (x != v) s.value(absl::StrCat(key, " = ", x, " (saved: ", v, ")"), with(base, key, x));
       }
     }
     for (const char* key : {"min_compression_rate", "orthogonalization_epsilon"}) {
       const double v = base.toGenericDict().at(key).toDouble();
       const double inf = std::numeric_limits<double>::infinity();
-      for (double x : {std::nextafter(v, inf), std::nextafter(v, -inf), -v, 1.0, 0.0, inf, -inf, 1e-300}) {
+      for (double x :
+           {std::nextafter(v, inf), std::nextafter(v, -inf), -v, 1.0, 0.0, inf, -inf, 1e-300}) {
         s.value(absl::StrCat(key, " = ", x, " (saved: ", v, ")"), with(base, key, x));
       }
-      s.value(absl::StrCat(key, " as the int ", static_cast<int64_t>(v)), with(base, key, static_cast<int64_t>(v)));
+      s.value(absl::StrCat(key, " as the int ", static_cast<int64_t>(v)),
+              with(base, key, static_cast<int64_t>(v)));
     }
-    for (const char* key : {"use_error_feedback", "warm_start", "batch_tensors_with_same_shape", "rng_seeded"}) {
+    for (const char* key :
+         {"use_error_feedback", "warm_start", "batch_tensors_with_same_shape", "rng_seeded"}) {
       const bool v = base.toGenericDict().at(key).toBool();
       s.value(absl::StrCat(key, " flipped"), with(base, key, !v));
       s.value(absl::StrCat(key, " as an int"), with(base, key, int64_t{v ? 1 : 0}));
@@ -387,11 +438,19 @@ TEST(PowerSGDStateFileMutationTest, EveryMutantIsRefusedOrTrainsTheSameNextStep)
     std::string digit = text, letter = text;
     digit[0] = digit[0] == '9' ? '8' : static_cast<char>(digit[0] + 1);
     letter[text.size() / 2] = 'x';
-    for (const auto& [name, v] : std::vector<std::pair<std::string, std::string>>{
-             {"empty", ""}, {"'0'", "0"}, {"a number appended", text + " 1"}, {"its index dropped", words},
-             {"its first digit changed", digit}, {"a leading space", " " + text}, {"a trailing newline", text + "\n"},
-             {"negated", "-" + text}, {"a letter inside", letter}, {"20000 digits", std::string(20000, '7')},
-             {"index 999", words + " 999"}, {"index 0", words + " 0"}}) {
+    for (const auto& [name, v] :
+         std::vector<std::pair<std::string, std::string>>{{"empty", ""},
+                                                          {"'0'", "0"},
+                                                          {"a number appended", text + " 1"},
+                                                          {"its index dropped", words},
+                                                          {"its first digit changed", digit},
+                                                          {"a leading space", " " + text},
+                                                          {"a trailing newline", text + "\n"},
+                                                          {"negated", "-" + text},
+                                                          {"a letter inside", letter},
+                                                          {"20000 digits", std::string(20000, '7')},
+                                                          {"index 999", words + " 999"},
+                                                          {"index 0", words + " 0"}}) {
       s.value(absl::StrCat("rng ", name), with(base, "rng", std::string(v)));
     }
     // The memories: shapes, dtypes, types and keys of each bucket's entry.
@@ -401,7 +460,8 @@ TEST(PowerSGDStateFileMutationTest, EveryMutantIsRefusedOrTrainsTheSameNextStep)
         const int64_t n = t.numel();
         const std::string where = absl::StrCat(key, "[", b, "]");
         auto set = [&](const std::string& what, c10::IValue v) {
-          s.value(absl::StrCat(where, " ", what), with_memory(base, key, [&](GenericDict& m) { m.insert_or_assign(b, v); }));
+          s.value(absl::StrCat(where, " ", what),
+                  with_memory(base, key, [&](GenericDict& m) { m.insert_or_assign(b, v); }));
         };
         set("one shorter", t.narrow(0, 0, n - 1).clone());
         set("one longer", at::cat({t, at::zeros({1}, t.options())}));
@@ -410,8 +470,9 @@ TEST(PowerSGDStateFileMutationTest, EveryMutantIsRefusedOrTrainsTheSameNextStep)
         set("as 1 x n", t.reshape({1, n}).clone());
         set("as n x 1", t.reshape({n, 1}).clone());
         set("as a 0-D tensor", t.select(0, 0).clone());
-        for (at::ScalarType dtype : {at::kDouble, at::kHalf, at::kBFloat16, at::kLong, at::kInt, at::kShort, at::kChar,
-                                     at::kByte, at::kBool, at::kComplexFloat, at::kComplexDouble}) {
+        for (at::ScalarType dtype :
+             {at::kDouble, at::kHalf, at::kBFloat16, at::kLong, at::kInt, at::kShort, at::kChar,
+              at::kByte, at::kBool, at::kComplexFloat, at::kComplexDouble}) {
           set(absl::StrCat("as ", c10::toString(dtype)), t.to(dtype));
         }
         set("= None", c10::IValue());
@@ -419,15 +480,21 @@ TEST(PowerSGDStateFileMutationTest, EveryMutantIsRefusedOrTrainsTheSameNextStep)
         set("= 'tensor'", std::string("tensor"));
         set("= a list of floats", c10::List<double>({1.0, 2.0}));
         set("= {}", empty);
-        for (const c10::IValue& k : std::vector<c10::IValue>{std::to_string(b), int64_t{-1}, int64_t{1} << 31}) {
-          s.value(absl::StrCat(where, " under the key ", k.isString() ? "'" + k.toStringRef() + "'" : c10::str(k.toInt())),
-                  with_memory(base, key, [&](GenericDict& m) { m.erase(b); m.insert_or_assign(k, t); }));
+        for (const c10::IValue& k :
+             std::vector<c10::IValue>{std::to_string(b), int64_t{-1}, int64_t{1} << 31}) {
+          s.value(absl::StrCat(where, " under the key ",
+                               k.isString() ? "'" + k.toStringRef() + "'" : c10::str(k.toInt())),
+                  with_memory(base, key, [&](GenericDict& m) {
+                    m.erase(b);
+                    m.insert_or_assign(k, t);
+                  }));
         }
       }
     }
     // Both warm-start memories of a bucket in another dtype or length, and the error memories swapped.
     for (int64_t b : {int64_t{0}, int64_t{1}}) {
-      auto both = [&](const std::string& what, const std::function<at::Tensor(const at::Tensor&)>& f) {
+      auto both = [&](const std::string& what,
+                      const std::function<at::Tensor(const at::Tensor&)>& f) {
         c10::IValue v = base;
         for (const char* key : {"p_memory_dict", "q_memory_dict"}) {
           const at::Tensor t = entry(base, key, b);
@@ -436,11 +503,15 @@ TEST(PowerSGDStateFileMutationTest, EveryMutantIsRefusedOrTrainsTheSameNextStep)
         s.value(absl::StrCat("p_memory_dict[", b, "] and q_memory_dict[", b, "] ", what), v);
       };
       for (at::ScalarType dtype : {at::kDouble, at::kHalf, at::kBFloat16}) {
-        both(absl::StrCat("as ", c10::toString(dtype)), [&](const at::Tensor& t) { return t.to(dtype); });
+        both(absl::StrCat("as ", c10::toString(dtype)),
+             [&](const at::Tensor& t) { return t.to(dtype); });
       }
-      both("one longer", [](const at::Tensor& t) { return at::cat({t, at::zeros({1}, t.options())}); });
+      both("one longer", [](const at::Tensor& t) {
+        return at::cat({t, at::zeros({1}, t.options())});
+      });
     }
-    s.value("error_dict[0] and error_dict[1] swapped", with_memory(base, "error_dict", [&](GenericDict& m) {
+    s.value("error_dict[0] and error_dict[1] swapped",
+            with_memory(base, "error_dict", [&](GenericDict& m) {
               for (int64_t b : {0, 1}) m.insert_or_assign(b, entry(base, "error_dict", 1 - b));
             }));
   });
@@ -452,23 +523,35 @@ TEST(PowerSGDStateFileMutationTest, EveryMutantIsRefusedOrTrainsTheSameNextStep)
 // (load_state_dict does not know the model's buckets).
 TEST(PowerSGDStateFileMutationTest, AMissingOrMovedBucketMemoryIsNotReplacedSilently) {
   sweep("PowerSGD state file, bucket memories", 10, [](const c10::IValue& base, Checker& s) {
-    auto edit = [&](const std::vector<std::string>& keys, const std::function<void(GenericDict&, const std::string&)>& f) {
+    auto edit = [&](const std::vector<std::string>& keys,
+                    const std::function<void(GenericDict&, const std::string&)>& f) {
       c10::IValue v = base;
-      for (const std::string& key : keys) v = with_memory(v, key, [&](GenericDict& m) { f(m, key); });
+      for (const std::string& key : keys)
+        v = with_memory(v, key, [&](GenericDict& m) { f(m, key); });
       return v;
     };
-    const std::vector<std::string> error = {"error_dict"}, warm = {"p_memory_dict", "q_memory_dict"};
+    const std::vector<std::string> error = {"error_dict"},
+                                   warm = {"p_memory_dict", "q_memory_dict"};
     for (const auto& [name, keys] : std::vector<std::pair<std::string, std::vector<std::string>>>{
              {"error_dict", error}, {"p_memory_dict and q_memory_dict", warm}}) {
       for (int64_t b : {int64_t{0}, int64_t{1}}) {
         auto drop = [&](GenericDict& m, const std::string&) { m.erase(b); };
-        auto extra = [&](GenericDict& m, const std::string& key) { m.insert_or_assign(b + 7, entry(base, key, b)); };
-        auto moved = [&](GenericDict& m, const std::string& key) { extra(m, key); drop(m, key); };
+        auto extra = [&](GenericDict& m, const std::string& key) {
+          m.insert_or_assign(b + 7, entry(base, key, b));
+        };
+        auto moved = [&](GenericDict& m, const std::string& key) {
+          extra(m, key);
+          drop(m, key);
+        };
         s.value(absl::StrCat(name, " without bucket ", b), edit(keys, drop));
-        s.value(absl::StrCat(name, ": bucket ", b, " moved to bucket ", b + 7, " (not in the model)"), edit(keys, moved));
-        s.value(absl::StrCat(name, ": an extra entry for bucket ", b + 7, " (not in the model)"), edit(keys, extra));
+        s.value(
+            absl::StrCat(name, ": bucket ", b, " moved to bucket ", b + 7, " (not in the model)"),
+            edit(keys, moved));
+        s.value(absl::StrCat(name, ": an extra entry for bucket ", b + 7, " (not in the model)"),
+                edit(keys, extra));
       }
-      s.value(absl::StrCat(name, " empty"), edit(keys, [](GenericDict& m, const std::string&) { m.clear(); }));
+      s.value(absl::StrCat(name, " empty"),
+              edit(keys, [](GenericDict& m, const std::string&) { m.clear(); }));
     }
   });
 }

@@ -57,9 +57,12 @@ RunResult run_steps(const Config& c, const Job& job, checkpoint::StepCheckpoints
   const auto t0 = std::chrono::steady_clock::now();
   int64_t state = 0;
   for (int step = start + 1; step <= c.steps; ++step) {
-    if (step == c.fail_at_step && job.rank == 1 && job.restart_count == 0) ::raise(SIGKILL);  // test-only crash
-    torch::Generator data_gen = generator(c.seed * 1000003 + static_cast<uint64_t>(step) * 4099 + job.rank);
-    const torch::Tensor x = torch::randn({c.batch_size, kIn}, data_gen).to(job.device);  // drawn on the CPU
+    if (step == c.fail_at_step && job.rank == 1 && job.restart_count == 0)
+      ::raise(SIGKILL);  // test-only crash
+    torch::Generator data_gen =
+        generator(c.seed * 1000003 + static_cast<uint64_t>(step) * 4099 + job.rank);
+    const torch::Tensor x =
+        torch::randn({c.batch_size, kIn}, data_gen).to(job.device);  // drawn on the CPU
     torch::Tensor y;
     {
       torch::NoGradGuard no_grad;
@@ -77,10 +80,12 @@ RunResult run_steps(const Config& c, const Job& job, checkpoint::StepCheckpoints
     }
     if (progress.due(step)) {
       if (state == 0 || step % 50 == 0) state = t.opt.local_state_bytes();
-      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       progress.show(step, r.last_loss, (step - start) / seconds, state);
     }
-    if (!c.checkpoint_dir.empty() && (step % c.checkpoint_every == 0 || step == c.steps)) save_step(c, job, ckpts, t, step);
+    if (!c.checkpoint_dir.empty() && (step % c.checkpoint_every == 0 || step == c.steps))
+      save_step(c, job, ckpts, t, step);
   }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
@@ -90,32 +95,42 @@ RunResult run_steps(const Config& c, const Job& job, checkpoint::StepCheckpoints
 // unsharded replica, the checkpoint. Collective (gathers every rank's state size).
 void print_summary(const Config& c, const Job& job, checkpoint::StepCheckpoints& ckpts, Trainer& t,
                    const RunResult& r, int start) {
-  std::vector<at::Tensor> mine = {torch::full({1}, t.opt.local_state_bytes(), job.on_group.dtype(torch::kLong))};
+  std::vector<at::Tensor> mine = {
+      torch::full({1}, t.opt.local_state_bytes(), job.on_group.dtype(torch::kLong))};
   std::vector<std::vector<at::Tensor>> all(1);
-  for (int i = 0; i < job.world_size; ++i) all[0].push_back(torch::zeros({1}, job.on_group.dtype(torch::kLong)));
+  for (int i = 0; i < job.world_size; ++i)
+    all[0].push_back(torch::zeros({1}, job.on_group.dtype(torch::kLong)));
   job.world->allgather(all, mine)->wait();
   int64_t total = 0;
   for (const auto& bytes : all[0]) total += bytes.item<int64_t>();
   const int64_t unsharded = c.zero == "off" ? all[0][0].item<int64_t>() : total;
   if (job.rank != 0) return;
   // On the CPU the line is as it always was; on GPUs it names them and the backend.
-  const std::string on = job.device.is_cuda()
-      ? absl::StrCat(" on cuda (one GPU each, rank 0 on ", job.device.str(), ", ", c.backend, ")") : "";
-  std::printf("\n| run | %d ranks%s, hook %s, zero %s%s, bucket_view %s |\n|---|---|\n| LibTorch | %s |\n",
-              job.world_size, on.c_str(), c.hook.c_str(), c.zero.c_str(),
-              c.zero_overlap ? " (overlapped with DDP)" : "", c.bucket_view ? "on" : "off", TORCH_VERSION);
-  std::printf("| loss | %.6f at step %d -> final loss %.6f at step %d |\n", r.first_loss, start + 1, r.last_loss, c.steps);
-  std::printf("| time | %.2f s for %d steps (%.1f steps/s) |\n", r.seconds, c.steps - start, (c.steps - start) / r.seconds);
+  const std::string on = job.device.is_cuda() ? absl::StrCat(" on cuda (one GPU each, rank 0 on ",
+                                                             job.device.str(), ", ", c.backend, ")")
+                                              : "";
+  std::printf(
+      "\n| run | %d ranks%s, hook %s, zero %s%s, bucket_view %s |\n|---|---|\n| LibTorch | %s |\n",
+      job.world_size, on.c_str(), c.hook.c_str(), c.zero.c_str(),
+      c.zero_overlap ? " (overlapped with DDP)" : "", c.bucket_view ? "on" : "off", TORCH_VERSION);
+  std::printf("| loss | %.6f at step %d -> final loss %.6f at step %d |\n", r.first_loss, start + 1,
+              r.last_loss, c.steps);
+  std::printf("| time | %.2f s for %d steps (%.1f steps/s) |\n", r.seconds, c.steps - start,
+              (c.steps - start) / r.seconds);
   for (int i = 0; i < job.world_size; ++i) {
     std::printf("| optimizer state, rank %d | %s |\n", i, kib(all[0][i].item<int64_t>()).c_str());
   }
-  std::printf("| optimizer state, unsharded | %s (%.2fx of it on the largest rank) |\n", kib(unsharded).c_str(),
-              static_cast<double>(torch::cat(all[0]).max().item<int64_t>()) / static_cast<double>(unsharded));
+  std::printf("| optimizer state, unsharded | %s (%.2fx of it on the largest rank) |\n",
+              kib(unsharded).c_str(),
+              static_cast<double>(torch::cat(all[0]).max().item<int64_t>()) /
+                  static_cast<double>(unsharded));
   if (!c.checkpoint_dir.empty()) {
     const std::string step_dir = ckpts.dir_of(c.steps);
     const std::string file = (std::filesystem::path(c.checkpoint_dir) / kCheckpointFile).string();
     std::printf("| checkpoint | %s (step %d: %s)%s |\n", file.c_str(), c.steps, step_dir.c_str(),
-                c.sharded_checkpoint ? absl::StrCat(", optimizer shards in ", step_dir, "/", kShardDir).c_str() : "");
+                c.sharded_checkpoint
+                    ? absl::StrCat(", optimizer shards in ", step_dir, "/", kShardDir).c_str()
+                    : "");
   }
   std::fflush(stdout);
 }
@@ -123,18 +138,20 @@ void print_summary(const Config& c, const Job& job, checkpoint::StepCheckpoints&
 int train(const Config& c) {
   const Job job = join_job(c);
   // Until train() returns, allocations and kernels without a device index use this rank's GPU.
-  c10::OptionalDeviceGuard current_device(job.device.is_cuda() ? std::optional<c10::Device>(job.device) : std::nullopt);
+  c10::OptionalDeviceGuard current_device(
+      job.device.is_cuda() ? std::optional<c10::Device>(job.device) : std::nullopt);
   Progress progress = make_progress(c, job);
   check_checkpoint_dir_everywhere(c, job);
   Trainer t;
   make_models(c, job, t);
   make_optimizer(c, job, t);
   register_hook(c, job, t);
-  checkpoint::StepCheckpoints ckpts(c.checkpoint_dir, c.keep_checkpoints);  // step-N directories, `latest`
+  checkpoint::StepCheckpoints ckpts(c.checkpoint_dir,
+                                    c.keep_checkpoints);  // step-N directories, `latest`
   const int start = resume(c, job, ckpts, t, progress);
   if (start >= c.steps) {
-    progress.note(absl::StrCat("the checkpoint is at step ", start, ", at or past --steps=", c.steps,
-                               "; nothing to train (raise --steps)"));
+    progress.note(absl::StrCat("the checkpoint is at step ", start, ", at or past --steps=",
+                               c.steps, "; nothing to train (raise --steps)"));
     return 0;
   }
   const RunResult r = run_steps(c, job, ckpts, t, progress, start);
@@ -149,8 +166,8 @@ int launch_locally(const Config& config, int argc, char** argv) {
   const int nproc = config.nproc_per_node;
   if (nproc < 1) die(2, absl::StrCat("--nproc_per_node must be at least 1, got ", nproc));
   if (config.cuda() && nproc > static_cast<int64_t>(torch::cuda::device_count())) {
-    die(2, absl::StrCat("--device=cuda runs one rank per GPU: --nproc_per_node=", nproc, " needs ", nproc,
-                        " GPUs but ", static_cast<int>(torch::cuda::device_count()),
+    die(2, absl::StrCat("--device=cuda runs one rank per GPU: --nproc_per_node=", nproc, " needs ",
+                        nproc, " GPUs but ", static_cast<int>(torch::cuda::device_count()),
                         " are visible; lower --nproc_per_node or check CUDA_VISIBLE_DEVICES"));
   }
   const std::string& dir = config.checkpoint_dir;
@@ -160,8 +177,9 @@ int launch_locally(const Config& config, int argc, char** argv) {
     absl::StatusOr<examples::TrainCheckpoint> ck =
         examples::read_train_checkpoint(checkpoint::StepCheckpoints(config.checkpoint_dir));
     if (!ck.ok()) {
-      die(2, absl::StrCat("--resume: ", ck.status().message(), absl::IsNotFound(ck.status())
-                              ? "; run once without --resume to create one" : ""));
+      die(2, absl::StrCat(
+                 "--resume: ", ck.status().message(),
+                 absl::IsNotFound(ck.status()) ? "; run once without --resume to create one" : ""));
     }
     if (ck->sharded && config.zero == "off") die(2, kShardedNeedsZero);
   }
@@ -173,7 +191,8 @@ int launch_locally(const Config& config, int argc, char** argv) {
   std::vector<std::string> args = {"/proc/self/exe"};
   for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
   absl::StatusOr<int> code = comm::launch_local(args, o);
-  if (!code.ok()) die(absl::IsInvalidArgument(code.status()) ? 2 : 1, std::string(code.status().message()));
+  if (!code.ok())
+    die(absl::IsInvalidArgument(code.status()) ? 2 : 1, std::string(code.status().message()));
   return *code;
 }
 
@@ -181,10 +200,13 @@ int launch_locally(const Config& config, int argc, char** argv) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "Trains a small MLP with DDP + a communication hook + ZeroRedundancyOptimizer(Adam) on local ranks it "
-      "launches, or as one rank of a torchrun-style job (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).");
+      "Trains a small MLP with DDP + a communication hook + ZeroRedundancyOptimizer(Adam) on local "
+      "ranks it "
+      "launches, or as one rank of a torchrun-style job (RANK, WORLD_SIZE, MASTER_ADDR, "
+      "MASTER_PORT).");
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
-  if (rest.size() > 1) die(2, absl::StrCat("unexpected argument '", rest[1], "'; flags look like --steps=100"));
+  if (rest.size() > 1)
+    die(2, absl::StrCat("unexpected argument '", rest[1], "'; flags look like --steps=100"));
   const absl::StatusOr<Config> flags = examples::read_flags();
   if (!flags.ok()) die(2, std::string(flags.status().message()));
   const Config& config = *flags;
@@ -193,9 +215,10 @@ int main(int argc, char** argv) {
   try {
     return train(config);
   } catch (const c10::Error& e) {
-    die(1, absl::StrCat("rank ", std::getenv("RANK") ? std::getenv("RANK") : "?", ": ", e.what_without_backtrace(),
-                        heartbeat_stalls()));
+    die(1, absl::StrCat("rank ", std::getenv("RANK") ? std::getenv("RANK") : "?", ": ",
+                        e.what_without_backtrace(), heartbeat_stalls()));
   } catch (const std::exception& e) {
-    die(1, absl::StrCat("rank ", std::getenv("RANK") ? std::getenv("RANK") : "?", ": ", e.what(), heartbeat_stalls()));
+    die(1, absl::StrCat("rank ", std::getenv("RANK") ? std::getenv("RANK") : "?", ": ", e.what(),
+                        heartbeat_stalls()));
   }
 }

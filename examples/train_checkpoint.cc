@@ -22,8 +22,9 @@ namespace {
 constexpr int64_t kMaxStep = 1'000'000'000'000;
 
 absl::Status bad(const std::string& file, const std::string& what) {
-  return absl::DataLossError(absl::StrCat("checkpoint ", file, ": ", what,
-                                          "; it was not written by this program's save, or is damaged"));
+  return absl::DataLossError(
+      absl::StrCat("checkpoint ", file, ": ", what,
+                   "; it was not written by this program's save, or is damaged"));
 }
 
 std::string os_error(int err) { return std::error_code(err, std::generic_category()).message(); }
@@ -41,9 +42,10 @@ std::string kind_of(mode_t mode) {
 absl::Status check_checkpoint_dir(const std::string& dir) {
   namespace fs = std::filesystem;
   auto unusable = [&](const std::string& problem) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--checkpoint_dir=", dir, ": ", problem, "; pass a directory this job can create and write in (on every "
-        "host that runs a rank), or --checkpoint_dir= to train without checkpoints"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("--checkpoint_dir=", dir, ": ", problem,
+                     "; pass a directory this job can create and write in (on every "
+                     "host that runs a rank), or --checkpoint_dir= to train without checkpoints"));
   };
   std::string path = dir;
   while (path.size() > 1 && path.back() == '/') path.pop_back();
@@ -52,12 +54,14 @@ absl::Status check_checkpoint_dir(const std::string& dir) {
   for (fs::path p = path;;) {
     if (::stat(p.c_str(), &st) == 0) {
       if (S_ISDIR(st.st_mode)) break;
-      if (p == fs::path(path)) return unusable(absl::StrCat("it is ", kind_of(st.st_mode), ", not a directory"));
-      return unusable(absl::StrCat("it cannot be created: ", p.string(), " is ", kind_of(st.st_mode),
-                                   ", not a directory"));
+      if (p == fs::path(path))
+        return unusable(absl::StrCat("it is ", kind_of(st.st_mode), ", not a directory"));
+      return unusable(absl::StrCat("it cannot be created: ", p.string(), " is ",
+                                   kind_of(st.st_mode), ", not a directory"));
     }
     const int err = errno;
-    if (err != ENOENT && err != ENOTDIR) return unusable(absl::StrCat("cannot look at ", p.string(), ": ", os_error(err)));
+    if (err != ENOENT && err != ENOTDIR)
+      return unusable(absl::StrCat("cannot look at ", p.string(), ": ", os_error(err)));
     const fs::path parent = p.parent_path();
     if (parent.empty() || parent == p) break;  // the current directory, or the root
     p = parent;
@@ -67,11 +71,13 @@ absl::Status check_checkpoint_dir(const std::string& dir) {
   if (ec) return unusable(absl::StrCat("cannot create it: ", ec.message()));
   // What every save does there: create a file, write it, remove it (begin() replaces directories).
   std::random_device rd;
-  const std::string probe = (fs::path(path) / absl::StrCat(".write-probe.tmp.", ::getpid(), ".", rd())).string();
+  const std::string probe =
+      (fs::path(path) / absl::StrCat(".write-probe.tmp.", ::getpid(), ".", rd())).string();
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) {
     const int err = errno;
-    return unusable(absl::StrCat("cannot write in it (creating ", probe, " failed: ", os_error(err), ")"));
+    return unusable(
+        absl::StrCat("cannot write in it (creating ", probe, " failed: ", os_error(err), ")"));
   }
   constexpr char kProbe[] = "dtrain: can this job write checkpoints here?\n";
   const ssize_t n = ::write(fd, kProbe, sizeof(kProbe) - 1);
@@ -79,9 +85,12 @@ absl::Status check_checkpoint_dir(const std::string& dir) {
   if (::close(fd) != 0 && err == 0) err = errno;
   if (::unlink(probe.c_str()) != 0) {
     const int unlink_err = errno;
-    return unusable(absl::StrCat("cannot remove the file ", probe, " it wrote there: ", os_error(unlink_err)));
+    return unusable(
+        absl::StrCat("cannot remove the file ", probe, " it wrote there: ", os_error(unlink_err)));
   }
-  if (err != 0) return unusable(absl::StrCat("cannot write in it (writing ", probe, " failed: ", os_error(err), ")"));
+  if (err != 0)
+    return unusable(
+        absl::StrCat("cannot write in it (writing ", probe, " failed: ", os_error(err), ")"));
   return absl::OkStatus();
 }
 
@@ -89,38 +98,46 @@ std::string hook_file(const std::string& step_dir, int rank) {
   return (std::filesystem::path(step_dir) / absl::StrCat("hook-rank", rank, ".pt")).string();
 }
 
-absl::StatusOr<TrainCheckpoint> read_train_checkpoint(const checkpoint::StepCheckpoints& ckpts, c10::Device device) {
+absl::StatusOr<TrainCheckpoint> read_train_checkpoint(const checkpoint::StepCheckpoints& ckpts,
+                                                      c10::Device device) {
   absl::StatusOr<checkpoint::CommittedStep> last = ckpts.latest();
   if (!last.ok()) return last.status();
   TrainCheckpoint c;
   c.dir = last->dir;
   c.file = (std::filesystem::path(c.dir) / kCheckpointFile).string();
-  absl::StatusOr<c10::IValue> loaded = checkpoint::load_state(c.file, checkpoint::LoadOptions{.map_location = device});
+  absl::StatusOr<c10::IValue> loaded =
+      checkpoint::load_state(c.file, checkpoint::LoadOptions{.map_location = device});
   if (!loaded.ok()) return loaded.status();
-  if (!loaded->isGenericDict()) return bad(c.file, absl::StrCat("holds a ", loaded->tagKind(), ", not a dict"));
+  if (!loaded->isGenericDict())
+    return bad(c.file, absl::StrCat("holds a ", loaded->tagKind(), ", not a dict"));
   const c10::impl::GenericDict d = loaded->toGenericDict();
-  auto field = [&](const char* key, bool (c10::IValue::*is)() const, const char* type) -> absl::StatusOr<c10::IValue> {
+  auto field = [&](const char* key, bool (c10::IValue::*is)() const,
+                   const char* type) -> absl::StatusOr<c10::IValue> {
     const c10::IValue k(key);
     if (!d.contains(k)) return bad(c.file, absl::StrCat("has no '", key, "'"));
     c10::IValue v = d.at(k);
-    if (!(v.*is)()) return bad(c.file, absl::StrCat("'", key, "' is a ", v.tagKind(), ", not ", type));
+    if (!(v.*is)())
+      return bad(c.file, absl::StrCat("'", key, "' is a ", v.tagKind(), ", not ", type));
     return v;
   };
   absl::StatusOr<c10::IValue> step = field("step", &c10::IValue::isInt, "an int");
   if (!step.ok()) return step.status();
   c.step = step->toInt();
   if (c.step < 0 || c.step > kMaxStep) {
-    return bad(c.file, absl::StrCat("its step ", c.step, " is outside [0, ", kMaxStep,
-                                    "], the steps this program saves (--steps is at most 2147483647)"));
+    return bad(c.file,
+               absl::StrCat("its step ", c.step, " is outside [0, ", kMaxStep,
+                            "], the steps this program saves (--steps is at most 2147483647)"));
   }
   if (c.step != last->step) {
-    return bad(c.file, absl::StrCat("its step is ", c.step, " but it is in the directory of step ", last->step));
+    return bad(c.file, absl::StrCat("its step is ", c.step, " but it is in the directory of step ",
+                                    last->step));
   }
   absl::StatusOr<c10::IValue> world = field("world_size", &c10::IValue::isInt, "an int");
   if (!world.ok()) return world.status();
   c.world_size = world->toInt();
   if (c.world_size < 1 || c.world_size > kMaxWorldSize) {
-    return bad(c.file, absl::StrCat("world_size ", c.world_size, " is outside [1, ", kMaxWorldSize, "]"));
+    return bad(c.file,
+               absl::StrCat("world_size ", c.world_size, " is outside [1, ", kMaxWorldSize, "]"));
   }
   absl::StatusOr<c10::IValue> model = field("model", &c10::IValue::isGenericDict, "a dict");
   if (!model.ok()) return model.status();
@@ -156,11 +173,13 @@ absl::Status load_weights(const c10::impl::GenericDict& weights, torch::nn::Modu
                                                      "; was it written with another --hidden?"));
     }
     const at::Tensor saved = weights.at(key).toTensor();
-    if (!saved.sizes().equals(item.value().sizes()) || saved.scalar_type() != item.value().scalar_type()) {
+    if (!saved.sizes().equals(item.value().sizes()) ||
+        saved.scalar_type() != item.value().scalar_type()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "parameter ", item.key(), " is ", c10::toString(saved.scalar_type()), " [", absl::StrJoin(saved.sizes(), ","),
-          "] in the checkpoint but ", c10::toString(item.value().scalar_type()), " [",
-          absl::StrJoin(item.value().sizes(), ","), "] here; use the --hidden it was written with"));
+          "parameter ", item.key(), " is ", c10::toString(saved.scalar_type()), " [",
+          absl::StrJoin(saved.sizes(), ","), "] in the checkpoint but ",
+          c10::toString(item.value().scalar_type()), " [", absl::StrJoin(item.value().sizes(), ","),
+          "] here; use the --hidden it was written with"));
     }
     item.value().copy_(saved);
   }

@@ -25,13 +25,13 @@
 namespace dtrain::examples {
 
 inline constexpr char kCheckpointFile[] = "checkpoint.pt";  // in each step directory
-inline constexpr char kShardDir[] = "optimizer";            // in each step directory, --sharded_checkpoint
+inline constexpr char kShardDir[] = "optimizer";  // in each step directory, --sharded_checkpoint
 inline constexpr int64_t kMaxWorldSize = 1 << 20;
 
 struct TrainCheckpoint {
-  std::string dir;      // the step directory
-  std::string file;     // dir/checkpoint.pt
-  int64_t step = 0;     // equal to the directory's step
+  std::string dir;   // the step directory
+  std::string file;  // dir/checkpoint.pt
+  int64_t step = 0;  // equal to the directory's step
   int64_t world_size = 0;
   c10::impl::GenericDict model{c10::StringType::get(), c10::AnyType::get()};  // name -> tensor
   c10::IValue optimizer;  // PyTorch's optimizer state dict; None when sharded

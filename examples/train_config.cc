@@ -13,41 +13,57 @@
 #include "comm/local_launcher.h"
 #include "comm/process_group.h"
 
-ABSL_FLAG(int, nproc_per_node, 2, "Ranks to launch on this machine (ignored when RANK/WORLD_SIZE are set).");
+ABSL_FLAG(int, nproc_per_node, 2,
+          "Ranks to launch on this machine (ignored when RANK/WORLD_SIZE are set).");
 ABSL_FLAG(int, steps, 300, "Total optimizer steps (a resumed run continues up to this step).");
-ABSL_FLAG(std::string, hook, "allreduce", "DDP communication hook: allreduce|fp16|bf16|powersgd|post_local_sgd|noop.");
-ABSL_FLAG(std::string, zero, "sorted_greedy", "Optimizer sharding: off|sorted_greedy|flat|stage2 (ZeRO-2: grads too).");
-ABSL_FLAG(bool, zero_overlap, false, "Step ZeRO inside the DDP hook, bucket by bucket (needs --zero=sorted_greedy).");
-ABSL_FLAG(bool, bucket_view, true, "Gradients (DDP) and parameters (ZeRO) as views into communication buckets.");
+ABSL_FLAG(std::string, hook, "allreduce",
+          "DDP communication hook: allreduce|fp16|bf16|powersgd|post_local_sgd|noop.");
+ABSL_FLAG(std::string, zero, "sorted_greedy",
+          "Optimizer sharding: off|sorted_greedy|flat|stage2 (ZeRO-2: grads too).");
+ABSL_FLAG(bool, zero_overlap, false,
+          "Step ZeRO inside the DDP hook, bucket by bucket (needs --zero=sorted_greedy).");
+ABSL_FLAG(bool, bucket_view, true,
+          "Gradients (DDP) and parameters (ZeRO) as views into communication buckets.");
 ABSL_FLAG(std::string, checkpoint_dir, "/tmp/dtrain-train",
-          "Where checkpoints go (created if missing; checked writable before the first step); empty: no checkpoints.");
+          "Where checkpoints go (created if missing; checked writable before the first step); "
+          "empty: no checkpoints.");
 ABSL_FLAG(int, checkpoint_every, 100, "Steps between checkpoints (and one at the end).");
-ABSL_FLAG(int, keep_checkpoints, 2, "Committed steps kept in --checkpoint_dir (step-N directories; the newest is current).");
+ABSL_FLAG(int, keep_checkpoints, 2,
+          "Committed steps kept in --checkpoint_dir (step-N directories; the newest is current).");
 ABSL_FLAG(bool, resume, false, "Continue from the checkpoint in --checkpoint_dir.");
 ABSL_FLAG(bool, sharded_checkpoint, false,
-          "With ZeRO: every rank writes its own optimizer-state shard (--checkpoint_dir/optimizer/) instead of "
+          "With ZeRO: every rank writes its own optimizer-state shard "
+          "(--checkpoint_dir/optimizer/) instead of "
           "gathering the state on rank 0; resumable at any rank count and --zero strategy.");
 ABSL_FLAG(double, lr, 3e-3, "Adam learning rate.");
 ABSL_FLAG(int, batch_size, 64, "Samples per rank per step.");
 ABSL_FLAG(int, hidden, 256, "Width of the student's hidden layers.");
-ABSL_FLAG(int, log_every, 0, "Steps between progress lines when stdout is not a terminal; 0: steps / 10.");
+ABSL_FLAG(int, log_every, 0,
+          "Steps between progress lines when stdout is not a terminal; 0: steps / 10.");
 ABSL_FLAG(int, timeout_s, 60,
-          "Seconds a collective may wait for the other ranks before the job fails, naming the rank that stopped.");
+          "Seconds a collective may wait for the other ranks before the job fails, naming the rank "
+          "that stopped.");
 ABSL_FLAG(int, rendezvous_timeout_s, 300, "Seconds for every rank to join the job at startup.");
 ABSL_FLAG(int, max_restarts, 0,
-          "Times to restart all ranks after one fails (torchrun's flag, 0-100); they resume from this job's newest step.");
-ABSL_FLAG(std::string, rdzv_id, "", "The job's id (torchrun's flag), recorded in each checkpoint; empty: random per launch.");
-ABSL_FLAG(int, fail_at_step, 0,
-          "Testing only: rank 1 kills itself (SIGKILL) before this step on the first attempt; 0: never.");
+          "Times to restart all ranks after one fails (torchrun's flag, 0-100); they resume from "
+          "this job's newest step.");
+ABSL_FLAG(std::string, rdzv_id, "",
+          "The job's id (torchrun's flag), recorded in each checkpoint; empty: random per launch.");
+ABSL_FLAG(
+    int, fail_at_step, 0,
+    "Testing only: rank 1 kills itself (SIGKILL) before this step on the first attempt; 0: never.");
 ABSL_FLAG(uint64_t, seed, 0, "Seed of the teacher, the student's initial weights and the data.");
 ABSL_FLAG(std::string, device, "cpu",
-          "Where the model, the data and the optimizer state live: cpu|cuda (cuda: each rank on cuda:<LOCAL_RANK>, "
+          "Where the model, the data and the optimizer state live: cpu|cuda (cuda: each rank on "
+          "cuda:<LOCAL_RANK>, "
           "one GPU per rank).");
 ABSL_FLAG(std::string, backend, "auto",
-          "Process group backend: auto|nccl|gloo (auto: nccl with --device=cuda in a build with NCCL, else gloo; "
+          "Process group backend: auto|nccl|gloo (auto: nccl with --device=cuda in a build with "
+          "NCCL, else gloo; "
           "gloo also reduces CUDA tensors).");
 ABSL_FLAG(int, powersgd_start_iter, 50,
-          "Steps of plain all-reduce before --hook=powersgd compresses (PowerSGD's start_powerSGD_iter, at least 2); "
+          "Steps of plain all-reduce before --hook=powersgd compresses (PowerSGD's "
+          "start_powerSGD_iter, at least 2); "
           "a run resumes PowerSGD's state only with the value its checkpoint was written with.");
 
 namespace dtrain::examples {
@@ -57,7 +73,8 @@ absl::Status usage(const std::string& message) { return absl::InvalidArgumentErr
 
 // The checks that need only the flags' values, in the order the messages were always given.
 absl::Status check_values(const TrainConfig& c, const std::string& backend) {
-  const std::vector<std::string> hooks = {"allreduce", "fp16", "bf16", "powersgd", "post_local_sgd", "noop"};
+  const std::vector<std::string> hooks = {"allreduce", "fp16",           "bf16",
+                                          "powersgd",  "post_local_sgd", "noop"};
   const std::vector<std::string> zeros = {"off", "sorted_greedy", "flat", "stage2"};
   const std::vector<std::string> devices = {"cpu", "cuda"};
   const std::vector<std::string> backends = {"auto", "nccl", "gloo"};
@@ -65,21 +82,26 @@ absl::Status check_values(const TrainConfig& c, const std::string& backend) {
     return std::find(names.begin(), names.end(), name) != names.end();
   };
   if (!known(hooks, c.hook)) {
-    return usage(absl::StrCat("unknown --hook=", c.hook, "; choose one of ", absl::StrJoin(hooks, "|")));
+    return usage(
+        absl::StrCat("unknown --hook=", c.hook, "; choose one of ", absl::StrJoin(hooks, "|")));
   }
   if (!known(zeros, c.zero)) {
-    return usage(absl::StrCat("unknown --zero=", c.zero, "; choose one of ", absl::StrJoin(zeros, "|")));
+    return usage(
+        absl::StrCat("unknown --zero=", c.zero, "; choose one of ", absl::StrJoin(zeros, "|")));
   }
   if (c.steps < 1) return usage(absl::StrCat("--steps must be at least 1, got ", c.steps));
-  if (c.batch_size < 1 || c.hidden < 1) return usage("--batch_size and --hidden must be at least 1");
+  if (c.batch_size < 1 || c.hidden < 1)
+    return usage("--batch_size and --hidden must be at least 1");
   if (!(c.lr > 0)) return usage(absl::StrCat("--lr must be positive, got ", c.lr));
   if (c.keep_checkpoints < 1) {
     return usage(absl::StrCat("--keep_checkpoints must be at least 1, got ", c.keep_checkpoints));
   }
   if (c.max_restarts < 0 || c.max_restarts > comm::kMaxRestarts) {
-    return usage(absl::StrCat("--max_restarts must be in [0, ", comm::kMaxRestarts, "], got ", c.max_restarts));
+    return usage(absl::StrCat("--max_restarts must be in [0, ", comm::kMaxRestarts, "], got ",
+                              c.max_restarts));
   }
-  if (c.fail_at_step < 0) return usage(absl::StrCat("--fail_at_step must be at least 0, got ", c.fail_at_step));
+  if (c.fail_at_step < 0)
+    return usage(absl::StrCat("--fail_at_step must be at least 0, got ", c.fail_at_step));
   if (c.timeout_s < 1 || c.rendezvous_timeout_s < 1) {
     return usage("--timeout_s and --rendezvous_timeout_s must be at least 1");
   }
@@ -87,11 +109,13 @@ absl::Status check_values(const TrainConfig& c, const std::string& backend) {
     return usage(absl::StrCat("--checkpoint_every must be at least 1, got ", c.checkpoint_every));
   }
   if (c.hook == "post_local_sgd" && c.zero != "off") {
-    return usage("--hook=post_local_sgd lets ranks drift apart between averagings, which ZeRO's parameter broadcast "
-                 "would undo; use it with --zero=off");
+    return usage(
+        "--hook=post_local_sgd lets ranks drift apart between averagings, which ZeRO's parameter "
+        "broadcast "
+        "would undo; use it with --zero=off");
   }
-  if (c.zero_overlap && (c.zero != "sorted_greedy" || c.hook == "powersgd" || c.hook == "post_local_sgd" ||
-                         c.hook == "noop")) {
+  if (c.zero_overlap && (c.zero != "sorted_greedy" || c.hook == "powersgd" ||
+                         c.hook == "post_local_sgd" || c.hook == "noop")) {
     return usage("--zero_overlap needs --zero=sorted_greedy and --hook=allreduce|fp16|bf16");
   }
   if (c.zero == "stage2" && c.hook != "allreduce") {
@@ -99,22 +123,30 @@ absl::Status check_values(const TrainConfig& c, const std::string& backend) {
   }
   if (c.resume && c.checkpoint_dir.empty()) return usage("--resume needs a --checkpoint_dir");
   if (c.sharded_checkpoint && c.zero == "off") {
-    return usage("--sharded_checkpoint shards ZeRO's optimizer state; use it with --zero=sorted_greedy or --zero=flat");
+    return usage(
+        "--sharded_checkpoint shards ZeRO's optimizer state; use it with --zero=sorted_greedy or "
+        "--zero=flat");
   }
   // The flags added with CUDA support.
   if (!known(devices, c.device)) {
-    return usage(absl::StrCat("unknown --device=", c.device, "; choose one of ", absl::StrJoin(devices, "|")));
+    return usage(absl::StrCat("unknown --device=", c.device, "; choose one of ",
+                              absl::StrJoin(devices, "|")));
   }
   if (!known(backends, backend)) {
-    return usage(absl::StrCat("unknown --backend=", backend, "; choose one of ", absl::StrJoin(backends, "|")));
+    return usage(absl::StrCat("unknown --backend=", backend, "; choose one of ",
+                              absl::StrJoin(backends, "|")));
   }
   if (backend == "nccl" && !c.cuda()) {
-    return usage("--backend=nccl reduces tensors on GPUs only; use it with --device=cuda, or use --backend=gloo "
-                 "(or auto) with --device=cpu");
+    return usage(
+        "--backend=nccl reduces tensors on GPUs only; use it with --device=cuda, or use "
+        "--backend=gloo "
+        "(or auto) with --device=cpu");
   }
   if (c.powersgd_start_iter < 2) {
-    return usage(absl::StrCat("--powersgd_start_iter must be at least 2 (PowerSGD's error feedback and warm start "
-                              "need two plain all-reduce steps first), got ", c.powersgd_start_iter));
+    return usage(absl::StrCat(
+        "--powersgd_start_iter must be at least 2 (PowerSGD's error feedback and warm start "
+        "need two plain all-reduce steps first), got ",
+        c.powersgd_start_iter));
   }
   return absl::OkStatus();
 }
@@ -122,15 +154,18 @@ absl::Status check_values(const TrainConfig& c, const std::string& backend) {
 // --device=cuda: CUDA in this build, and a GPU this process can see.
 absl::Status check_cuda() {
   if (!comm::nccl_available()) {
-    return usage("--device=cuda: this build has no CUDA (the LibTorch it was built against has no libtorch_cuda.so); "
-                 "rebuild with LIBTORCH_HOME pointing at a CUDA LibTorch, or use --device=cpu");
+    return usage(
+        "--device=cuda: this build has no CUDA (the LibTorch it was built against has no "
+        "libtorch_cuda.so); "
+        "rebuild with LIBTORCH_HOME pointing at a CUDA LibTorch, or use --device=cpu");
   }
   if (!torch::cuda::is_available()) {
     const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-    return usage(absl::StrCat("--device=cuda: no GPU is visible to this process",
-                              visible != nullptr ? absl::StrCat(" (CUDA_VISIBLE_DEVICES=", visible, ")") : "",
-                              "; run it where one is (nvidia-smi lists them), check CUDA_VISIBLE_DEVICES, or use "
-                              "--device=cpu"));
+    return usage(absl::StrCat(
+        "--device=cuda: no GPU is visible to this process",
+        visible != nullptr ? absl::StrCat(" (CUDA_VISIBLE_DEVICES=", visible, ")") : "",
+        "; run it where one is (nvidia-smi lists them), check CUDA_VISIBLE_DEVICES, or use "
+        "--device=cpu"));
   }
   return absl::OkStatus();
 }

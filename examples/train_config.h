@@ -19,7 +19,7 @@ namespace dtrain::examples {
 struct TrainConfig {
   int nproc_per_node = 2;  // checked by the launching process only (ignored inside a job)
   int steps = 300;
-  std::string hook = "allreduce";   // allreduce|fp16|bf16|powersgd|post_local_sgd|noop
+  std::string hook = "allreduce";      // allreduce|fp16|bf16|powersgd|post_local_sgd|noop
   std::string zero = "sorted_greedy";  // off|sorted_greedy|flat|stage2
   bool zero_overlap = false;
   bool bucket_view = true;

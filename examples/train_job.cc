@@ -38,7 +38,8 @@ namespace dtrain::examples {
 
 // "checkpoint: <message>", once: checkpoint/'s own messages already start with "checkpoint".
 std::string checkpoint_error(absl::string_view message) {
-  return absl::StartsWith(message, "checkpoint") ? std::string(message) : absl::StrCat("checkpoint: ", message);
+  return absl::StartsWith(message, "checkpoint") ? std::string(message)
+                                                 : absl::StrCat("checkpoint: ", message);
 }
 
 // Names the rank that stopped when a collective fails (see main's error handler).
@@ -56,17 +57,18 @@ torch::Generator generator(uint64_t seed) { return at::detail::createCPUGenerato
 namespace {
 
 torch::nn::Sequential make_mlp(int64_t hidden, torch::Generator& gen) {
-  torch::nn::Sequential mlp(torch::nn::Linear(kIn, hidden), torch::nn::GELU(), torch::nn::Linear(hidden, hidden),
-                            torch::nn::GELU(), torch::nn::Linear(hidden, hidden), torch::nn::GELU(),
+  torch::nn::Sequential mlp(torch::nn::Linear(kIn, hidden), torch::nn::GELU(),
+                            torch::nn::Linear(hidden, hidden), torch::nn::GELU(),
+                            torch::nn::Linear(hidden, hidden), torch::nn::GELU(),
                             torch::nn::Linear(hidden, kOut));
   torch::NoGradGuard no_grad;
   for (auto& p : mlp->parameters()) {
-    const double fan_in = p.dim() == 2 ? static_cast<double>(p.size(1)) : static_cast<double>(hidden);
+    const double fan_in =
+        p.dim() == 2 ? static_cast<double>(p.size(1)) : static_cast<double>(hidden);
     p.copy_(torch::randn(p.sizes(), gen) / std::sqrt(fan_in));
   }
   return mlp;
 }
-
 
 // Where this rank's model, data and optimizer state live: the NCCL group's GPU; with Gloo (which
 // reduces CUDA tensors too) cuda:<LOCAL_RANK> as well; else the CPU.
@@ -75,8 +77,11 @@ c10::Device rank_device(const Config& c, const comm::Group& world) {
   if (world.backend() == "nccl") return world.device();
   const int gpus = static_cast<int>(torch::cuda::device_count());
   if (world.local_rank() >= gpus) {
-    die(2, absl::StrCat("--device=cuda: this rank's GPU is cuda:", world.local_rank(), " (LOCAL_RANK) but ", gpus,
-                        " GPU(s) are visible; run at most one rank per GPU on each host, or use --device=cpu"));
+    die(2,
+        absl::StrCat(
+            "--device=cuda: this rank's GPU is cuda:", world.local_rank(), " (LOCAL_RANK) but ",
+            gpus,
+            " GPU(s) are visible; run at most one rank per GPU on each host, or use --device=cpu"));
   }
   return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank()));
 }
@@ -118,12 +123,14 @@ Progress make_progress(const Config& c, const Job& job) {
 void check_checkpoint_dir_everywhere(const Config& c, const Job& job) {
   if (c.checkpoint_dir.empty()) return;
   const bool writes = job.rank == 0 || c.hook == "powersgd" || c.sharded_checkpoint;
-  const absl::Status usable = writes ? examples::check_checkpoint_dir(c.checkpoint_dir) : absl::OkStatus();
+  const absl::Status usable =
+      writes ? examples::check_checkpoint_dir(c.checkpoint_dir) : absl::OkStatus();
   const absl::Status all = comm::first_failure(job.world, usable);
   if (!usable.ok()) die(2, std::string(usable.message()));
   if (!all.ok()) {
-    die_after_peer(2, absl::StrCat("rank ", job.rank, ": stopping before the first step: ", all.message(),
-                                   " to use --checkpoint_dir=", c.checkpoint_dir, " (see its error)"));
+    die_after_peer(
+        2, absl::StrCat("rank ", job.rank, ": stopping before the first step: ", all.message(),
+                        " to use --checkpoint_dir=", c.checkpoint_dir, " (see its error)"));
   }
 }
 
@@ -132,7 +139,8 @@ void make_models(const Config& c, const Job& job, Trainer& t) {
   t.teacher = make_mlp(64, init_gen);
   t.model = make_mlp(c.hidden, init_gen);
   for (auto& p : t.teacher->parameters()) p.set_requires_grad(false);
-  if (job.device.is_cuda()) {  // drawn on the CPU as before, so every device starts from the same weights
+  if (job.device
+          .is_cuda()) {  // drawn on the CPU as before, so every device starts from the same weights
     t.teacher->to(job.device);
     t.model->to(job.device);
   }
@@ -154,18 +162,22 @@ void make_optimizer(const Config& c, const Job& job, Trainer& t) {
   if (c.zero != "off") {
     optim::ZeroOptions zo;
     zo.group = job.world;
-    zo.strategy = c.zero == "flat" ? optim::PartitionStrategy::kFlat : optim::PartitionStrategy::kSortedGreedy;
+    zo.strategy = c.zero == "flat" ? optim::PartitionStrategy::kFlat
+                                   : optim::PartitionStrategy::kSortedGreedy;
     zo.parameters_as_bucket_view = c.bucket_view;
     zo.overlap_with_ddp = c.zero_overlap;
     zo.shard_gradients = c.zero == "stage2";
     t.opt.zero = std::make_unique<optim::ZeroRedundancyOptimizer>(
-        t.model->parameters(), optim::local_optimizer<optim::FunctionalOptimizerAdapter>("Adam", adam), zo);
+        t.model->parameters(),
+        optim::local_optimizer<optim::FunctionalOptimizerAdapter>("Adam", adam), zo);
   } else if (c.hook == "post_local_sgd") {
-    auto local = std::make_unique<optim::FunctionalOptimizerAdapter>(t.model->parameters(), "Adam", adam);
+    auto local =
+        std::make_unique<optim::FunctionalOptimizerAdapter>(t.model->parameters(), "Adam", adam);
     auto averager = std::make_shared<optim::PeriodicModelAverager>(4, t.local_sgd_start, job.world);
     t.opt.post_local = std::make_unique<optim::PostLocalSGDOptimizer>(std::move(local), averager);
   } else {
-    t.opt.adam = std::make_unique<optim::FunctionalOptimizerAdapter>(t.model->parameters(), "Adam", adam);
+    t.opt.adam =
+        std::make_unique<optim::FunctionalOptimizerAdapter>(t.model->parameters(), "Adam", adam);
   }
 }
 
@@ -176,7 +188,8 @@ void register_hook(const Config& c, const Job& job, Trainer& t) {
   if (c.hook == "allreduce") {
     hook = std::make_unique<ddp_hooks::AllReduceHook>(job.world);
   } else if (c.hook == "fp16" || c.hook == "bf16") {
-    hook = std::make_unique<ddp_hooks::CompressHook>(job.world, c.hook == "fp16" ? at::kHalf : at::kBFloat16);
+    hook = std::make_unique<ddp_hooks::CompressHook>(job.world,
+                                                     c.hook == "fp16" ? at::kHalf : at::kBFloat16);
   } else if (c.hook == "powersgd") {
     // Its start is its own flag, not --steps: its state refuses a checkpoint written with another.
     t.powersgd = std::make_shared<ddp_hooks::PowerSGDState>(job.world);
@@ -186,9 +199,11 @@ void register_hook(const Config& c, const Job& job, Trainer& t) {
   } else if (c.hook == "post_local_sgd") {
     const char* local = std::getenv("LOCAL_WORLD_SIZE");
     const int local_world = local != nullptr ? std::atoi(local) : job.world_size;
-    absl::StatusOr<comm::Subgroups> sub = comm::new_subgroups(job.world, local_world > 0 ? local_world : job.world_size);
+    absl::StatusOr<comm::Subgroups> sub =
+        comm::new_subgroups(job.world, local_world > 0 ? local_world : job.world_size);
     if (!sub.ok()) die(2, absl::StrCat("post_local_sgd subgroups: ", sub.status().message()));
-    t.post_local = std::make_shared<ddp_hooks::PostLocalSGDState>(job.world, sub->mine, t.local_sgd_start);
+    t.post_local =
+        std::make_shared<ddp_hooks::PostLocalSGDState>(job.world, sub->mine, t.local_sgd_start);
     hook = std::make_unique<ddp_hooks::PostLocalSGDHook>(t.post_local);
   } else {
     hook = std::make_unique<ddp_hooks::NoOpHook>();

@@ -41,7 +41,8 @@ using Config = TrainConfig;
 
 inline constexpr int64_t kIn = 32, kOut = 8;  // the task's input and output widths
 inline constexpr char kShardedNeedsZero[] =
-    "--resume: this checkpoint's optimizer state is sharded (written with --sharded_checkpoint); resume with --zero";
+    "--resume: this checkpoint's optimizer state is sharded (written with --sharded_checkpoint); "
+    "resume with --zero";
 
 // One-line errors for the user: "train: ..." and an exit code (2: usage, 1: runtime).
 [[noreturn]] void die(int code, const std::string& message);
@@ -101,7 +102,7 @@ struct Trainer {
   torch::nn::Sequential teacher{nullptr}, model{nullptr};
   std::unique_ptr<ddp_hooks::DistributedDataParallel> ddp;
   Optimizer opt;
-  std::shared_ptr<ddp_hooks::PowerSGDState> powersgd;         // --hook=powersgd
+  std::shared_ptr<ddp_hooks::PowerSGDState> powersgd;        // --hook=powersgd
   std::shared_ptr<ddp_hooks::PostLocalSGDState> post_local;  // --hook=post_local_sgd
   int64_t local_sgd_start = 0;  // post-local SGD's switch to local steps follows --steps
 };
@@ -115,10 +116,12 @@ void register_hook(const Config& c, const Job& job, Trainer& t);
 // --resume (or a restart of this job): the newest committed step -- model, optimizer (global or
 // sharded) and hook state all from its step directory, read onto this rank's device. Returns the
 // step to continue after (0 when not resuming).
-int resume(const Config& c, const Job& job, checkpoint::StepCheckpoints& ckpts, Trainer& t, Progress& progress);
+int resume(const Config& c, const Job& job, checkpoint::StepCheckpoints& ckpts, Trainer& t,
+           Progress& progress);
 // One step directory, committed by rank 0 only after every rank wrote its part: a crash anywhere
 // before the commit leaves the previous step current and complete. Collective.
-void save_step(const Config& c, const Job& job, checkpoint::StepCheckpoints& ckpts, Trainer& t, int step);
+void save_step(const Config& c, const Job& job, checkpoint::StepCheckpoints& ckpts, Trainer& t,
+               int step);
 
 }  // namespace dtrain::examples
 

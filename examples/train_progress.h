@@ -15,22 +15,26 @@
 
 namespace dtrain::examples {
 
-inline std::string kib(int64_t bytes) { return absl::StrFormat("%.1f KiB", static_cast<double>(bytes) / 1024); }
+inline std::string kib(int64_t bytes) {
+  return absl::StrFormat("%.1f KiB", static_cast<double>(bytes) / 1024);
+}
 
 class Progress {
  public:
   // `tty`: whether rank 0 writes to a terminal, the same value on every rank (reporting involves a
   // collective, so every rank must agree on when it happens).
-  Progress(bool enabled, bool tty, int total, int log_every) : enabled_(enabled), total_(total), tty_(tty) {
+  Progress(bool enabled, bool tty, int total, int log_every)
+      : enabled_(enabled), total_(total), tty_(tty) {
     every_ = log_every > 0 ? log_every : std::max(1, total / 10);
   }
   // Whether step `step` (1-based) reports: every step on a terminal, else every log_every.
   bool due(int step) const { return tty_ || step % every_ == 0 || step == total_; }
   void show(int step, double loss, double steps_per_s, int64_t state) {
     if (!enabled_) return;
-    const std::string line = absl::StrFormat("step %*d/%d  loss %.6f  %.1f steps/s  optimizer state %s/rank",
-                                             static_cast<int>(std::to_string(total_).size()), step, total_, loss,
-                                             steps_per_s, kib(state));
+    const std::string line =
+        absl::StrFormat("step %*d/%d  loss %.6f  %.1f steps/s  optimizer state %s/rank",
+                        static_cast<int>(std::to_string(total_).size()), step, total_, loss,
+                        steps_per_s, kib(state));
     if (tty_) {
       std::printf("\r%s\x1b[K", line.c_str());
       if (step == total_) std::printf("\n");

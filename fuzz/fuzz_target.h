@@ -31,12 +31,12 @@ std::vector<std::string> seeds();
 }  // namespace dtrain::fuzz
 
 // Aborts with a message when `cond` is false: a broken guarantee, reported as a crash.
-#define DTRAIN_FUZZ_CHECK(cond, what)                                            \
-  do {                                                                           \
-    if (!(cond)) {                                                               \
+#define DTRAIN_FUZZ_CHECK(cond, what)                                                         \
+  do {                                                                                        \
+    if (!(cond)) {                                                                            \
       std::fprintf(stderr, "fuzz target: guarantee broken: %s\n", std::string(what).c_str()); \
-      std::abort();                                                              \
-    }                                                                            \
+      std::abort();                                                                           \
+    }                                                                                         \
   } while (0)
 
 #endif  // DTRAIN_FUZZ_FUZZ_TARGET_H_

@@ -37,18 +37,26 @@ std::string mutate(std::string b, const std::vector<std::string>& all, std::mt19
         if (!b.empty()) b[rng() % b.size()] = kInteresting[rng() % sizeof(kInteresting)];
         break;
       }
-      case 2: b.resize(pos(b.size())); break;
-      case 3: b.erase(pos(b.size()), rng() % 64); break;
-      case 4: b.insert(pos(b.size()), std::string(1 + rng() % 16, static_cast<char>(rng()))); break;
+      case 2:
+        b.resize(pos(b.size()));
+        break;
+      case 3:
+        b.erase(pos(b.size()), rng() % 64);
+        break;
+      case 4:
+        b.insert(pos(b.size()), std::string(1 + rng() % 16, static_cast<char>(rng())));
+        break;
       case 5: {
         const std::string& other = all[rng() % all.size()];
-        if (!other.empty()) b.insert(pos(b.size()), other.substr(rng() % other.size(), rng() % 128));
+        if (!other.empty())
+          b.insert(pos(b.size()), other.substr(rng() % other.size(), rng() % 128));
         break;
       }
       case 6:
         if (b.size() >= 8) {  // a 32- or 64-bit field set to an extreme
           const size_t width = rng() % 2 ? 4 : 8, at = rng() % (b.size() - width + 1);
-          const uint64_t v = rng() % 2 ? ~uint64_t{0} : (rng() % 2 ? uint64_t{1} << 62 : rng() % 1024);
+          const uint64_t v =
+              rng() % 2 ? ~uint64_t{0} : (rng() % 2 ? uint64_t{1} << 62 : rng() % 1024);
           for (size_t i = 0; i < width; ++i) b[at + i] = static_cast<char>(v >> (8 * i));
         }
         break;
@@ -73,9 +81,11 @@ uint64_t g_seed = 1;
 
 void on_crash(int sig) {
   char msg[200];
-  const int n = std::snprintf(msg, sizeof msg, "\nfuzz: crashed (signal %d) on input %lld; replay it with --seed=%llu --replay=%lld\n",
-                              sig, static_cast<long long>(g_current.load()), static_cast<unsigned long long>(g_seed),
-                              static_cast<long long>(g_current.load()));
+  const int n = std::snprintf(
+      msg, sizeof msg,
+      "\nfuzz: crashed (signal %d) on input %lld; replay it with --seed=%llu --replay=%lld\n", sig,
+      static_cast<long long>(g_current.load()), static_cast<unsigned long long>(g_seed),
+      static_cast<long long>(g_current.load()));
   [[maybe_unused]] ssize_t w = ::write(2, msg, static_cast<size_t>(n));
   ::signal(sig, SIG_DFL);
   ::raise(sig);
@@ -84,7 +94,8 @@ void on_crash(int sig) {
 long long flag(int argc, char** argv, const char* name, long long fallback) {
   const size_t len = std::strlen(name);
   for (int i = 1; i < argc; ++i) {
-    if (std::strncmp(argv[i], name, len) == 0 && argv[i][len] == '=') return std::atoll(argv[i] + len + 1);
+    if (std::strncmp(argv[i], name, len) == 0 && argv[i][len] == '=')
+      return std::atoll(argv[i] + len + 1);
   }
   return fallback;
 }
@@ -130,7 +141,7 @@ int main(int argc, char** argv) {
     const std::string in = input_number(seeds, g_seed, i);
     LLVMFuzzerTestOneInput(reinterpret_cast<const uint8_t*>(in.data()), in.size());
   }
-  std::cout << "fuzz: seed " << g_seed << ", " << i << " inputs (" << seeds.size() << " seeds) in " << seconds
-            << " s, no crash\n";
+  std::cout << "fuzz: seed " << g_seed << ", " << i << " inputs (" << seeds.size() << " seeds) in "
+            << seconds << " s, no crash\n";
   return 0;
 }

@@ -85,7 +85,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       ck::testing::touch_all(info->extra);
     }
     for (const std::map<int64_t, dtrain::partition::Range>& wanted :
-         {std::map<int64_t, dtrain::partition::Range>{{0, {0, 12}}, {1, {2, 7}}}, {{0, {5, 9}}, {1, {0, 10}}}, {{1, {3, 4}}}}) {
+         {std::map<int64_t, dtrain::partition::Range>{{0, {0, 12}}, {1, {2, 7}}},
+          {{0, {5, 9}}, {1, {0, 10}}},
+          {{1, {3, 4}}}}) {
       absl::StatusOr<ck::ShardedState> got = ck::load_sharded(s.dir, wanted);
       if (!got.ok()) continue;
       for (const auto& [index, param] : got->params) {
@@ -93,7 +95,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
     }
   } catch (const std::exception& e) {
-    DTRAIN_FUZZ_CHECK(false, absl::StrCat("a sharded-checkpoint reader threw instead of returning a Status: ", e.what()));
+    DTRAIN_FUZZ_CHECK(
+        false, absl::StrCat("a sharded-checkpoint reader threw instead of returning a Status: ",
+                            e.what()));
   }
   return 0;
 }

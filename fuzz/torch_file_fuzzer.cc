@@ -42,17 +42,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   namespace ck = dtrain::checkpoint;
   if (size == 0) return 0;
   const std::string rest(reinterpret_cast<const char*>(data) + 1, size - 1);
-  const std::string file = data[0] % 2 == 0 ? rest : ck::testing::with_pickle(archives()[(data[0] / 2) % archives().size()], rest);
+  const std::string file =
+      data[0] % 2 == 0
+          ? rest
+          : ck::testing::with_pickle(archives()[(data[0] / 2) % archives().size()], rest);
   try {
     absl::StatusOr<c10::IValue> v = ck::read_torch_file(file, "fuzz input");
     if (v.ok()) ck::testing::touch_all(*v);
-    static const std::string path = absl::StrCat(
-        std::getenv("TEST_TMPDIR") != nullptr ? std::getenv("TEST_TMPDIR") : "/tmp", "/dtrain_fuzz_", ::getpid(), ".pt");
+    static const std::string path =
+        absl::StrCat(std::getenv("TEST_TMPDIR") != nullptr ? std::getenv("TEST_TMPDIR") : "/tmp",
+                     "/dtrain_fuzz_", ::getpid(), ".pt");
     std::ofstream(path, std::ios::binary | std::ios::trunc) << file;
     absl::StatusOr<c10::IValue> s = ck::load_state(path);
     if (s.ok()) ck::testing::touch_all(*s);
   } catch (const std::exception& e) {
-    DTRAIN_FUZZ_CHECK(false, absl::StrCat("the reader threw instead of returning a Status: ", e.what()));
+    DTRAIN_FUZZ_CHECK(false,
+                      absl::StrCat("the reader threw instead of returning a Status: ", e.what()));
   }
   return 0;
 }

@@ -10,16 +10,21 @@ struct Descriptor<AdadeltaOptions> : DescriptorDefaults {
     return OptionTable<AdadeltaOptions>("Adadelta", AdadeltaOptions())
         .lr()
         .option(DTRAIN_OPTION(rho), in_unit_interval("Invalid rho value"))
-        .eps().weight_decay().maximize().foreach();
+        .eps()
+        .weight_decay()
+        .maximize()
+        .foreach ();
   }
   static constexpr StepKind kStep = StepKind::kFloatTensor;
   static constexpr std::array<const char*, 4> kSlots = {"square_avg", "acc_delta", "", ""};
 
-  static bool prepare(ParamState& s, const at::Tensor& p, const at::Tensor&, const AdadeltaOptions&) {
+  static bool prepare(ParamState& s, const at::Tensor& p, const at::Tensor&,
+                      const AdadeltaOptions&) {
     return count_step(s, p, {true, true, false, false});
   }
   static void scalars(std::array<double, 4>&, const ParamState&, const AdadeltaOptions&) {}
-  static void aten(ParamState& s, at::Tensor& p, const at::Tensor& g, const AdadeltaOptions& o, bool) {
+  static void aten(ParamState& s, at::Tensor& p, const at::Tensor& g, const AdadeltaOptions& o,
+                   bool) {
     at::Tensor grad = o.maximize() ? g.neg() : g;
     if (o.weight_decay() != 0) grad = grad.add(p, o.weight_decay());
     at::Tensor& square_avg = s.slots[0];

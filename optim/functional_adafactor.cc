@@ -19,12 +19,17 @@ OptionRule<double> at_least(const char* what, double bound, const char* bound_te
 // torch.finfo(dtype).eps.
 double machine_epsilon(at::ScalarType dtype) {
   switch (dtype) {
-    case at::kDouble: return std::numeric_limits<double>::epsilon();
-    case at::kFloat: return std::numeric_limits<float>::epsilon();
-    case at::kHalf: return std::ldexp(1.0, -10);
-    case at::kBFloat16: return std::ldexp(1.0, -7);
+    case at::kDouble:
+      return std::numeric_limits<double>::epsilon();
+    case at::kFloat:
+      return std::numeric_limits<float>::epsilon();
+    case at::kHalf:
+      return std::ldexp(1.0, -10);
+    case at::kBFloat16:
+      return std::ldexp(1.0, -7);
     default:
-      TORCH_CHECK(false, "Adafactor: parameters of dtype ", dtype, " have no machine epsilon for eps1=None; use "
+      TORCH_CHECK(false, "Adafactor: parameters of dtype ", dtype,
+                  " have no machine epsilon for eps1=None; use "
                   "floating-point parameters or give eps1");
   }
 }
@@ -44,17 +49,23 @@ struct Descriptor<AdafactorOptions> : DescriptorDefaults {
   static OptionTable<AdafactorOptions> options() {
     return OptionTable<AdafactorOptions>("Adafactor", AdafactorOptions())
         .option(DTRAIN_OPTION(lr), at_least("Learning rate", 0.0, "0"))
-        .option(DTRAIN_OPTION(beta2_decay), [](const double& v) {
-          TORCH_CHECK(v <= 0.0, "beta2_decay should be <= 0 but is: ", python_float_repr(v));
-        })
-        .option(DTRAIN_OPTION(eps), [](const OptionalDoublePair& eps) {
-          const auto& [eps1, eps2] = eps;
-          TORCH_CHECK(!eps1 || *eps1 >= 0.0, "epsilon1 should be >= 0 but is: ", python_float_repr(eps1.value_or(0)));
-          TORCH_CHECK(eps2 >= 0.0, "epsilon2 should be >= 0 but is: ", python_float_repr(eps2));
-        })
+        .option(DTRAIN_OPTION(beta2_decay),
+                [](const double& v) {
+                  TORCH_CHECK(v <= 0.0,
+                              "beta2_decay should be <= 0 but is: ", python_float_repr(v));
+                })
+        .option(
+            DTRAIN_OPTION(eps),
+            [](const OptionalDoublePair& eps) {
+              const auto& [eps1, eps2] = eps;
+              TORCH_CHECK(!eps1 || *eps1 >= 0.0,
+                          "epsilon1 should be >= 0 but is: ", python_float_repr(eps1.value_or(0)));
+              TORCH_CHECK(eps2 >= 0.0, "epsilon2 should be >= 0 but is: ", python_float_repr(eps2));
+            })
         .option(DTRAIN_OPTION(d), at_least("Clipping threshold d", 1.0, "1"))
         .option(DTRAIN_OPTION(weight_decay), at_least("weight_decay", 0.0, "0"))
-        .foreach().maximize();
+        .foreach ()
+        .maximize();
   }
   static constexpr bool kFused = false;
   static constexpr StepKind kStep = StepKind::kFloatTensor;
@@ -68,16 +79,18 @@ struct Descriptor<AdafactorOptions> : DescriptorDefaults {
   }
   // A loaded state of the other kind (variance for a matrix, row_var for a vector) is refused
   // before anything changes; PyTorch fails with an AssertionError in the middle of its step.
-  static void require_state(const std::string& name, const ParamState& s, const at::Tensor& p, size_t index,
-                            const AdafactorOptions&) {
+  static void require_state(const std::string& name, const ParamState& s, const at::Tensor& p,
+                            size_t index, const AdafactorOptions&) {
     if (!s.initialized) return;
     const bool factored = p.dim() > 1;
-    TORCH_CHECK(factored ? s.slots[0].defined() && s.slots[1].defined() : s.slots[2].defined(), name,
-                ": parameter ", index, " has ", p.dim(), " dimensions, so its state needs ",
-                factored ? "'row_var' and 'col_var'" : "'variance'", ", which the loaded state dict does not "
+    TORCH_CHECK(factored ? s.slots[0].defined() && s.slots[1].defined() : s.slots[2].defined(),
+                name, ": parameter ", index, " has ", p.dim(), " dimensions, so its state needs ",
+                factored ? "'row_var' and 'col_var'" : "'variance'",
+                ", which the loaded state dict does not "
                 "have; load a state dict saved for these parameters");
   }
-  static bool prepare(ParamState& s, const at::Tensor& p, const at::Tensor& g, const AdafactorOptions&) {
+  static bool prepare(ParamState& s, const at::Tensor& p, const at::Tensor& g,
+                      const AdafactorOptions&) {
     const bool fresh = !s.initialized;
     if (fresh) {
       s.initialized = true;
@@ -92,7 +105,8 @@ struct Descriptor<AdafactorOptions> : DescriptorDefaults {
     s.step += 1;
     return fresh;
   }
-  static void aten(ParamState& s, at::Tensor& p, const at::Tensor& g, const AdafactorOptions& o, bool) {
+  static void aten(ParamState& s, at::Tensor& p, const at::Tensor& g, const AdafactorOptions& o,
+                   bool) {
     const at::Tensor grad = o.maximize() ? g.neg() : g;
     const double eps1 = std::get<0>(o.eps()).value_or(machine_epsilon(p.scalar_type()));
     const double eps2 = std::get<1>(o.eps());
@@ -108,9 +122,11 @@ struct Descriptor<AdafactorOptions> : DescriptorDefaults {
       at::Tensor& row_var = s.slots[0];
       at::Tensor& col_var = s.slots[1];
       // (g * g).mean(dim) without materialising g * g, as PyTorch computes it.
-      const at::Tensor row_mean = at::linalg_vector_norm(grad, 2, {-1}, /*keepdim=*/true).square_().div_(grad.size(-1));
+      const at::Tensor row_mean =
+          at::linalg_vector_norm(grad, 2, {-1}, /*keepdim=*/true).square_().div_(grad.size(-1));
       row_var.lerp_(row_mean, one_minus_beta2_t);
-      const at::Tensor col_mean = at::linalg_vector_norm(grad, 2, {-2}, /*keepdim=*/true).square_().div_(grad.size(-2));
+      const at::Tensor col_mean =
+          at::linalg_vector_norm(grad, 2, {-2}, /*keepdim=*/true).square_().div_(grad.size(-2));
       col_var.lerp_(col_mean, one_minus_beta2_t);
       var_estimate = at::matmul(row_var, col_var);
       var_estimate.div_(row_var.mean({-2}, /*keepdim=*/true).clamp_(eps1));
@@ -122,7 +138,8 @@ struct Descriptor<AdafactorOptions> : DescriptorDefaults {
     // eps1 squared: the square root comes after.
     at::Tensor update = var_estimate.clamp_(eps1 * eps1).rsqrt_();
     update.mul_(grad);
-    const double update_rms = at::linalg_vector_norm(update, 2).item<double>() / (std::pow(numel, 0.5) * o.d());
+    const double update_rms =
+        at::linalg_vector_norm(update, 2).item<double>() / (std::pow(numel, 0.5) * o.d());
     const double denom = std::max(1.0, update_rms);
     p.add_(update, -alpha / denom);
   }

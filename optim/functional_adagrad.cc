@@ -11,9 +11,13 @@ struct Descriptor<AdagradOptions> : DescriptorDefaults {
     return OptionTable<AdagradOptions>("Adagrad", AdagradOptions())
         .lr()
         .option(DTRAIN_OPTION(lr_decay), non_negative("Invalid lr_decay value"))
-        .eps().weight_decay()
-        .option(DTRAIN_OPTION(initial_accumulator_value), non_negative("Invalid initial_accumulator_value value"))
-        .foreach().maximize().fused()
+        .eps()
+        .weight_decay()
+        .option(DTRAIN_OPTION(initial_accumulator_value),
+                non_negative("Invalid initial_accumulator_value value"))
+        .foreach ()
+        .maximize()
+        .fused()
         .check_order({"lr", "lr_decay", "weight_decay", "initial_accumulator_value", "eps"});
   }
   static constexpr StepKind kStep = StepKind::kFloatTensor;
@@ -25,7 +29,8 @@ struct Descriptor<AdagradOptions> : DescriptorDefaults {
     s.step = 0;
     s.slots[0] = at::full_like(p, o.initial_accumulator_value(), at::MemoryFormat::Preserve);
   }
-  static bool prepare(ParamState& s, const at::Tensor& p, const at::Tensor&, const AdagradOptions& o) {
+  static bool prepare(ParamState& s, const at::Tensor& p, const at::Tensor&,
+                      const AdagradOptions& o) {
     const bool fresh = !s.initialized;
     if (fresh) init(s, p, o);
     s.step += 1;
@@ -34,7 +39,8 @@ struct Descriptor<AdagradOptions> : DescriptorDefaults {
   static void scalars(std::array<double, 4>& c, const ParamState& s, const AdagradOptions& o) {
     c[0] = o.lr() / (1 + (static_cast<double>(s.step) - 1) * o.lr_decay());  // clr
   }
-  static void aten(ParamState& s, at::Tensor& p, const at::Tensor& g, const AdagradOptions& o, bool) {
+  static void aten(ParamState& s, at::Tensor& p, const at::Tensor& g, const AdagradOptions& o,
+                   bool) {
     at::Tensor grad = o.maximize() ? g.neg() : g;
     if (o.weight_decay() != 0) grad = grad.add(p, o.weight_decay());
     std::array<double, 4> c{};
@@ -65,12 +71,14 @@ struct Descriptor<AdagradOptions> : DescriptorDefaults {
   // fused=True, at::_fused_adagrad_ per (device, dtype) batch where this LibTorch has its kernel.
   static constexpr bool kCudaFused = true;
   static bool cuda_wanted(const AdagradOptions& o) { return o.fused().value_or(true); }
-  static std::array<bool, 4> cuda_slots(const AdagradOptions&) { return {true, false, false, false}; }
+  static std::array<bool, 4> cuda_slots(const AdagradOptions&) {
+    return {true, false, false, false};
+  }
   static void cuda_step(CudaBatch& b, const AdagradOptions& o) {
     static const bool has_fused = has_cuda_kernel("aten::_fused_adagrad_");
     if (has_fused && o.fused().value_or(false)) {
-      fused_adagrad_(b.params, b.grads, b.slots[0], b.steps, o.lr(), o.lr_decay(), o.weight_decay(), o.eps(),
-                     o.maximize());
+      fused_adagrad_(b.params, b.grads, b.slots[0], b.steps, o.lr(), o.lr_decay(), o.weight_decay(),
+                     o.eps(), o.maximize());
       ++cuda_path_counts().fused;
       return;
     }
@@ -83,7 +91,8 @@ struct Descriptor<AdagradOptions> : DescriptorDefaults {
     at::_foreach_addcmul_(b.slots[0], grads, grads);
     std::vector<at::Tensor> denom = at::_foreach_sqrt(b.slots[0]);
     at::_foreach_add_(denom, o.eps());
-    at::_foreach_addcdiv_(b.params, at::_foreach_mul(grads, c10::ArrayRef<c10::Scalar>(minus_clr)), denom);
+    at::_foreach_addcdiv_(b.params, at::_foreach_mul(grads, c10::ArrayRef<c10::Scalar>(minus_clr)),
+                          denom);
     ++cuda_path_counts().foreach;
   }
 };

@@ -21,16 +21,21 @@ struct AdamDescriptor : DescriptorDefaults {
   // PyTorch checks eps before betas; its param_group lists betas first.
   static OptionTable<Options> options(const char* name) {
     return OptionTable<Options>(name, Options())
-        .lr().betas().eps().weight_decay()
+        .lr()
+        .betas()
+        .eps()
+        .weight_decay()
         .option(DTRAIN_OPTION(amsgrad))
-        .maximize().foreach()
+        .maximize()
+        .foreach ()
         .check_order({"lr", "eps", "betas", "weight_decay"});
   }
   static constexpr StepKind kStep = StepKind::kFloatTensor;
-  static constexpr std::array<const char*, 4> kSlots = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq", ""};
+  static constexpr std::array<const char*, 4> kSlots = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq",
+                                                        ""};
 
-  static void require_state(const std::string& name, const ParamState& s, const at::Tensor&, size_t index,
-                            const Options& o) {
+  static void require_state(const std::string& name, const ParamState& s, const at::Tensor&,
+                            size_t index, const Options& o) {
     if (o.amsgrad()) require_slot(s, 2, index, name, "amsgrad=True", "max_exp_avg_sq");
   }
   static bool prepare(ParamState& s, const at::Tensor& p, const at::Tensor&, const Options& o) {
@@ -40,8 +45,8 @@ struct AdamDescriptor : DescriptorDefaults {
     const double step = static_cast<double>(s.step);
     const double bc1 = 1 - std::pow(std::get<0>(o.betas()), step);
     const double bc2 = 1 - std::pow(std::get<1>(o.betas()), step);
-    c[0] = o.lr() / bc1;      // step_size
-    c[1] = std::sqrt(bc2);    // bias_correction2_sqrt
+    c[0] = o.lr() / bc1;    // step_size
+    c[1] = std::sqrt(bc2);  // bias_correction2_sqrt
   }
   static void aten(ParamState& s, at::Tensor& p, const at::Tensor& g, const Options& o, bool) {
     const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
@@ -116,10 +121,13 @@ struct AdamDescriptor : DescriptorDefaults {
   // reads each parameter's float32 step on the device (drive_cuda has counted it).
   static constexpr bool kCudaFused = true;
   static bool cuda_wanted(const Options& o) { return o.fused().value_or(true); }
-  static std::array<bool, 4> cuda_slots(const Options& o) { return {true, true, o.amsgrad(), false}; }
+  static std::array<bool, 4> cuda_slots(const Options& o) {
+    return {true, true, o.amsgrad(), false};
+  }
   static void cuda_step(CudaBatch& b, const Options& o) {
-    fused_adam_(decoupled(o), b.params, b.grads, b.slots[0], b.slots[1], b.slots[2], b.steps, o.lr(),
-                std::get<0>(o.betas()), std::get<1>(o.betas()), o.weight_decay(), o.eps(), o.amsgrad(), o.maximize());
+    fused_adam_(decoupled(o), b.params, b.grads, b.slots[0], b.slots[1], b.slots[2], b.steps,
+                o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.weight_decay(), o.eps(),
+                o.amsgrad(), o.maximize());
     ++cuda_path_counts().fused;
   }
 };
@@ -127,13 +135,17 @@ struct AdamDescriptor : DescriptorDefaults {
 template <>
 struct Descriptor<AdamOptions> : AdamDescriptor<false, AdamOptions> {
   static OptionTable<AdamOptions> options() {
-    auto table = AdamDescriptor::options("Adam").fixed("capturable", false).differentiable().fused();
+    auto table =
+        AdamDescriptor::options("Adam").fixed("capturable", false).differentiable().fused();
     if constexpr (kAdamHasDecoupledWeightDecay) {
       table.option(DTRAIN_OPTION(decoupled_weight_decay));
     } else {
       table.check([](const AdamOptions& o) {
-        TORCH_CHECK(!o.decoupled_weight_decay(), "Adam: decoupled_weight_decay=True needs LibTorch 2.7 or newer "
-                    "(PyTorch ", TORCH_VERSION, "'s Adam has no such option and its state dict could not "
+        TORCH_CHECK(!o.decoupled_weight_decay(),
+                    "Adam: decoupled_weight_decay=True needs LibTorch 2.7 or newer "
+                    "(PyTorch ",
+                    TORCH_VERSION,
+                    "'s Adam has no such option and its state dict could not "
                     "record it); use AdamW");
       });
     }
@@ -145,7 +157,8 @@ template <>
 struct Descriptor<AdamWOptions> : AdamDescriptor<true, AdamWOptions> {
   static OptionTable<AdamWOptions> options() {
     // PyTorch 2.7+'s AdamW is Adam with decoupled_weight_decay=True, and its param_group says so.
-    auto table = AdamDescriptor::options("AdamW").fixed("capturable", false).differentiable().fused();
+    auto table =
+        AdamDescriptor::options("AdamW").fixed("capturable", false).differentiable().fused();
     if constexpr (kAdamHasDecoupledWeightDecay) table.fixed("decoupled_weight_decay", true);
     return table;
   }

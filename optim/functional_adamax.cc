@@ -11,7 +11,12 @@ struct Descriptor<AdamaxOptions> : DescriptorDefaults {
   static OptionTable<AdamaxOptions> options() {
     // The registry's lr is _FunctionalAdamax's 1e-3, not torch.optim.Adamax's 2e-3 (see the header).
     return OptionTable<AdamaxOptions>("Adamax", AdamaxOptions().lr(1e-3))
-        .lr().betas().eps().weight_decay().maximize().foreach()
+        .lr()
+        .betas()
+        .eps()
+        .weight_decay()
+        .maximize()
+        .foreach ()
         .check_order({"lr", "eps", "betas", "weight_decay"});
   }
   static constexpr StepKind kStep = StepKind::kFloatTensor;
@@ -23,14 +28,16 @@ struct Descriptor<AdamaxOptions> : DescriptorDefaults {
   static void scalars(std::array<double, 4>& c, const ParamState& s, const AdamaxOptions& o) {
     c[0] = o.lr() / (1 - std::pow(std::get<0>(o.betas()), static_cast<double>(s.step)));  // clr
   }
-  static void aten(ParamState& s, at::Tensor& p, const at::Tensor& g, const AdamaxOptions& o, bool) {
+  static void aten(ParamState& s, at::Tensor& p, const at::Tensor& g, const AdamaxOptions& o,
+                   bool) {
     const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
     at::Tensor grad = o.maximize() ? g.neg() : g;
     if (o.weight_decay() != 0) grad = grad.add(p, o.weight_decay());
     at::Tensor& exp_avg = s.slots[0];
     at::Tensor& exp_inf = s.slots[1];
     exp_avg.mul_(beta1).add_(grad, 1 - beta1);
-    at::Tensor norm_buf = at::cat({exp_inf.mul_(beta2).unsqueeze(0), grad.abs().add_(o.eps()).unsqueeze_(0)}, 0);
+    at::Tensor norm_buf =
+        at::cat({exp_inf.mul_(beta2).unsqueeze(0), grad.abs().add_(o.eps()).unsqueeze_(0)}, 0);
     at::amax_out(exp_inf, norm_buf, {0}, /*keepdim=*/false);
     std::array<double, 4> c{};
     scalars(c, s, o);
@@ -43,7 +50,8 @@ struct Descriptor<AdamaxOptions> : DescriptorDefaults {
     T* __restrict m = t.s[0];
     T* __restrict u = t.s[1];
     const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
-    const T b1 = static_cast<T>(beta1), one_minus_b1 = static_cast<T>(1 - beta1), b2 = static_cast<T>(beta2);
+    const T b1 = static_cast<T>(beta1), one_minus_b1 = static_cast<T>(1 - beta1),
+            b2 = static_cast<T>(beta2);
     const T wd = static_cast<T>(o.weight_decay()), eps = static_cast<T>(o.eps());
     const T neg_clr = static_cast<T>(-t.c[0]);
     const T sign = o.maximize() ? T(-1) : T(1);

@@ -24,26 +24,33 @@ FunctionalOptimizerAdapter::GivenOptions FunctionalOptimizerAdapter::given_optio
 }
 
 FunctionalOptimizerAdapter::FunctionalOptimizerAdapter(
-    std::vector<torch::optim::OptimizerParamGroup> param_groups, std::string name, OptionsDict defaults)
-    : FunctionalOptimizerAdapter(param_groups, given_options(param_groups), std::move(name), std::move(defaults)) {}
+    std::vector<torch::optim::OptimizerParamGroup> param_groups, std::string name,
+    OptionsDict defaults)
+    : FunctionalOptimizerAdapter(param_groups, given_options(param_groups), std::move(name),
+                                 std::move(defaults)) {}
 
-FunctionalOptimizerAdapter::FunctionalOptimizerAdapter(std::vector<torch::optim::OptimizerParamGroup> param_groups,
-                                                       GivenOptions given, std::string name, OptionsDict defaults)
-    : torch::optim::Optimizer(std::move(param_groups), std::make_unique<DictOptions>(std::move(defaults))),
+FunctionalOptimizerAdapter::FunctionalOptimizerAdapter(
+    std::vector<torch::optim::OptimizerParamGroup> param_groups, GivenOptions given,
+    std::string name, OptionsDict defaults)
+    : torch::optim::Optimizer(std::move(param_groups),
+                              std::make_unique<DictOptions>(std::move(defaults))),
       name_(std::move(name)) {
   for (size_t g = 0; g < given.size() && g < param_groups_.size(); ++g) {
     if (given[g] != nullptr) param_groups_[g].set_options(std::move(given[g]));
   }
-  TORCH_CHECK(FunctionalRegistry::global().contains(name_), "FunctionalOptimizerAdapter: no functional "
-              "optimizer named '", name_, "' is registered");
+  TORCH_CHECK(FunctionalRegistry::global().contains(name_),
+              "FunctionalOptimizerAdapter: no functional "
+              "optimizer named '",
+              name_, "' is registered");
   sync_groups();  // validates the options now, not at the first step
 }
 
-FunctionalOptimizerAdapter::FunctionalOptimizerAdapter(std::vector<at::Tensor> params, std::string name,
-                                                       OptionsDict defaults)
-    : FunctionalOptimizerAdapter(std::vector<torch::optim::OptimizerParamGroup>{
-                                     torch::optim::OptimizerParamGroup(std::move(params))},
-                                 std::move(name), std::move(defaults)) {}
+FunctionalOptimizerAdapter::FunctionalOptimizerAdapter(std::vector<at::Tensor> params,
+                                                       std::string name, OptionsDict defaults)
+    : FunctionalOptimizerAdapter(
+          std::vector<torch::optim::OptimizerParamGroup>{
+              torch::optim::OptimizerParamGroup(std::move(params))},
+          std::move(name), std::move(defaults)) {}
 
 OptionsDict FunctionalOptimizerAdapter::group_options(size_t group) const {
   const auto& g = param_groups_[group];
@@ -64,7 +71,8 @@ void FunctionalOptimizerAdapter::sync_groups() {
       options = options.copy();
       options.insert_or_assign(kAllowEmptyParamList, true);
     }
-    functionals_.push_back(FunctionalRegistry::global().create(name_, param_groups_[g].params(), options));
+    functionals_.push_back(
+        FunctionalRegistry::global().create(name_, param_groups_[g].params(), options));
   }
   for (size_t g = 0; g < functionals_.size(); ++g) {
     const auto& params = param_groups_[g].params();
@@ -79,7 +87,8 @@ void FunctionalOptimizerAdapter::sync_groups() {
 
 FunctionalOptimizer& FunctionalOptimizerAdapter::functional(size_t group) {
   sync_groups();
-  TORCH_CHECK(group < functionals_.size(), "group ", group, " out of range (", functionals_.size(), ")");
+  TORCH_CHECK(group < functionals_.size(), "group ", group, " out of range (", functionals_.size(),
+              ")");
   return *functionals_[group];
 }
 
@@ -118,8 +127,9 @@ void FunctionalOptimizerAdapter::load_state_dict(const c10::IValue& state_dict) 
   absl::StatusOr<checkpoint::OptimizerStateDict> sd =
       checkpoint::parse_optimizer_state_dict(state_dict, "load_state_dict: the state dict");
   TORCH_CHECK(sd.ok(), sd.status().message());
-  TORCH_CHECK(sd->param_groups.size() == functionals_.size(), "loaded state dict has ", sd->param_groups.size(),
-              " parameter groups, this optimizer has ", functionals_.size());
+  TORCH_CHECK(sd->param_groups.size() == functionals_.size(), "loaded state dict has ",
+              sd->param_groups.size(), " parameter groups, this optimizer has ",
+              functionals_.size());
   for (size_t g = 0; g < functionals_.size(); ++g) {
     functionals_[g]->load_state_dict(checkpoint::to_ivalue(checkpoint::group_slice(*sd, g)));
     // Keep the LibTorch-side group options in step with what was loaded.

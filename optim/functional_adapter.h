@@ -49,9 +49,10 @@ class FunctionalOptimizerAdapter : public torch::optim::Optimizer {
  public:
   // `name` is a registry name ("Adam", "SGD", a user's); `defaults` apply to every group that
   // brings no options of its own.
-  FunctionalOptimizerAdapter(std::vector<torch::optim::OptimizerParamGroup> param_groups, std::string name,
+  FunctionalOptimizerAdapter(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+                             std::string name, OptionsDict defaults);
+  FunctionalOptimizerAdapter(std::vector<at::Tensor> params, std::string name,
                              OptionsDict defaults);
-  FunctionalOptimizerAdapter(std::vector<at::Tensor> params, std::string name, OptionsDict defaults);
 
   // Evaluates `closure` (with autograd on) if given, then steps every group's functional
   // optimizer with the parameters' .grad() (undefined gradients skip their parameter).
@@ -72,8 +73,8 @@ class FunctionalOptimizerAdapter : public torch::optim::Optimizer {
   // with the defaults, so the constructor puts the given ones back.
   using GivenOptions = std::vector<std::unique_ptr<torch::optim::OptimizerOptions>>;
   static GivenOptions given_options(const std::vector<torch::optim::OptimizerParamGroup>& groups);
-  FunctionalOptimizerAdapter(std::vector<torch::optim::OptimizerParamGroup> param_groups, GivenOptions given,
-                             std::string name, OptionsDict defaults);
+  FunctionalOptimizerAdapter(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+                             GivenOptions given, std::string name, OptionsDict defaults);
 
   OptionsDict group_options(size_t group) const;
   void sync_groups();

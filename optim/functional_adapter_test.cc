@@ -23,7 +23,8 @@ TEST(FunctionalAdapterTest, TrainsLikeTorchOptimAdam) {
   torch::nn::Linear a(4, 3), b(4, 3);
   b->weight.data().copy_(a->weight.data());
   b->bias.data().copy_(a->bias.data());
-  FunctionalOptimizerAdapter ours(a->parameters(), "Adam", opts({{"lr", 0.01}, {"weight_decay", 0.1}}));
+  FunctionalOptimizerAdapter ours(a->parameters(), "Adam",
+                                  opts({{"lr", 0.01}, {"weight_decay", 0.1}}));
   torch::optim::Adam theirs(b->parameters(), torch::optim::AdamOptions(0.01).weight_decay(0.1));
   at::Tensor x = torch::randn({16, 4}), y = torch::randn({16, 3});
   for (int step = 0; step < 20; ++step) {
@@ -43,10 +44,12 @@ TEST(FunctionalAdapterTest, TrainsLikeTorchOptimAdam) {
 }
 
 TEST(FunctionalAdapterTest, ParamGroupsSchedulersAndNewGroups) {
-  at::Tensor w = torch::zeros({2}, torch::requires_grad()), v = torch::zeros({2}, torch::requires_grad());
+  at::Tensor w = torch::zeros({2}, torch::requires_grad()),
+             v = torch::zeros({2}, torch::requires_grad());
   std::vector<torch::optim::OptimizerParamGroup> groups;
   groups.emplace_back(std::vector<at::Tensor>{w});
-  groups.emplace_back(std::vector<at::Tensor>{v}, std::make_unique<DictOptions>(opts({{"lr", 0.5}})));
+  groups.emplace_back(std::vector<at::Tensor>{v},
+                      std::make_unique<DictOptions>(opts({{"lr", 0.5}})));
   FunctionalOptimizerAdapter sgd(std::move(groups), "SGD", opts({{"lr", 1.0}}));
   w.mutable_grad() = torch::ones({2});
   v.mutable_grad() = torch::ones({2});
@@ -73,7 +76,8 @@ TEST(FunctionalAdapterTest, ParamGroupsSchedulersAndNewGroups) {
 }
 
 TEST(FunctionalAdapterTest, StateDictUsesGlobalIndices) {
-  at::Tensor w = torch::zeros({2}, torch::requires_grad()), v = torch::zeros({3}, torch::requires_grad());
+  at::Tensor w = torch::zeros({2}, torch::requires_grad()),
+             v = torch::zeros({3}, torch::requires_grad());
   std::vector<torch::optim::OptimizerParamGroup> groups;
   groups.emplace_back(std::vector<at::Tensor>{w});
   groups.emplace_back(std::vector<at::Tensor>{v});
@@ -119,7 +123,6 @@ TEST(FunctionalAdapterTest, BadConstructionIsAClearError) {
   }
 }
 
-
 // PyTorch keeps param-group keys an optimizer does not use (an LR scheduler's initial_lr, 2.x's
 // foreach, a user's own) and returns them in state_dict(); so do the functional optimizer and the
 // adapter. set_options() still refuses a key it does not know.
@@ -127,8 +130,9 @@ TEST(FunctionalAdapterTest, BadConstructionIsAClearError) {
 // one): the adapter asks the functional optimizer for _allow_empty_param_list, as PyTorch's ZeRO does.
 TEST(FunctionalAdapterTest, EmptyParamGroupsAreAccepted) {
   at::Tensor w = torch::ones({2}, torch::requires_grad());
-  std::vector<torch::optim::OptimizerParamGroup> groups = {torch::optim::OptimizerParamGroup(std::vector<at::Tensor>{}),
-                                                           torch::optim::OptimizerParamGroup({w})};
+  std::vector<torch::optim::OptimizerParamGroup> groups = {
+      torch::optim::OptimizerParamGroup(std::vector<at::Tensor>{}),
+      torch::optim::OptimizerParamGroup({w})};
   FunctionalOptimizerAdapter opt(groups, "Adam", opts({{"lr", 0.1}}));
   EXPECT_EQ(opt.functional(0).params().size(), 0u);
   w.mutable_grad() = torch::ones({2});
@@ -164,7 +168,8 @@ TEST(FunctionalAdapterTest, UnknownParamGroupKeysAreKept) {
   ASSERT_TRUE(back.contains("my_tag"));
   EXPECT_EQ(back.at("my_tag").toStringRef(), "warmup");
 
-  std::unique_ptr<FunctionalOptimizer> f = FunctionalRegistry::global().create("Adam", {w2}, opts({{"lr", 0.01}}));
+  std::unique_ptr<FunctionalOptimizer> f =
+      FunctionalRegistry::global().create("Adam", {w2}, opts({{"lr", 0.01}}));
   try {
     f->set_options(opts({{"initial_lr", 0.01}}));
     ADD_FAILURE() << "set_options accepted an unknown key";
@@ -180,12 +185,14 @@ TEST(FunctionalAdapterTest, SparseEmbeddingWithSparseAdamAndMuonAndNAdam) {
   torch::manual_seed(0);
   torch::nn::Embedding embedding(torch::nn::EmbeddingOptions(10, 4).sparse(true));
   torch::nn::Linear linear(4, 3);
-  FunctionalOptimizerAdapter sparse_adam(embedding->parameters(), "SparseAdam", opts({{"lr", 0.05}}));
+  FunctionalOptimizerAdapter sparse_adam(embedding->parameters(), "SparseAdam",
+                                         opts({{"lr", 0.05}}));
   FunctionalOptimizerAdapter muon({linear->weight}, "Muon", opts({{"lr", 0.05}}));
   FunctionalOptimizerAdapter nadam({linear->bias}, "NAdam", opts({{"lr", 0.05}}));
   const at::Tensor ids = torch::tensor({1, 3, 3, 7}, torch::kLong);
   const at::Tensor target = torch::randn({4, 3});
-  const at::Tensor untouched = embedding->weight.detach().index_select(0, torch::tensor({0, 2, 9})).clone();
+  const at::Tensor untouched =
+      embedding->weight.detach().index_select(0, torch::tensor({0, 2, 9})).clone();
   double first = 0, last = 0;
   for (int step = 0; step < 30; ++step) {
     for (auto* opt : {&sparse_adam, &muon, &nadam}) opt->zero_grad();
@@ -196,7 +203,8 @@ TEST(FunctionalAdapterTest, SparseEmbeddingWithSparseAdamAndMuonAndNAdam) {
     (step == 0 ? first : last) = loss.item<double>();
   }
   EXPECT_LT(last, first * 0.5);
-  EXPECT_TRUE(embedding->weight.detach().index_select(0, torch::tensor({0, 2, 9})).equal(untouched));
+  EXPECT_TRUE(
+      embedding->weight.detach().index_select(0, torch::tensor({0, 2, 9})).equal(untouched));
 }
 
 }  // namespace

@@ -15,7 +15,11 @@ struct Descriptor<ASGDOptions> : DescriptorDefaults {
         .option(DTRAIN_OPTION(lambd))
         .option(DTRAIN_OPTION(alpha))
         .option(DTRAIN_OPTION(t0))
-        .weight_decay().foreach().maximize().differentiable().fixed("capturable", false);
+        .weight_decay()
+        .foreach ()
+        .maximize()
+        .differentiable()
+        .fixed("capturable", false);
   }
   static constexpr StepKind kStep = StepKind::kFloatTensor;
   // PyTorch's key order: step, eta, mu, ax.

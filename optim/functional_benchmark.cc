@@ -42,7 +42,8 @@ double best_seconds(int reps, F&& f) {
   for (int r = 0; r < reps; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
     f();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return best;
 }
@@ -54,14 +55,16 @@ double best_seconds(int reps, F&& f) {
 DTRAIN_WIDEST void stream2(float* __restrict a, const float* __restrict b, int64_t n) {
   for (int64_t k = 0; k < n; ++k) a[k] += 0.5f * b[k];
 }
-DTRAIN_WIDEST void stream3(float* __restrict a, const float* __restrict b, float* __restrict c, int64_t n) {
+DTRAIN_WIDEST void stream3(float* __restrict a, const float* __restrict b, float* __restrict c,
+                           int64_t n) {
   for (int64_t k = 0; k < n; ++k) {
     const float ck = 0.9f * c[k] + b[k];
     c[k] = ck;
     a[k] += 0.5f * ck;
   }
 }
-DTRAIN_WIDEST void stream4(float* __restrict a, const float* __restrict b, float* __restrict c, float* __restrict d, int64_t n) {
+DTRAIN_WIDEST void stream4(float* __restrict a, const float* __restrict b, float* __restrict c,
+                           float* __restrict d, int64_t n) {
   for (int64_t k = 0; k < n; ++k) {
     const float ck = 0.9f * c[k] + b[k], dk = 0.99f * d[k] + b[k];
     c[k] = ck;
@@ -93,47 +96,79 @@ double floor_seconds(int reads, int writes) {
       }
     });
   };
-  TORCH_CHECK(writes == reads - 1 && reads >= 2 && reads <= 4, "no floor kernel reads ", reads, " writes ", writes);
+  TORCH_CHECK(writes == reads - 1 && reads >= 2 && reads <= 4, "no floor kernel reads ", reads,
+              " writes ", writes);
   pass();  // first touch
   return best_seconds(20, pass);
 }
 
-enum class Kind { kSGD, kSGDMomentum, kAdam, kAdamW, kAdagrad, kAdadelta, kAdamax, kRMSprop, kRprop };
+enum class Kind {
+  kSGD,
+  kSGDMomentum,
+  kAdam,
+  kAdamW,
+  kAdagrad,
+  kAdadelta,
+  kAdamax,
+  kRMSprop,
+  kRprop
+};
 
 // fp32 arrays a step must read (parameter, gradient, state); it writes all but the gradient.
 int arrays_read(Kind k) {
   switch (k) {
-    case Kind::kSGD: return 2;                                                  // r p,g  w p
-    case Kind::kSGDMomentum: case Kind::kAdagrad: case Kind::kRMSprop: return 3;  // r p,g,s  w p,s
-    default: return 4;                                                          // r p,g,s1,s2  w p,s1,s2
+    case Kind::kSGD:
+      return 2;  // r p,g  w p
+    case Kind::kSGDMomentum:
+    case Kind::kAdagrad:
+    case Kind::kRMSprop:
+      return 3;  // r p,g,s  w p,s
+    default:
+      return 4;  // r p,g,s1,s2  w p,s1,s2
   }
 }
 int bytes_per_param(Kind k) { return 4 * (2 * arrays_read(k) - 1); }
 
 std::unique_ptr<FunctionalOptimizer> make_ours(Kind k, std::vector<at::Tensor> p) {
   switch (k) {
-    case Kind::kSGD: return std::make_unique<FunctionalSGD>(p, SGDOptions(1e-3));
-    case Kind::kSGDMomentum: return std::make_unique<FunctionalSGD>(p, SGDOptions(1e-3).momentum(0.9));
-    case Kind::kAdam: return std::make_unique<FunctionalAdam>(p, AdamOptions());
-    case Kind::kAdamW: return std::make_unique<FunctionalAdamW>(p, AdamWOptions());
-    case Kind::kAdagrad: return std::make_unique<FunctionalAdagrad>(p, AdagradOptions());
-    case Kind::kAdadelta: return std::make_unique<FunctionalAdadelta>(p, AdadeltaOptions());
-    case Kind::kAdamax: return std::make_unique<FunctionalAdamax>(p, AdamaxOptions());
-    case Kind::kRMSprop: return std::make_unique<FunctionalRMSprop>(p, RMSpropOptions());
-    case Kind::kRprop: return std::make_unique<FunctionalRprop>(p, RpropOptions());
+    case Kind::kSGD:
+      return std::make_unique<FunctionalSGD>(p, SGDOptions(1e-3));
+    case Kind::kSGDMomentum:
+      return std::make_unique<FunctionalSGD>(p, SGDOptions(1e-3).momentum(0.9));
+    case Kind::kAdam:
+      return std::make_unique<FunctionalAdam>(p, AdamOptions());
+    case Kind::kAdamW:
+      return std::make_unique<FunctionalAdamW>(p, AdamWOptions());
+    case Kind::kAdagrad:
+      return std::make_unique<FunctionalAdagrad>(p, AdagradOptions());
+    case Kind::kAdadelta:
+      return std::make_unique<FunctionalAdadelta>(p, AdadeltaOptions());
+    case Kind::kAdamax:
+      return std::make_unique<FunctionalAdamax>(p, AdamaxOptions());
+    case Kind::kRMSprop:
+      return std::make_unique<FunctionalRMSprop>(p, RMSpropOptions());
+    case Kind::kRprop:
+      return std::make_unique<FunctionalRprop>(p, RpropOptions());
   }
   return nullptr;
 }
 
 std::unique_ptr<torch::optim::Optimizer> make_torch(Kind k, std::vector<at::Tensor> p) {
   switch (k) {
-    case Kind::kSGD: return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(1e-3));
-    case Kind::kSGDMomentum: return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(1e-3).momentum(0.9));
-    case Kind::kAdam: return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions());
-    case Kind::kAdamW: return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions());
-    case Kind::kAdagrad: return std::make_unique<torch::optim::Adagrad>(p, torch::optim::AdagradOptions());
-    case Kind::kRMSprop: return std::make_unique<torch::optim::RMSprop>(p, torch::optim::RMSpropOptions());
-    default: return nullptr;
+    case Kind::kSGD:
+      return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(1e-3));
+    case Kind::kSGDMomentum:
+      return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(1e-3).momentum(0.9));
+    case Kind::kAdam:
+      return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions());
+    case Kind::kAdamW:
+      return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions());
+    case Kind::kAdagrad:
+      return std::make_unique<torch::optim::Adagrad>(p, torch::optim::AdagradOptions());
+    case Kind::kRMSprop:
+      return std::make_unique<torch::optim::RMSprop>(p, torch::optim::RMSpropOptions());
+    default:
+      return nullptr;
   }
 }
 
@@ -171,7 +206,8 @@ void BM_Functional(benchmark::State& state, Kind kind) {
   const auto t0 = std::chrono::steady_clock::now();
   for (auto _ : state) opt->step(grads);
   const double per_step =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / static_cast<double>(state.iterations());
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
+      static_cast<double>(state.iterations());
   const double floor = floor_seconds(arrays_read(kind), arrays_read(kind) - 1);
   state.counters["ratio_to_floor"] = per_step / floor;
   state.counters["floor_GBps"] = static_cast<double>(bytes_per_param(kind)) * kTotal / floor / 1e9;
@@ -182,9 +218,14 @@ void BM_Functional(benchmark::State& state, Kind kind) {
   state.SetBytesProcessed(state.iterations() * bytes_per_param(kind) * kTotal);
 }
 
-#define DTRAIN_BM(name, kind)                                                                       \
-  void BM_##name(benchmark::State& state) { BM_Functional(state, kind); }                           \
-  BENCHMARK(BM_##name)->ArgName("tensors")->Arg(64)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime()
+#define DTRAIN_BM(name, kind)                                             \
+  void BM_##name(benchmark::State& state) { BM_Functional(state, kind); } \
+  BENCHMARK(BM_##name)                                                    \
+      ->ArgName("tensors")                                                \
+      ->Arg(64)                                                           \
+      ->Arg(1)                                                            \
+      ->Unit(benchmark::kMillisecond)                                     \
+      ->UseRealTime()
 
 DTRAIN_BM(SGD, Kind::kSGD);
 DTRAIN_BM(SGDMomentum, Kind::kSGDMomentum);

@@ -40,9 +40,12 @@ enum class Kind { kSGD, kSGDMomentum, kAdam, kAdamW };
 // those written back (all but the gradient).
 int64_t bytes_per_param(Kind k) {
   switch (k) {
-    case Kind::kSGD: return 4 * 3;          // r p,g      w p
-    case Kind::kSGDMomentum: return 4 * 5;  // r p,g,b    w p,b
-    default: return 4 * 7;                  // r p,g,m,v  w p,m,v
+    case Kind::kSGD:
+      return 4 * 3;  // r p,g      w p
+    case Kind::kSGDMomentum:
+      return 4 * 5;  // r p,g,b    w p,b
+    default:
+      return 4 * 7;  // r p,g,m,v  w p,m,v
   }
 }
 
@@ -55,21 +58,28 @@ std::vector<at::Tensor> make_tensors(int64_t count) {
 std::unique_ptr<FunctionalOptimizer> make_ours(Kind k, std::vector<at::Tensor> p, bool fused) {
   const OptionalBool f = fused ? OptionalBool() : OptionalBool(false);
   switch (k) {
-    case Kind::kSGD: return std::make_unique<FunctionalSGD>(p, SGDOptions(1e-3).fused(f));
-    case Kind::kSGDMomentum: return std::make_unique<FunctionalSGD>(p, SGDOptions(1e-3).momentum(0.9).fused(f));
-    case Kind::kAdam: return std::make_unique<FunctionalAdam>(p, AdamOptions().fused(f));
-    case Kind::kAdamW: return std::make_unique<FunctionalAdamW>(p, AdamWOptions().fused(f));
+    case Kind::kSGD:
+      return std::make_unique<FunctionalSGD>(p, SGDOptions(1e-3).fused(f));
+    case Kind::kSGDMomentum:
+      return std::make_unique<FunctionalSGD>(p, SGDOptions(1e-3).momentum(0.9).fused(f));
+    case Kind::kAdam:
+      return std::make_unique<FunctionalAdam>(p, AdamOptions().fused(f));
+    case Kind::kAdamW:
+      return std::make_unique<FunctionalAdamW>(p, AdamWOptions().fused(f));
   }
   return nullptr;
 }
 
 std::unique_ptr<torch::optim::Optimizer> make_torch(Kind k, std::vector<at::Tensor> p) {
   switch (k) {
-    case Kind::kSGD: return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(1e-3));
+    case Kind::kSGD:
+      return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(1e-3));
     case Kind::kSGDMomentum:
       return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(1e-3).momentum(0.9));
-    case Kind::kAdam: return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions());
-    case Kind::kAdamW: return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions());
+    case Kind::kAdam:
+      return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions());
+    case Kind::kAdamW:
+      return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions());
   }
   return nullptr;
 }
@@ -102,7 +112,8 @@ double floor_seconds(int64_t bytes) {
     const auto t0 = std::chrono::steady_clock::now();
     dst.copy_(src);
     torch::cuda::synchronize();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   cache[bytes] = best;
   return best;
@@ -147,8 +158,9 @@ void BM_FunctionalCuda(benchmark::State& state, Kind kind) {
     opt->step(grads);
     torch::cuda::synchronize();
   }
-  const double per_step = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
-                          static_cast<double>(state.iterations());
+  const double per_step =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
+      static_cast<double>(state.iterations());
   opt.reset();
   params.clear();
   grads.clear();
@@ -163,9 +175,14 @@ void BM_FunctionalCuda(benchmark::State& state, Kind kind) {
   state.SetBytesProcessed(state.iterations() * bytes);
 }
 
-#define DTRAIN_BM(name, kind)                                                                       \
-  void BM_Cuda##name(benchmark::State& state) { BM_FunctionalCuda(state, kind); }                   \
-  BENCHMARK(BM_Cuda##name)->ArgName("tensors")->Arg(64)->Arg(1)->Unit(benchmark::kMicrosecond)->UseRealTime()
+#define DTRAIN_BM(name, kind)                                                     \
+  void BM_Cuda##name(benchmark::State& state) { BM_FunctionalCuda(state, kind); } \
+  BENCHMARK(BM_Cuda##name)                                                        \
+      ->ArgName("tensors")                                                        \
+      ->Arg(64)                                                                   \
+      ->Arg(1)                                                                    \
+      ->Unit(benchmark::kMicrosecond)                                             \
+      ->UseRealTime()
 
 DTRAIN_BM(SGD, Kind::kSGD);
 DTRAIN_BM(SGDMomentum, Kind::kSGDMomentum);

@@ -56,11 +56,13 @@ void check(const std::string& name, const Make& make) {
   const c10::IValue ref = reference();
   if (!ref.isGenericDict()) {
     if (comm::testing::gpu_required()) FAIL() << "DTRAIN_CUDA_REFERENCE names no reference file";
-    GTEST_SKIP() << "DTRAIN_CUDA_REFERENCE is not set (bench/gpu/run_on_gpu writes it with PyTorch)";
+    GTEST_SKIP()
+        << "DTRAIN_CUDA_REFERENCE is not set (bench/gpu/run_on_gpu writes it with PyTorch)";
   }
   const c10::IValue entry = ref.toGenericDict().at(name);
-  if (entry.isString()) GTEST_SKIP() << "PyTorch " << ref.toGenericDict().at("torch_version").toStringRef()
-                                     << " cannot run it: " << entry.toStringRef();
+  if (entry.isString())
+    GTEST_SKIP() << "PyTorch " << ref.toGenericDict().at("torch_version").toStringRef()
+                 << " cannot run it: " << entry.toStringRef();
   const c10::List<c10::IValue> steps = entry.toList();
   ASSERT_EQ(steps.size(), static_cast<size_t>(kSteps));
   std::vector<at::Tensor> params;
@@ -70,7 +72,8 @@ void check(const std::string& name, const Make& make) {
   double worst = 0;
   for (int step = 0; step < kSteps; ++step) {
     std::vector<at::Tensor> grads;
-    for (size_t i = 0; i < kShapes.size(); ++i) grads.push_back(gradient(i, step, kShapes[i]).cuda());
+    for (size_t i = 0; i < kShapes.size(); ++i)
+      grads.push_back(gradient(i, step, kShapes[i]).cuda());
     opt->step(grads);
     const c10::List<c10::IValue> want = steps.get(step).toList();
     for (size_t i = 0; i < params.size(); ++i) {
@@ -80,16 +83,18 @@ void check(const std::string& name, const Make& make) {
       worst = std::max(worst, (got - expected).abs().max().item<double>());
     }
   }
-  std::cout << name << ": " << identical << " of " << total << " parameter tensors bit-identical to PyTorch "
-            << ref.toGenericDict().at("torch_version").toStringRef() << " on CUDA; largest difference "
-            << worst << "\n";
+  std::cout << name << ": " << identical << " of " << total
+            << " parameter tensors bit-identical to PyTorch "
+            << ref.toGenericDict().at("torch_version").toStringRef()
+            << " on CUDA; largest difference " << worst << "\n";
   EXPECT_EQ(identical, total) << name << ": largest difference " << worst;
 }
 
 TEST(FunctionalCudaPyTorchTest, Adam) {
   check("adam", [](std::vector<at::Tensor> p) {
     return std::make_unique<FunctionalAdam>(
-        p, AdamOptions().lr(1e-2).betas(std::make_tuple(0.9, 0.99)).weight_decay(0.01).amsgrad(true));
+        p,
+        AdamOptions().lr(1e-2).betas(std::make_tuple(0.9, 0.99)).weight_decay(0.01).amsgrad(true));
   });
 }
 TEST(FunctionalCudaPyTorchTest, AdamW) {
@@ -99,12 +104,14 @@ TEST(FunctionalCudaPyTorchTest, AdamW) {
 }
 TEST(FunctionalCudaPyTorchTest, SGD) {
   check("sgd", [](std::vector<at::Tensor> p) {
-    return std::make_unique<FunctionalSGD>(p, SGDOptions(0.1).momentum(0.9).nesterov(true).weight_decay(1e-3));
+    return std::make_unique<FunctionalSGD>(
+        p, SGDOptions(0.1).momentum(0.9).nesterov(true).weight_decay(1e-3));
   });
 }
 TEST(FunctionalCudaPyTorchTest, Adagrad) {
   check("adagrad", [](std::vector<at::Tensor> p) {
-    return std::make_unique<FunctionalAdagrad>(p, AdagradOptions().lr(0.1).lr_decay(0.01).weight_decay(1e-3));
+    return std::make_unique<FunctionalAdagrad>(
+        p, AdagradOptions().lr(0.1).lr_decay(0.01).weight_decay(1e-3));
   });
 }
 

@@ -59,17 +59,19 @@ Problem make_problem(uint64_t seed, double scale, bool bounded = false) {
   return pr;
 }
 
-std::vector<at::Tensor> copies(const std::vector<at::Tensor>& ts, at::Device device, at::ScalarType dtype) {
+std::vector<at::Tensor> copies(const std::vector<at::Tensor>& ts, at::Device device,
+                               at::ScalarType dtype) {
   std::vector<at::Tensor> out;
-  for (const auto& t : ts) out.push_back(t.to(device, dtype, /*non_blocking=*/false, /*copy=*/true));
+  for (const auto& t : ts)
+    out.push_back(t.to(device, dtype, /*non_blocking=*/false, /*copy=*/true));
   return out;
 }
 
 // Steps `opt` (whose parameters are `params`) through the problem's gradients, each gradient
 // first rounded to `grad_dtype` (as the low-precision run sees it), then put on the parameter's
 // device and dtype.
-void run(FunctionalOptimizer& opt, const std::vector<at::Tensor>& params, const Problem& pr, int from, int to,
-         at::ScalarType grad_dtype = at::kFloat) {
+void run(FunctionalOptimizer& opt, const std::vector<at::Tensor>& params, const Problem& pr,
+         int from, int to, at::ScalarType grad_dtype = at::kFloat) {
   for (int step = from; step < to; ++step) {
     std::vector<at::Tensor> g;
     for (size_t i = 0; i < params.size(); ++i) {
@@ -81,24 +83,27 @@ void run(FunctionalOptimizer& opt, const std::vector<at::Tensor>& params, const 
 
 void run_torch(torch::optim::Optimizer& opt, std::vector<at::Tensor>& params, const Problem& pr) {
   for (int step = 0; step < kSteps; ++step) {
-    for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = pr.grads[step][i].to(params[i].device());
+    for (size_t i = 0; i < params.size(); ++i)
+      params[i].mutable_grad() = pr.grads[step][i].to(params[i].device());
     opt.step();
   }
 }
 
 // Every parameter close: |a - b| <= atol + rtol |b| (a on any device, b on the CPU).
-void expect_close(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b, double rtol, double atol,
-                  const std::string& what) {
+void expect_close(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b, double rtol,
+                  double atol, const std::string& what) {
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) {
     const at::Tensor x = a[i].detach().to(at::kCPU, at::kDouble);
     const at::Tensor y = b[i].detach().to(at::kCPU, at::kDouble);
     EXPECT_TRUE(at::allclose(x, y, rtol, atol))
-        << what << ": parameter " << i << " differs by up to " << (x - y).abs().max().item<double>();
+        << what << ": parameter " << i << " differs by up to "
+        << (x - y).abs().max().item<double>();
   }
 }
 
-using Make = std::function<std::unique_ptr<FunctionalOptimizer>(std::vector<at::Tensor>, bool fused)>;
+using Make =
+    std::function<std::unique_ptr<FunctionalOptimizer>(std::vector<at::Tensor>, bool fused)>;
 using MakeTorch = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor>)>;
 
 struct Case {
@@ -110,7 +115,8 @@ struct Case {
 template <typename Opt, typename Options>
 Make maker(Options o) {
   return [o](std::vector<at::Tensor> p, bool fused) mutable {
-    return std::make_unique<Opt>(std::move(p), o.fused(fused ? OptionalBool() : OptionalBool(false)));
+    return std::make_unique<Opt>(std::move(p),
+                                 o.fused(fused ? OptionalBool() : OptionalBool(false)));
   };
 }
 
@@ -119,9 +125,11 @@ std::vector<Case> cases() {
   return {
       {"Adam", maker<FunctionalAdam>(AdamOptions().lr(1e-2).betas(betas)),
        [=](std::vector<at::Tensor> p) {
-         return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(1e-2).betas(betas));
+         return std::make_unique<torch::optim::Adam>(p,
+                                                     torch::optim::AdamOptions(1e-2).betas(betas));
        }},
-      {"Adam amsgrad weight_decay", maker<FunctionalAdam>(AdamOptions().lr(1e-2).amsgrad(true).weight_decay(0.1)),
+      {"Adam amsgrad weight_decay",
+       maker<FunctionalAdam>(AdamOptions().lr(1e-2).amsgrad(true).weight_decay(0.1)),
        [](std::vector<at::Tensor> p) {
          return std::make_unique<torch::optim::Adam>(
              p, torch::optim::AdamOptions(1e-2).amsgrad(true).weight_decay(0.1));
@@ -129,29 +137,38 @@ std::vector<Case> cases() {
       {"Adam maximize", maker<FunctionalAdam>(AdamOptions().lr(1e-2).maximize(true)), nullptr},
       {"AdamW", maker<FunctionalAdamW>(AdamWOptions().lr(1e-2).weight_decay(0.05)),
        [](std::vector<at::Tensor> p) {
-         return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(1e-2).weight_decay(0.05));
+         return std::make_unique<torch::optim::AdamW>(
+             p, torch::optim::AdamWOptions(1e-2).weight_decay(0.05));
        }},
       {"AdamW amsgrad", maker<FunctionalAdamW>(AdamWOptions().lr(1e-2).amsgrad(true)),
        [](std::vector<at::Tensor> p) {
-         return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(1e-2).amsgrad(true));
+         return std::make_unique<torch::optim::AdamW>(
+             p, torch::optim::AdamWOptions(1e-2).amsgrad(true));
        }},
-      {"SGD momentum nesterov", maker<FunctionalSGD>(SGDOptions(0.05).momentum(0.9).nesterov(true).weight_decay(1e-3)),
+      {"SGD momentum nesterov",
+       maker<FunctionalSGD>(SGDOptions(0.05).momentum(0.9).nesterov(true).weight_decay(1e-3)),
        [](std::vector<at::Tensor> p) {
          return std::make_unique<torch::optim::SGD>(
              p, torch::optim::SGDOptions(0.05).momentum(0.9).nesterov(true).weight_decay(1e-3));
        }},
-      {"SGD dampening maximize", maker<FunctionalSGD>(SGDOptions(0.05).momentum(0.9).dampening(0.1).maximize(true)),
-       nullptr},
+      {"SGD dampening maximize",
+       maker<FunctionalSGD>(SGDOptions(0.05).momentum(0.9).dampening(0.1).maximize(true)), nullptr},
       {"SGD plain", maker<FunctionalSGD>(SGDOptions(0.1)),
-       [](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.1)); }},
+       [](std::vector<at::Tensor> p) {
+         return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.1));
+       }},
       {"Adagrad",
        maker<FunctionalAdagrad>(
-           AdagradOptions().lr(0.1).lr_decay(0.01).weight_decay(0.01).initial_accumulator_value(0.1)),
+           AdagradOptions().lr(0.1).lr_decay(0.01).weight_decay(0.01).initial_accumulator_value(
+               0.1)),
        [](std::vector<at::Tensor> p) {
-         return std::make_unique<torch::optim::Adagrad>(
-             p, torch::optim::AdagradOptions(0.1).lr_decay(0.01).weight_decay(0.01).initial_accumulator_value(0.1));
+         return std::make_unique<torch::optim::Adagrad>(p, torch::optim::AdagradOptions(0.1)
+                                                               .lr_decay(0.01)
+                                                               .weight_decay(0.01)
+                                                               .initial_accumulator_value(0.1));
        }},
-      {"Adagrad maximize", maker<FunctionalAdagrad>(AdagradOptions().lr(0.1).maximize(true)), nullptr},
+      {"Adagrad maximize", maker<FunctionalAdagrad>(AdagradOptions().lr(0.1).maximize(true)),
+       nullptr},
   };
 }
 
@@ -173,7 +190,8 @@ TEST_F(FunctionalCudaTest, Float32MatchesCpuPathAndLibTorch) {
     const int64_t before = cuda_updates();
     run(*on_cpu, cpu, pr, 0, kSteps);
     run(*on_gpu, gpu, pr, 0, kSteps);
-    EXPECT_EQ(cuda_updates() - before, kSteps) << "one multi-tensor update per step (one device, one dtype)";
+    EXPECT_EQ(cuda_updates() - before, kSteps)
+        << "one multi-tensor update per step (one device, one dtype)";
     expect_close(gpu, cpu, 1e-5, 1e-5, "CUDA vs dtrain's CPU path");
     if (c.libtorch) {
       std::vector<at::Tensor> lt = copies(pr.init, at::kCUDA, at::kFloat);
@@ -236,15 +254,17 @@ class Inspect : public Base {
 // float32 tensor on the parameter's device (here ParamState::device_step), exported in
 // state_dict as PyTorch's float32 step with the slots on the device.
 TEST_F(FunctionalCudaTest, TakesTheFusedPathWithFloat32StepsOnTheDevice) {
-  std::vector<at::Tensor> params = {at::randn({10}, at::kCUDA), at::randn({4, 4}, at::kCUDA),
-                                    at::randn({7}, at::TensorOptions().device(at::kCUDA).dtype(at::kDouble)),
-                                    at::randn({3}, at::kCUDA)};
+  std::vector<at::Tensor> params = {
+      at::randn({10}, at::kCUDA), at::randn({4, 4}, at::kCUDA),
+      at::randn({7}, at::TensorOptions().device(at::kCUDA).dtype(at::kDouble)),
+      at::randn({3}, at::kCUDA)};
   Inspect<FunctionalAdamW> adamw(params, AdamWOptions().lr(1e-3));
   std::vector<at::Tensor> grads;
   for (const auto& p : params) grads.push_back(at::randn_like(p));
   const int64_t fused_before = internal::cuda_path_counts().fused.load();
   for (int s = 0; s < 3; ++s) adamw.step(grads);
-  EXPECT_EQ(internal::cuda_path_counts().fused.load() - fused_before, 3 * 2) << "float32 and float64: two batches";
+  EXPECT_EQ(internal::cuda_path_counts().fused.load() - fused_before, 3 * 2)
+      << "float32 and float64: two batches";
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor& step = adamw.state_of(i).device_step;
     ASSERT_TRUE(step.defined()) << i;
@@ -263,7 +283,8 @@ TEST_F(FunctionalCudaTest, TakesTheFusedPathWithFloat32StepsOnTheDevice) {
   // Adagrad: the foreach ops by default (PyTorch's CUDA default); ATen's fused CUDA kernel with
   // fused=True where this LibTorch has one.
   for (bool ask_fused : {false, true}) {
-    Inspect<FunctionalAdagrad> adagrad(params, ask_fused ? AdagradOptions().fused(true) : AdagradOptions());
+    Inspect<FunctionalAdagrad> adagrad(params,
+                                       ask_fused ? AdagradOptions().fused(true) : AdagradOptions());
     const int64_t fused = internal::cuda_path_counts().fused.load();
     const int64_t foreach = internal::cuda_path_counts().foreach.load();
     adagrad.step(grads);
@@ -290,7 +311,8 @@ TEST_F(FunctionalCudaTest, MixedLayoutsAndLateMomentumBuffersMatchTheCpuPath) {
   std::vector<std::vector<at::Tensor>> grads;
   for (int s = 0; s < 6; ++s) {
     std::vector<at::Tensor> g;
-    for (size_t i = 0; i < cpu.size(); ++i) g.push_back(s == 0 && i == 1 ? at::Tensor() : at::randn(cpu[i].sizes()));
+    for (size_t i = 0; i < cpu.size(); ++i)
+      g.push_back(s == 0 && i == 1 ? at::Tensor() : at::randn(cpu[i].sizes()));
     grads.push_back(std::move(g));
   }
   const SGDOptions options = SGDOptions(0.05).momentum(0.9).weight_decay(1e-2);
@@ -305,7 +327,8 @@ TEST_F(FunctionalCudaTest, MixedLayoutsAndLateMomentumBuffersMatchTheCpuPath) {
   }
   // Step 1: one batch (2 new buffers); step 2: new (parameter 1) and old buffers; then one each.
   EXPECT_EQ(internal::cuda_path_counts().fused.load() - before, 1 + 2 + 4);
-  EXPECT_TRUE(b.state_of(3).slots[0].defined()) << "the strided parameter has its momentum buffer (ATen path)";
+  EXPECT_TRUE(b.state_of(3).slots[0].defined())
+      << "the strided parameter has its momentum buffer (ATen path)";
   expect_close(gpu, cpu, 1e-5, 1e-5, "CUDA vs CPU");
 }
 

@@ -11,8 +11,8 @@ namespace {
 
 // PyTorch's _zeropower_via_newtonschulz: a quintic Newton-Schulz iteration towards U V^T of
 // grad = U S V^T, in bfloat16, on the wide orientation of the matrix.
-at::Tensor zeropower_via_newtonschulz(const at::Tensor& grad, const DoubleTriple& coefficients, int64_t ns_steps,
-                                      double eps) {
+at::Tensor zeropower_via_newtonschulz(const at::Tensor& grad, const DoubleTriple& coefficients,
+                                      int64_t ns_steps, double eps) {
   const auto [a, b, c] = coefficients;
   at::Tensor ortho_grad = grad.to(at::kBFloat16);
   const bool tall = grad.size(0) > grad.size(1);
@@ -20,7 +20,8 @@ at::Tensor zeropower_via_newtonschulz(const at::Tensor& grad, const DoubleTriple
   ortho_grad.div_(at::linalg_vector_norm(ortho_grad, 2).clamp(eps));
   for (int64_t i = 0; i < ns_steps; ++i) {
     const at::Tensor gram_matrix = at::matmul(ortho_grad, ortho_grad.t());
-    const at::Tensor gram_update = at::addmm(gram_matrix, gram_matrix, gram_matrix, /*beta=*/b, /*alpha=*/c);
+    const at::Tensor gram_update =
+        at::addmm(gram_matrix, gram_matrix, gram_matrix, /*beta=*/b, /*alpha=*/c);
     ortho_grad = at::addmm(ortho_grad, gram_update, ortho_grad, /*beta=*/a);
   }
   if (tall) ortho_grad = ortho_grad.t();
@@ -42,7 +43,9 @@ double adjust_lr(double lr, const OptionalString& fn, at::IntArrayRef shape) {
 }
 
 OptionRule<double> at_least_zero(const char* what) {
-  return [what](const double& v) { TORCH_CHECK(v >= 0.0, what, " should be >= 0 but is: ", python_float_repr(v)); };
+  return [what](const double& v) {
+    TORCH_CHECK(v >= 0.0, what, " should be >= 0 but is: ", python_float_repr(v));
+  };
 }
 
 }  // namespace
@@ -59,15 +62,22 @@ struct Descriptor<MuonOptions> : DescriptorDefaults {
         .option(DTRAIN_OPTION(nesterov))
         .option(DTRAIN_OPTION(ns_coefficients))
         .option(DTRAIN_OPTION(eps))
-        .option(DTRAIN_OPTION(ns_steps), [](const int64_t& steps) {
-          TORCH_CHECK(steps < 100, "Number of steps must be less than 100 for computational efficiency (ns_steps=",
-                      steps, "; PyTorch raises this at the first step)");
-        })
-        .option(DTRAIN_OPTION(adjust_lr_fn), [](const OptionalString& fn) {
-          TORCH_CHECK(!fn || *fn == "original" || *fn == "match_rms_adamw" || *fn == "spectral_unclamped",
-                      "Adjust learning rate function ", fn.value_or(""), " is not supported (use None, 'original', "
-                      "'match_rms_adamw' or 'spectral_unclamped')");
-        })
+        .option(
+            DTRAIN_OPTION(ns_steps),
+            [](const int64_t& steps) {
+              TORCH_CHECK(
+                  steps < 100,
+                  "Number of steps must be less than 100 for computational efficiency (ns_steps=",
+                  steps, "; PyTorch raises this at the first step)");
+            })
+        .option(DTRAIN_OPTION(adjust_lr_fn),
+                [](const OptionalString& fn) {
+                  TORCH_CHECK(!fn || *fn == "original" || *fn == "match_rms_adamw" ||
+                                  *fn == "spectral_unclamped",
+                              "Adjust learning rate function ", fn.value_or(""),
+                              " is not supported (use None, 'original', "
+                              "'match_rms_adamw' or 'spectral_unclamped')");
+                })
         .check_order({"lr", "momentum", "weight_decay", "adjust_lr_fn"});
   }
   static constexpr bool kFused = false;
@@ -79,8 +89,11 @@ struct Descriptor<MuonOptions> : DescriptorDefaults {
       if (p.dim() == 2) continue;
       std::ostringstream size;
       for (int64_t d = 0; d < p.dim(); ++d) size << (d > 0 ? ", " : "") << p.size(d);
-      TORCH_CHECK(false, "Muon only supports 2D parameters whereas we found a parameter with size: torch.Size([",
-                  size.str(), "]) (give the other parameters -- biases, embeddings -- to an optimizer such as AdamW)");
+      TORCH_CHECK(
+          false,
+          "Muon only supports 2D parameters whereas we found a parameter with size: torch.Size([",
+          size.str(),
+          "]) (give the other parameters -- biases, embeddings -- to an optimizer such as AdamW)");
     }
   }
   static bool prepare(ParamState& s, const at::Tensor&, const at::Tensor& g, const MuonOptions&) {

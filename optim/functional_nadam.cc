@@ -10,10 +10,16 @@ template <>
 struct Descriptor<NAdamOptions> : DescriptorDefaults {
   static OptionTable<NAdamOptions> options() {
     return OptionTable<NAdamOptions>("NAdam", NAdamOptions())
-        .lr().betas().eps().weight_decay()
+        .lr()
+        .betas()
+        .eps()
+        .weight_decay()
         .option(DTRAIN_OPTION(momentum_decay), non_negative("Invalid momentum_decay value"))
         .option(DTRAIN_OPTION(decoupled_weight_decay))
-        .maximize().foreach().fixed("capturable", false).differentiable()
+        .maximize()
+        .foreach ()
+        .fixed("capturable", false)
+        .differentiable()
         .check_order({"lr", "eps", "betas", "weight_decay", "momentum_decay"});
   }
   static constexpr StepKind kStep = StepKind::kFloatTensor;
@@ -25,19 +31,21 @@ struct Descriptor<NAdamOptions> : DescriptorDefaults {
   static double mu_at(const NAdamOptions& o, double step) {
     return std::get<0>(o.betas()) * (1.0 - 0.5 * std::pow(0.96, step * o.momentum_decay()));
   }
-  static bool prepare(ParamState& s, const at::Tensor& p, const at::Tensor&, const NAdamOptions& o) {
+  static bool prepare(ParamState& s, const at::Tensor& p, const at::Tensor&,
+                      const NAdamOptions& o) {
     const bool fresh = count_step(s, p, {false, true, true, false});
     if (fresh) s.slots[0] = at::ones({}, at::kFloat);  // float32 on the CPU, as PyTorch's
-    s.slots[0].mul_(mu_at(o, static_cast<double>(s.step)));  // mu_product *= mu, in the slot's dtype
+    s.slots[0].mul_(
+        mu_at(o, static_cast<double>(s.step)));  // mu_product *= mu, in the slot's dtype
     return fresh;
   }
   static void scalars(std::array<double, 4>& c, const ParamState& s, const NAdamOptions& o) {
     const double step = static_cast<double>(s.step);
     const double mu = mu_at(o, step), mu_next = mu_at(o, step + 1);
     const double mu_product = s.slots[0].item<double>();
-    c[0] = 1 - std::pow(std::get<1>(o.betas()), step);                  // bias_correction2
-    c[1] = -o.lr() * (1.0 - mu) / (1.0 - mu_product);                   // the gradient's coefficient
-    c[2] = (-o.lr() * mu_next) / (1.0 - mu_product * mu_next);          // exp_avg's
+    c[0] = 1 - std::pow(std::get<1>(o.betas()), step);          // bias_correction2
+    c[1] = -o.lr() * (1.0 - mu) / (1.0 - mu_product);           // the gradient's coefficient
+    c[2] = (-o.lr() * mu_next) / (1.0 - mu_product * mu_next);  // exp_avg's
   }
   static void aten(ParamState& s, at::Tensor& p, const at::Tensor& g, const NAdamOptions& o, bool) {
     const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
@@ -72,7 +80,8 @@ struct Descriptor<NAdamOptions> : DescriptorDefaults {
     const T wd = static_cast<T>(o.weight_decay());
     const T decay = static_cast<T>(1 - o.lr() * o.weight_decay());
     const T eps = static_cast<T>(o.eps());
-    const T bc2 = static_cast<T>(t.c[0]), c_grad = static_cast<T>(t.c[1]), c_avg = static_cast<T>(t.c[2]);
+    const T bc2 = static_cast<T>(t.c[0]), c_grad = static_cast<T>(t.c[1]),
+            c_avg = static_cast<T>(t.c[2]);
     const T sign = o.maximize() ? T(-1) : T(1);
     for (int64_t k = lo; k < hi; ++k) {
       T pk = p[k];

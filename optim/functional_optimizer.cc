@@ -11,13 +11,15 @@ namespace dtrain::optim {
 
 OptionsDict new_options_dict() { return OptionsDict(c10::StringType::get(), c10::AnyType::get()); }
 
-FunctionalOptimizer::FunctionalOptimizer(std::vector<at::Tensor> params) : params_(std::move(params)) {
+FunctionalOptimizer::FunctionalOptimizer(std::vector<at::Tensor> params)
+    : params_(std::move(params)) {
   std::unordered_set<const void*> seen;
   for (size_t i = 0; i < params_.size(); ++i) {
     TORCH_CHECK(params_[i].defined(), "functional optimizer: parameter ", i, " is undefined");
     TORCH_CHECK(params_[i].layout() == at::kStrided, "functional optimizer: parameter ", i,
                 " is sparse; functional optimizers take dense parameters");
-    TORCH_CHECK(seen.insert(params_[i].unsafeGetTensorImpl()).second, "functional optimizer: parameter ", i,
+    TORCH_CHECK(seen.insert(params_[i].unsafeGetTensorImpl()).second,
+                "functional optimizer: parameter ", i,
                 " appears more than once in the parameter list");
   }
   state_.resize(params_.size());
@@ -29,8 +31,10 @@ void FunctionalOptimizer::check_grad(size_t index, const at::Tensor& grad) const
   const at::Tensor& p = params_[index];
   if (takes_sparse_gradients()) {
     // PyTorch's message, then what dtrain expects instead.
-    TORCH_CHECK(grad.is_sparse(), name(), " does not support dense gradients, please consider Adam instead (gradient ",
-                index, " is dense; pass a sparse COO gradient, such as nn.Embedding(sparse=True) produces)");
+    TORCH_CHECK(
+        grad.is_sparse(), name(),
+        " does not support dense gradients, please consider Adam instead (gradient ", index,
+        " is dense; pass a sparse COO gradient, such as nn.Embedding(sparse=True) produces)");
   } else {
     TORCH_CHECK(grad.layout() == at::kStrided, name(), ": gradient ", index,
                 " is sparse; this optimizer does not support sparse gradients");
@@ -44,9 +48,10 @@ void FunctionalOptimizer::check_grad(size_t index, const at::Tensor& grad) const
 }
 
 void FunctionalOptimizer::step(const std::vector<at::Tensor>& gradients) {
-  TORCH_CHECK(gradients.size() == params_.size(),
-              "the gradients passed in does not equal to the size of the parameters! Params length: ",
-              params_.size(), ". Gradients length: ", gradients.size());
+  TORCH_CHECK(
+      gradients.size() == params_.size(),
+      "the gradients passed in does not equal to the size of the parameters! Params length: ",
+      params_.size(), ". Gradients length: ", gradients.size());
   for (size_t i = 0; i < gradients.size(); ++i) {
     if (gradients[i].defined()) check_grad(i, gradients[i]);
   }
@@ -75,14 +80,16 @@ void FunctionalOptimizer::update_all(const std::vector<at::Tensor>& grads) {
 }
 
 bool FunctionalOptimizer::has_state(size_t index) const {
-  TORCH_CHECK(index < state_.size(), "parameter index ", index, " out of range (", state_.size(), ")");
+  TORCH_CHECK(index < state_.size(), "parameter index ", index, " out of range (", state_.size(),
+              ")");
   return state_[index].initialized;
 }
 
 namespace {
 // PyTorch options that pick an implementation or a CUDA/autograd feature, not the math.
 bool is_torch_only_option(const std::string& key) {
-  static const std::unordered_set<std::string> torch_only = {"foreach", "capturable", "differentiable", "fused"};
+  static const std::unordered_set<std::string> torch_only = {"foreach", "capturable",
+                                                             "differentiable", "fused"};
   return torch_only.count(key) > 0;
 }
 }  // namespace
@@ -96,25 +103,30 @@ OptionsDict FunctionalOptimizer::merged_options(const std::string& optimizer, Op
       // `fused` is a real option where the optimizer's table has it (Adam, AdamW, SGD, Adagrad:
       // ATen's fused CUDA kernels); elsewhere, as foreach, it only picks PyTorch's implementation.
       if (key == "fused" && current.contains(key)) {
-        TORCH_CHECK(v.isNone() || v.isBool(), optimizer, ": option fused must be True, False or None, got ",
-                    v.tagKind());
+        TORCH_CHECK(v.isNone() || v.isBool(), optimizer,
+                    ": option fused must be True, False or None, got ", v.tagKind());
         current.insert_or_assign(key, v);
         continue;
       }
       TORCH_CHECK(key != "fused" || v.isNone() || (v.isBool() && !v.toBool()), optimizer,
-                  ": option fused=True is not supported: dtrain has ATen's fused CUDA kernels for Adam, AdamW, "
-                  "SGD and Adagrad only (", optimizer, " runs its own fused CPU kernel where it can); leave it "
+                  ": option fused=True is not supported: dtrain has ATen's fused CUDA kernels for "
+                  "Adam, AdamW, "
+                  "SGD and Adagrad only (",
+                  optimizer,
+                  " runs its own fused CPU kernel where it can); leave it "
                   "None or False");
       // foreach only picks PyTorch's implementation; the others change semantics we do not have.
       TORCH_CHECK(key == "foreach" || v.isNone() || (v.isBool() && !v.toBool()), optimizer,
-                  ": option ", key, "=True is not supported (CUDA-graph / autograd-through-step "
+                  ": option ", key,
+                  "=True is not supported (CUDA-graph / autograd-through-step "
                   "features of PyTorch); leave it False");
       continue;
     }
     if (!current.contains(key)) {
       std::string names;
       for (const auto& m : current) names += (names.empty() ? "" : ", ") + m.key().toStringRef();
-      TORCH_CHECK(false, optimizer, " got an unexpected option '", key, "'; its options are: ", names);
+      TORCH_CHECK(false, optimizer, " got an unexpected option '", key,
+                  "'; its options are: ", names);
     }
     current.insert_or_assign(key, kv.value());
   }
@@ -157,14 +169,18 @@ c10::IValue FunctionalOptimizer::state_dict() const {
 }
 
 void FunctionalOptimizer::load_state_dict(const c10::IValue& state_dict) {
-  absl::StatusOr<checkpoint::OptimizerStateDict> sd =
-      checkpoint::parse_optimizer_state_dict(state_dict, name() + ".load_state_dict: the state dict");
+  absl::StatusOr<checkpoint::OptimizerStateDict> sd = checkpoint::parse_optimizer_state_dict(
+      state_dict, name() + ".load_state_dict: the state dict");
   TORCH_CHECK(sd.ok(), sd.status().message());
-  TORCH_CHECK(sd->param_groups.size() == 1, name(), ".load_state_dict: functional optimizers have one parameter "
-              "group, the state dict has ", sd->param_groups.size());
+  TORCH_CHECK(sd->param_groups.size() == 1, name(),
+              ".load_state_dict: functional optimizers have one parameter "
+              "group, the state dict has ",
+              sd->param_groups.size());
   const checkpoint::ParamGroup& group = sd->param_groups[0];
-  TORCH_CHECK(group.params.size() == params_.size(), name(), ".load_state_dict: loaded state dict has a "
-              "parameter group of ", group.params.size(), " parameters, this optimizer has ", params_.size());
+  TORCH_CHECK(group.params.size() == params_.size(), name(),
+              ".load_state_dict: loaded state dict has a "
+              "parameter group of ",
+              group.params.size(), " parameters, this optimizer has ", params_.size());
   const std::vector<int64_t>& saved_index = group.params;
 
   // Build everything first, so a bad entry leaves the optimizer as it was.
@@ -190,8 +206,9 @@ void FunctionalOptimizer::load_state_dict(const c10::IValue& state_dict) {
       if (k == "step") {
         TORCH_CHECK(step_kind() != StepKind::kNone, name(), ".load_state_dict: parameter ", i,
                     " has a 'step' entry, which ", name(), " does not keep");
-        s.step = v.isTensor() ? static_cast<int64_t>(v.toTensor().item<double>())
-                              : v.isDouble() ? static_cast<int64_t>(v.toDouble()) : v.toInt();
+        s.step = v.isTensor()   ? static_cast<int64_t>(v.toTensor().item<double>())
+                 : v.isDouble() ? static_cast<int64_t>(v.toDouble())
+                                : v.toInt();
         continue;
       }
       size_t slot = names.size();
@@ -211,9 +228,10 @@ void FunctionalOptimizer::load_state_dict(const c10::IValue& state_dict) {
                     params_[i].sizes());
         s.slots[slot] = at::empty_like(params_[i]).copy_(t);
       } else {
-        TORCH_CHECK(t.sizes().equals(shape), name(), ".load_state_dict: state '", k, "' of parameter ", i,
-                    " has shape ", t.sizes(), ", ", name(), " keeps it with shape ", c10::IntArrayRef(shape),
-                    " for a parameter of shape ", params_[i].sizes(), "; load a state dict saved for these parameters");
+        TORCH_CHECK(t.sizes().equals(shape), name(), ".load_state_dict: state '", k,
+                    "' of parameter ", i, " has shape ", t.sizes(), ", ", name(),
+                    " keeps it with shape ", c10::IntArrayRef(shape), " for a parameter of shape ",
+                    params_[i].sizes(), "; load a state dict saved for these parameters");
         // PyTorch casts every state tensor but "step" to its parameter's dtype and device.
         s.slots[slot] = at::empty(shape, params_[i].options()).copy_(t);
       }

@@ -19,8 +19,8 @@
 #include <vector>
 
 #include <ATen/core/Dict.h>
-#include <ATen/core/ivalue.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
 
 namespace dtrain::optim {
 
@@ -133,7 +133,9 @@ class FunctionalOptimizer {
   virtual bool none_for_undefined_slots() const { return false; }
   // The shape of slot `slot` for `param`; load_state_dict() checks loaded tensors against it and
   // casts them to the parameter's dtype and device, as PyTorch's Optimizer.load_state_dict does.
-  virtual std::vector<int64_t> slot_shape(size_t slot, const at::Tensor& param) const { return param.sizes().vec(); }
+  virtual std::vector<int64_t> slot_shape(size_t slot, const at::Tensor& param) const {
+    return param.sizes().vec();
+  }
 
   std::vector<at::Tensor> params_;
   std::vector<ParamState> state_;

@@ -51,7 +51,8 @@ std::string python_float_repr(double v);
 double option_value(const OptionsDict& d, const std::string& key, double*);
 bool option_value(const OptionsDict& d, const std::string& key, bool*);
 DoublePair option_value(const OptionsDict& d, const std::string& key, DoublePair*);
-int64_t option_value(const OptionsDict& d, const std::string& key, int64_t*);  // an int (or an integral float)
+int64_t option_value(const OptionsDict& d, const std::string& key,
+                     int64_t*);  // an int (or an integral float)
 OptionalDoublePair option_value(const OptionsDict& d, const std::string& key, OptionalDoublePair*);
 DoubleTriple option_value(const OptionsDict& d, const std::string& key, DoubleTriple*);
 OptionalString option_value(const OptionsDict& d, const std::string& key, OptionalString*);
@@ -76,19 +77,23 @@ OptionRule<double> in_unit_interval(const char* what);
 OptionRule<DoublePair> valid_betas();
 
 // `name, accessor` for OptionTable::option: the PyTorch key equals the options struct's field.
-#define DTRAIN_OPTION(field) #field, [](auto& o) -> auto& { return o.field(); }
+#define DTRAIN_OPTION(field) \
+#field, [](auto& o) -> auto& { return o.field(); }
 
 template <typename Options>
 class OptionTable {
  public:
   // `name`: PyTorch's class name ("Adam"), used in messages and as the registry name.
   // `defaults`: what the registry's factory starts from (usually Options()).
-  OptionTable(std::string name, Options defaults) : name_(std::move(name)), defaults_(std::move(defaults)) {}
+  OptionTable(std::string name, Options defaults)
+      : name_(std::move(name)), defaults_(std::move(defaults)) {}
 
   // A key backed by a field (`accessor(options)` returns a reference to it), checked by `rule`.
   template <typename Accessor>
-  OptionTable& option(const char* key, Accessor accessor,
-                      OptionRule<std::decay_t<decltype(std::declval<Accessor&>()(std::declval<Options&>()))>> rule = {}) {
+  OptionTable& option(
+      const char* key, Accessor accessor,
+      OptionRule<std::decay_t<decltype(std::declval<Accessor&>()(std::declval<Options&>()))>> rule =
+          {}) {
     using T = std::decay_t<decltype(accessor(std::declval<Options&>()))>;
     Row row;
     row.key = key;
@@ -129,10 +134,12 @@ class OptionTable {
   // The rows most optimizers share, with PyTorch's checks and messages.
   OptionTable& lr() { return option(DTRAIN_OPTION(lr), non_negative("Invalid learning rate")); }
   OptionTable& eps() { return option(DTRAIN_OPTION(eps), non_negative("Invalid epsilon value")); }
-  OptionTable& weight_decay() { return option(DTRAIN_OPTION(weight_decay), non_negative("Invalid weight_decay value")); }
+  OptionTable& weight_decay() {
+    return option(DTRAIN_OPTION(weight_decay), non_negative("Invalid weight_decay value"));
+  }
   OptionTable& betas() { return option(DTRAIN_OPTION(betas), valid_betas()); }
   OptionTable& maximize() { return option(DTRAIN_OPTION(maximize)); }
-  OptionTable& foreach() { return fixed("foreach", c10::IValue()); }
+  OptionTable& foreach () { return fixed("foreach", c10::IValue()); }
   // PyTorch's `fused` (None, True or False), backed by Options::fused(): which CUDA path the
   // optimizers with ATen fused kernels take (see FunctionalOptimizer::set_options).
   OptionTable& fused() { return option(DTRAIN_OPTION(fused)); }
@@ -174,9 +181,11 @@ class OptionTable {
   // takes them) applied, then validated.
   Options resolve(const OptionsDict& overrides) const {
     for (const std::string& key : required_) {
-      TORCH_CHECK(overrides.contains(key), name_, " needs an '", key, "' option (it has no default)");
+      TORCH_CHECK(overrides.contains(key), name_, " needs an '", key,
+                  "' option (it has no default)");
     }
-    Options o = from_dict(FunctionalOptimizer::merged_options(name_, to_dict(defaults_), overrides), defaults_);
+    Options o = from_dict(FunctionalOptimizer::merged_options(name_, to_dict(defaults_), overrides),
+                          defaults_);
     validate(o);
     return o;
   }
@@ -184,9 +193,9 @@ class OptionTable {
  private:
   struct Row {
     std::string key;
-    std::function<c10::IValue(const Options&)> get;          // null for a fixed key
-    std::function<void(Options&, const OptionsDict&)> set;   // null for a fixed key
-    std::function<void(const Options&)> check;               // null when unchecked
+    std::function<c10::IValue(const Options&)> get;         // null for a fixed key
+    std::function<void(Options&, const OptionsDict&)> set;  // null for a fixed key
+    std::function<void(const Options&)> check;              // null when unchecked
     c10::IValue fixed;
   };
 
@@ -210,7 +219,8 @@ class TypedFunctionalOptimizer : public FunctionalOptimizer {
   // Errors: PyTorch's message for an invalid option; "optimizer got an empty parameter list"
   // when `params` is empty, unless allow_empty_param_list (PyTorch's _allow_empty_param_list,
   // which ZeroRedundancyOptimizer passes: a rank may own no parameter).
-  TypedFunctionalOptimizer(std::vector<at::Tensor> params, Options options, bool allow_empty_param_list = false);
+  TypedFunctionalOptimizer(std::vector<at::Tensor> params, Options options,
+                           bool allow_empty_param_list = false);
 
   // Name, keys, checks and registry defaults of this optimizer's options.
   static const OptionTable<Options>& option_table();
@@ -237,7 +247,9 @@ class TypedFunctionalOptimizer : public FunctionalOptimizer {
  protected:
   void update(size_t index, const at::Tensor& grad) override;
   void update_all(const std::vector<at::Tensor>& grads) override;
-  void apply_options(const OptionsDict& merged) override { set_options(option_table().from_dict(merged, options_)); }
+  void apply_options(const OptionsDict& merged) override {
+    set_options(option_table().from_dict(merged, options_));
+  }
   StepKind step_kind() const override;
   std::array<const char*, 4> slot_names() const override;
   bool none_for_undefined_slots() const override;

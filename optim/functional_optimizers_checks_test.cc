@@ -32,14 +32,17 @@ TEST(FunctionalOptimizersTest, LoadStateDictRejectsMismatches) {
     other.load_state_dict(sd);
     FAIL();
   } catch (const c10::Error& e) {
-    EXPECT_THAT(e.what_without_backtrace(), HasSubstr("parameter group of 2 parameters, this optimizer has 1"));
+    EXPECT_THAT(e.what_without_backtrace(),
+                HasSubstr("parameter group of 2 parameters, this optimizer has 1"));
   }
   FunctionalAdam swapped({at::zeros({3}), at::zeros({2, 2})}, AdamOptions());
   try {
     swapped.load_state_dict(sd);
     FAIL();
   } catch (const c10::Error& e) {
-    EXPECT_THAT(e.what_without_backtrace(), HasSubstr("state 'exp_avg' of parameter 0 has shape [2, 2], the parameter has shape [3]"));
+    EXPECT_THAT(
+        e.what_without_backtrace(),
+        HasSubstr("state 'exp_avg' of parameter 0 has shape [2, 2], the parameter has shape [3]"));
   }
 }
 
@@ -67,7 +70,8 @@ TEST(FunctionalOptimizersTest, LengthMismatchNamesBothLengths) {
     sgd.step({at::zeros({2}), at::Tensor()});
     FAIL();
   } catch (const c10::Error& e) {
-    EXPECT_THAT(e.what_without_backtrace(), HasSubstr("gradient 0 has shape [2] but its parameter has shape [1]"));
+    EXPECT_THAT(e.what_without_backtrace(),
+                HasSubstr("gradient 0 has shape [2] but its parameter has shape [1]"));
   }
 }
 
@@ -83,40 +87,75 @@ void expect_error(const std::function<void()>& f, const std::string& message) {
 TEST(FunctionalOptimizersTest, RejectsInvalidHyperParametersWithPyTorchMessages) {
   std::vector<at::Tensor> p = {at::zeros({1})};
   expect_error([&] { FunctionalSGD(p, SGDOptions(-0.1)); }, "Invalid learning rate: -0.1");
-  expect_error([&] { FunctionalSGD(p, SGDOptions(0.1).momentum(-1)); }, "Invalid momentum value: -1.0");
+  expect_error([&] { FunctionalSGD(p, SGDOptions(0.1).momentum(-1)); },
+               "Invalid momentum value: -1.0");
   expect_error([&] { FunctionalSGD(p, SGDOptions(0.1).nesterov(true)); },
                "Nesterov momentum requires a momentum and zero dampening");
-  expect_error([&] { FunctionalAdam(p, AdamOptions().betas({1.0, 0.999})); }, "Invalid beta parameter at index 0: 1.0");
-  expect_error([&] { FunctionalAdamW(p, AdamWOptions().betas({0.9, -0.1})); }, "Invalid beta parameter at index 1: -0.1");
-  expect_error([&] { FunctionalAdam(p, AdamOptions().eps(-1e-8)); }, "Invalid epsilon value: -1e-08");
-  expect_error([&] { FunctionalAdamax(p, AdamaxOptions().weight_decay(-1)); }, "Invalid weight_decay value: -1.0");
-  expect_error([&] { FunctionalAdagrad(p, AdagradOptions().lr_decay(-1)); }, "Invalid lr_decay value: -1.0");
+  expect_error(
+      [&] {
+        FunctionalAdam(p, AdamOptions().betas({1.0, 0.999}));
+      },
+      "Invalid beta parameter at index 0: 1.0");
+  expect_error(
+      [&] {
+        FunctionalAdamW(p, AdamWOptions().betas({0.9, -0.1}));
+      },
+      "Invalid beta parameter at index 1: -0.1");
+  expect_error([&] { FunctionalAdam(p, AdamOptions().eps(-1e-8)); },
+               "Invalid epsilon value: -1e-08");
+  expect_error([&] { FunctionalAdamax(p, AdamaxOptions().weight_decay(-1)); },
+               "Invalid weight_decay value: -1.0");
+  expect_error([&] { FunctionalAdagrad(p, AdagradOptions().lr_decay(-1)); },
+               "Invalid lr_decay value: -1.0");
   expect_error([&] { FunctionalAdagrad(p, AdagradOptions().initial_accumulator_value(-1)); },
                "Invalid initial_accumulator_value value: -1.0");
-  expect_error([&] { FunctionalAdadelta(p, AdadeltaOptions().rho(1.5)); }, "Invalid rho value: 1.5");
-  expect_error([&] { FunctionalRMSprop(p, RMSpropOptions().alpha(-0.5)); }, "Invalid alpha value: -0.5");
-  expect_error([&] { FunctionalRprop(p, RpropOptions().etas({1.5, 1.2})); }, "Invalid eta values: 1.5, 1.2");
-  expect_error([&] { FunctionalNAdam(p, NAdamOptions().momentum_decay(-1)); }, "Invalid momentum_decay value: -1.0");
-  expect_error([&] { FunctionalNAdam(p, NAdamOptions().betas({0.9, 1.0})); }, "Invalid beta parameter at index 1: 1.0");
+  expect_error([&] { FunctionalAdadelta(p, AdadeltaOptions().rho(1.5)); },
+               "Invalid rho value: 1.5");
+  expect_error([&] { FunctionalRMSprop(p, RMSpropOptions().alpha(-0.5)); },
+               "Invalid alpha value: -0.5");
+  expect_error(
+      [&] {
+        FunctionalRprop(p, RpropOptions().etas({1.5, 1.2}));
+      },
+      "Invalid eta values: 1.5, 1.2");
+  expect_error([&] { FunctionalNAdam(p, NAdamOptions().momentum_decay(-1)); },
+               "Invalid momentum_decay value: -1.0");
+  expect_error(
+      [&] {
+        FunctionalNAdam(p, NAdamOptions().betas({0.9, 1.0}));
+      },
+      "Invalid beta parameter at index 1: 1.0");
   expect_error([&] { FunctionalRAdam(p, RAdamOptions().eps(-1)); }, "Invalid epsilon value: -1.0");
   expect_error([&] { FunctionalASGD(p, ASGDOptions().lr(-0.5)); }, "Invalid learning rate: -0.5");
-  expect_error([&] { FunctionalASGD(p, ASGDOptions().weight_decay(-0.5)); }, "Invalid weight_decay value: -0.5");
-  expect_error([&] { FunctionalAdafactor(p, AdafactorOptions().lr(-1)); }, "Learning rate should be >= 0 but is: -1.0");
+  expect_error([&] { FunctionalASGD(p, ASGDOptions().weight_decay(-0.5)); },
+               "Invalid weight_decay value: -0.5");
+  expect_error([&] { FunctionalAdafactor(p, AdafactorOptions().lr(-1)); },
+               "Learning rate should be >= 0 but is: -1.0");
   expect_error([&] { FunctionalAdafactor(p, AdafactorOptions().beta2_decay(0.5)); },
                "beta2_decay should be <= 0 but is: 0.5");
-  expect_error([&] { FunctionalAdafactor(p, AdafactorOptions().eps({-1.0, 1e-3})); },
-               "epsilon1 should be >= 0 but is: -1.0");
-  expect_error([&] { FunctionalAdafactor(p, AdafactorOptions().eps({std::nullopt, -2.0})); },
-               "epsilon2 should be >= 0 but is: -2.0");
+  expect_error(
+      [&] {
+        FunctionalAdafactor(p, AdafactorOptions().eps({-1.0, 1e-3}));
+      },
+      "epsilon1 should be >= 0 but is: -1.0");
+  expect_error(
+      [&] {
+        FunctionalAdafactor(p, AdafactorOptions().eps({std::nullopt, -2.0}));
+      },
+      "epsilon2 should be >= 0 but is: -2.0");
   expect_error([&] { FunctionalAdafactor(p, AdafactorOptions().d(0.5)); },
                "Clipping threshold d should be >= 1 but is: 0.5");
   expect_error([&] { FunctionalAdafactor(p, AdafactorOptions().weight_decay(-1)); },
                "weight_decay should be >= 0 but is: -1.0");
-  expect_error([&] { FunctionalSparseAdam(p, SparseAdamOptions().lr(0)); }, "Invalid learning rate: 0.0");
-  expect_error([&] { FunctionalSparseAdam(p, SparseAdamOptions().eps(0)); }, "Invalid epsilon value: 0.0");
+  expect_error([&] { FunctionalSparseAdam(p, SparseAdamOptions().lr(0)); },
+               "Invalid learning rate: 0.0");
+  expect_error([&] { FunctionalSparseAdam(p, SparseAdamOptions().eps(0)); },
+               "Invalid epsilon value: 0.0");
   const std::vector<at::Tensor> matrix = {at::zeros({2, 3})};
-  expect_error([&] { FunctionalMuon(matrix, MuonOptions().lr(-1)); }, "Learning rate should be >= 0 but is: -1.0");
-  expect_error([&] { FunctionalMuon(matrix, MuonOptions().momentum(-1)); }, "momentum should be >= 0 but is: -1.0");
+  expect_error([&] { FunctionalMuon(matrix, MuonOptions().lr(-1)); },
+               "Learning rate should be >= 0 but is: -1.0");
+  expect_error([&] { FunctionalMuon(matrix, MuonOptions().momentum(-1)); },
+               "momentum should be >= 0 but is: -1.0");
   expect_error([&] { FunctionalMuon(matrix, MuonOptions().weight_decay(-1)); },
                "weight decay should be >= 0 but is: -1.0");
   expect_error([&] { FunctionalMuon(matrix, MuonOptions().adjust_lr_fn("sqrt")); },
@@ -148,13 +187,18 @@ OptionsDict dict_of(const std::vector<std::pair<const char*, c10::IValue>>& kv) 
 // the fused and the ATen path. SGD's momentum may be switched on later (PyTorch starts the buffer).
 TEST(FunctionalOptimizersTest, SwitchingOnStatefulOptionsAfterTheFirstStepIsAnError) {
   const std::vector<std::tuple<const char*, OptionsDict, const char*>> cases = {
-      {"Adam", dict_of({{"amsgrad", true}}), "Adam: amsgrad=True needs the state 'max_exp_avg_sq', which parameter 0"},
-      {"AdamW", dict_of({{"amsgrad", true}}), "AdamW: amsgrad=True needs the state 'max_exp_avg_sq', which parameter 0"},
-      {"RMSprop", dict_of({{"momentum", 0.9}}), "RMSprop: momentum > 0 needs the state 'momentum_buffer'"},
-      {"RMSprop", dict_of({{"centered", true}}), "RMSprop: centered=True needs the state 'grad_avg'"},
+      {"Adam", dict_of({{"amsgrad", true}}),
+       "Adam: amsgrad=True needs the state 'max_exp_avg_sq', which parameter 0"},
+      {"AdamW", dict_of({{"amsgrad", true}}),
+       "AdamW: amsgrad=True needs the state 'max_exp_avg_sq', which parameter 0"},
+      {"RMSprop", dict_of({{"momentum", 0.9}}),
+       "RMSprop: momentum > 0 needs the state 'momentum_buffer'"},
+      {"RMSprop", dict_of({{"centered", true}}),
+       "RMSprop: centered=True needs the state 'grad_avg'"},
   };
   auto step_of = [](const FunctionalOptimizer& o) {
-    const c10::IValue v = o.state_dict().toGenericDict().at("state").toGenericDict().at(0).toGenericDict().at("step");
+    const c10::IValue v =
+        o.state_dict().toGenericDict().at("state").toGenericDict().at(0).toGenericDict().at("step");
     return v.isTensor() ? v.toTensor().item<double>() : v.toInt();
   };
   for (const auto& [name, later, message] : cases) {
@@ -169,7 +213,8 @@ TEST(FunctionalOptimizersTest, SwitchingOnStatefulOptionsAfterTheFirstStepIsAnEr
       EXPECT_TRUE(params[0].equal(before));
       EXPECT_EQ(step_of(*opt), 1);
       // A parameter without state yet starts it with the new options.
-      auto fresh = FunctionalRegistry::global().create(name, {make_param(at::ones({3}), at::kFloat, layout)}, later);
+      auto fresh = FunctionalRegistry::global().create(
+          name, {make_param(at::ones({3}), at::kFloat, layout)}, later);
       fresh->step({at::ones({3})});
     }
   }
@@ -185,7 +230,8 @@ TEST(FunctionalOptimizersTest, SwitchingOnStatefulOptionsAfterTheFirstStepIsAnEr
 // in PyTorch: the fused kernels follow the options, not the presence of the buffer.
 TEST(FunctionalOptimizersTest, SwitchingStatefulOptionsOffIgnoresTheirState) {
   const std::vector<std::tuple<const char*, OptionsDict, OptionsDict>> cases = {
-      {"SGD", dict_of({{"lr", 0.1}, {"momentum", 0.9}, {"dampening", 0.5}}), dict_of({{"momentum", 0.0}})},
+      {"SGD", dict_of({{"lr", 0.1}, {"momentum", 0.9}, {"dampening", 0.5}}),
+       dict_of({{"momentum", 0.0}})},
       {"Adam", dict_of({{"lr", 0.1}, {"amsgrad", true}}), dict_of({{"amsgrad", false}})},
       {"AdamW", dict_of({{"lr", 0.1}, {"amsgrad", true}}), dict_of({{"amsgrad", false}})},
   };
@@ -204,10 +250,13 @@ TEST(FunctionalOptimizersTest, SwitchingStatefulOptionsOffIgnoresTheirState) {
       b->step({g});
     }
     EXPECT_LE(relative_error(fused[0], aten[0]), 1e-6);
-    auto state = [](FunctionalOptimizer& o) { return o.state_dict().toGenericDict().at("state").toGenericDict().at(0).toGenericDict(); };
+    auto state = [](FunctionalOptimizer& o) {
+      return o.state_dict().toGenericDict().at("state").toGenericDict().at(0).toGenericDict();
+    };
     for (const auto& kv : state(*a)) {
       if (!kv.value().isTensor()) continue;
-      EXPECT_LE(relative_error(kv.value().toTensor(), state(*b).at(kv.key()).toTensor()), 1e-6) << kv.key().toStringRef();
+      EXPECT_LE(relative_error(kv.value().toTensor(), state(*b).at(kv.key()).toTensor()), 1e-6)
+          << kv.key().toStringRef();
     }
   }
 }
@@ -247,7 +296,8 @@ TEST(FunctionalOptimizersTest, FusedMultiTensorPathCoversLargeTensors) {
 // bit-identical parameters and state for every optimizer and option, float and double, with sizes
 // that leave vector remainders.
 TEST(FunctionalOptimizersTest, Avx2KernelsAreBitIdenticalToTheBaseline) {
-  if (!internal::cpu_has_avx2()) GTEST_SKIP() << "this CPU has no AVX2: only the baseline kernels run";
+  if (!internal::cpu_has_avx2())
+    GTEST_SKIP() << "this CPU has no AVX2: only the baseline kernels run";
   struct Config {
     const char* name;
     std::vector<std::pair<const char*, c10::IValue>> options;
@@ -265,9 +315,11 @@ TEST(FunctionalOptimizersTest, Avx2KernelsAreBitIdenticalToTheBaseline) {
       {"RMSprop", {{"lr", 0.01}, {"weight_decay", 0.1}}},
       {"Rprop", {{"lr", 0.01}}},
       {"NAdam", {{"lr", 0.01}, {"weight_decay", 0.1}}},
-      {"NAdam", {{"lr", 0.01}, {"weight_decay", 0.1}, {"decoupled_weight_decay", true}, {"maximize", true}}},
+      {"NAdam",
+       {{"lr", 0.01}, {"weight_decay", 0.1}, {"decoupled_weight_decay", true}, {"maximize", true}}},
       {"RAdam", {{"lr", 0.01}, {"weight_decay", 0.1}}},  // rectified from step 6 on
-      {"RAdam", {{"lr", 0.01}, {"weight_decay", 0.1}, {"decoupled_weight_decay", true}, {"maximize", true}}},
+      {"RAdam",
+       {{"lr", 0.01}, {"weight_decay", 0.1}, {"decoupled_weight_decay", true}, {"maximize", true}}},
       {"ASGD", {{"lr", 0.01}, {"t0", 1.0}, {"weight_decay", 0.1}}},
       {"ASGD", {{"lr", 0.01}, {"maximize", true}}},
   };
@@ -293,27 +345,28 @@ TEST(FunctionalOptimizersTest, Avx2KernelsAreBitIdenticalToTheBaseline) {
         internal::baseline_kernels_only() = false;
       }
       for (size_t i = 0; i < params[0].size(); ++i) {
-        EXPECT_TRUE(params[0][i].equal(params[1][i])) << c.name << " " << c10::toString(dtype) << " param " << i
-                                                      << " differs by " << (params[0][i] - params[1][i]).abs().max();
+        EXPECT_TRUE(params[0][i].equal(params[1][i]))
+            << c.name << " " << c10::toString(dtype) << " param " << i << " differs by "
+            << (params[0][i] - params[1][i]).abs().max();
       }
     }
   }
 }
 
-
 // PyTorch 2.x keeps "step" as a 0-dim float32 tensor for every optimizer that counts steps but
 // SparseAdam (a Python int); dtrain's state dicts hold the same types (RMSprop, Adadelta and Rprop
 // used to hold an int, PyTorch 1.13's format).
 TEST(FunctionalOptimizersTest, StepIsAFloat32TensorAsInPyTorch2) {
-  for (const char* name :
-       {"Adam", "AdamW", "Adagrad", "Adadelta", "Adamax", "RMSprop", "Rprop", "NAdam", "RAdam", "ASGD", "Adafactor"}) {
+  for (const char* name : {"Adam", "AdamW", "Adagrad", "Adadelta", "Adamax", "RMSprop", "Rprop",
+                           "NAdam", "RAdam", "ASGD", "Adafactor"}) {
     SCOPED_TRACE(name);
     std::vector<at::Tensor> params = {at::zeros({3})};
     auto opt = FunctionalRegistry::global().create(name, params, dict_of({{"lr", 0.1}}));
     opt->step({at::ones({3})});
     opt->step({at::ones({3})});
     const c10::IValue step =
-        opt->state_dict().toGenericDict().at("state").toGenericDict().at(0).toGenericDict().at("step");
+        opt->state_dict().toGenericDict().at("state").toGenericDict().at(0).toGenericDict().at(
+            "step");
     ASSERT_TRUE(step.isTensor()) << "step is a " << step.tagKind();
     EXPECT_EQ(step.toTensor().scalar_type(), at::kFloat);
     EXPECT_EQ(step.toTensor().dim(), 0);
@@ -341,9 +394,11 @@ TEST(FunctionalOptimizersTest, LoadStateDictCastsScalarStateToTheParameterDtype)
   loaded.step({at::ones({3}, at::kDouble)});  // and steps with it
 
   c10::IValue sd = nadam.state_dict();
-  sd.toGenericDict().at("state").toGenericDict().at(0).toGenericDict().insert_or_assign("mu_product", at::ones({3}));
+  sd.toGenericDict().at("state").toGenericDict().at(0).toGenericDict().insert_or_assign(
+      "mu_product", at::ones({3}));
   expect_error([&] { loaded.load_state_dict(sd); },
-               "state 'mu_product' of parameter 0 has shape [3], NAdam keeps it with shape [] for a parameter of "
+               "state 'mu_product' of parameter 0 has shape [3], NAdam keeps it with shape [] for "
+               "a parameter of "
                "shape [3]");
 }
 
@@ -351,23 +406,62 @@ TEST(FunctionalOptimizersTest, LoadStateDictCastsScalarStateToTheParameterDtype)
 // functional form of, built with its defaults: PyTorch 2.14's keys, in its order, and values.
 TEST(FunctionalOptimizersTest, OptionsDictsArePyTorchParamGroups) {
   const c10::IValue none;
-  auto pair = [](c10::IValue a, c10::IValue b) { return c10::ivalue::Tuple::create({std::move(a), std::move(b)}); };
-  const std::vector<std::pair<const char*, std::vector<std::pair<const char*, c10::IValue>>>> groups = {
-      {"NAdam", {{"lr", 0.002}, {"betas", pair(0.9, 0.999)}, {"eps", 1e-08}, {"weight_decay", 0.0},
-                 {"momentum_decay", 0.004}, {"decoupled_weight_decay", false}, {"maximize", false}, {"foreach", none},
-                 {"capturable", false}, {"differentiable", false}}},
-      {"RAdam", {{"lr", 0.001}, {"betas", pair(0.9, 0.999)}, {"eps", 1e-08}, {"weight_decay", 0.0},
-                 {"maximize", false}, {"foreach", none}, {"capturable", false}, {"decoupled_weight_decay", false},
-                 {"differentiable", false}}},
-      {"ASGD", {{"lr", 0.01}, {"lambd", 0.0001}, {"alpha", 0.75}, {"t0", 1000000.0}, {"weight_decay", 0.0},
-                {"foreach", none}, {"maximize", false}, {"differentiable", false}, {"capturable", false}}},
-      {"Adafactor", {{"lr", 0.01}, {"beta2_decay", -0.8}, {"eps", pair(none, 0.001)}, {"d", 1.0},
-                     {"weight_decay", 0.0}, {"foreach", none}, {"maximize", false}}},
-      {"SparseAdam", {{"lr", 0.001}, {"betas", pair(0.9, 0.999)}, {"eps", 1e-08}, {"maximize", false}}},
-      {"Muon", {{"lr", 0.001}, {"weight_decay", 0.1}, {"momentum", 0.95}, {"nesterov", true},
-                {"ns_coefficients", c10::ivalue::Tuple::create({3.4445, -4.775, 2.0315})}, {"eps", 1e-07},
-                {"ns_steps", int64_t{5}}, {"adjust_lr_fn", none}}},
+  auto pair = [](c10::IValue a, c10::IValue b) {
+    return c10::ivalue::Tuple::create({std::move(a), std::move(b)});
   };
+  const std::vector<std::pair<const char*, std::vector<std::pair<const char*, c10::IValue>>>>
+      groups = {
+          {"NAdam",
+           {{"lr", 0.002},
+            {"betas", pair(0.9, 0.999)},
+            {"eps", 1e-08},
+            {"weight_decay", 0.0},
+            {"momentum_decay", 0.004},
+            {"decoupled_weight_decay", false},
+            {"maximize", false},
+            {"foreach", none},
+            {"capturable", false},
+            {"differentiable", false}}},
+          {"RAdam",
+           {{"lr", 0.001},
+            {"betas", pair(0.9, 0.999)},
+            {"eps", 1e-08},
+            {"weight_decay", 0.0},
+            {"maximize", false},
+            {"foreach", none},
+            {"capturable", false},
+            {"decoupled_weight_decay", false},
+            {"differentiable", false}}},
+          {"ASGD",
+           {{"lr", 0.01},
+            {"lambd", 0.0001},
+            {"alpha", 0.75},
+            {"t0", 1000000.0},
+            {"weight_decay", 0.0},
+            {"foreach", none},
+            {"maximize", false},
+            {"differentiable", false},
+            {"capturable", false}}},
+          {"Adafactor",
+           {{"lr", 0.01},
+            {"beta2_decay", -0.8},
+            {"eps", pair(none, 0.001)},
+            {"d", 1.0},
+            {"weight_decay", 0.0},
+            {"foreach", none},
+            {"maximize", false}}},
+          {"SparseAdam",
+           {{"lr", 0.001}, {"betas", pair(0.9, 0.999)}, {"eps", 1e-08}, {"maximize", false}}},
+          {"Muon",
+           {{"lr", 0.001},
+            {"weight_decay", 0.1},
+            {"momentum", 0.95},
+            {"nesterov", true},
+            {"ns_coefficients", c10::ivalue::Tuple::create({3.4445, -4.775, 2.0315})},
+            {"eps", 1e-07},
+            {"ns_steps", int64_t{5}},
+            {"adjust_lr_fn", none}}},
+      };
   for (const auto& [name, want] : groups) {
     SCOPED_TRACE(name);
     auto opt = FunctionalRegistry::global().create(name, {at::zeros({2, 2})}, new_options_dict());
@@ -395,9 +489,12 @@ TEST(FunctionalOptimizersTest, AdafactorEpsNoneAndStateOfTheWrongKind) {
   EXPECT_EQ(std::get<1>(adafactor.options().eps()), 2e-3);
   adafactor.step({at::ones({2, 3}), at::ones({4})});
   auto state = adafactor.state_dict().toGenericDict().at("state").toGenericDict();
-  EXPECT_EQ(state.at(0).toGenericDict().at("row_var").toTensor().sizes(), (std::vector<int64_t>{2, 1}));
-  EXPECT_EQ(state.at(0).toGenericDict().at("col_var").toTensor().sizes(), (std::vector<int64_t>{1, 3}));
-  EXPECT_EQ(state.at(1).toGenericDict().at("variance").toTensor().sizes(), (std::vector<int64_t>{4}));
+  EXPECT_EQ(state.at(0).toGenericDict().at("row_var").toTensor().sizes(),
+            (std::vector<int64_t>{2, 1}));
+  EXPECT_EQ(state.at(0).toGenericDict().at("col_var").toTensor().sizes(),
+            (std::vector<int64_t>{1, 3}));
+  EXPECT_EQ(state.at(1).toGenericDict().at("variance").toTensor().sizes(),
+            (std::vector<int64_t>{4}));
 
   c10::IValue swapped = adafactor.state_dict();  // the vector's variance given to the matrix
   auto swapped_state = swapped.toGenericDict().at("state").toGenericDict();
@@ -408,8 +505,11 @@ TEST(FunctionalOptimizersTest, AdafactorEpsNoneAndStateOfTheWrongKind) {
   FunctionalAdafactor other({at::ones({2, 3}), at::ones({4})}, AdafactorOptions());
   other.load_state_dict(swapped);
   const at::Tensor before = other.params()[1].clone();
-  expect_error([&] { other.step({at::ones({2, 3}), at::ones({4})}); },
-               "Adafactor: parameter 0 has 2 dimensions, so its state needs 'row_var' and 'col_var'");
+  expect_error(
+      [&] {
+        other.step({at::ones({2, 3}), at::ones({4})});
+      },
+      "Adafactor: parameter 0 has 2 dimensions, so its state needs 'row_var' and 'col_var'");
   EXPECT_TRUE(other.params()[1].equal(before));
 }
 
@@ -418,8 +518,12 @@ TEST(FunctionalOptimizersTest, AdafactorEpsNoneAndStateOfTheWrongKind) {
 TEST(FunctionalOptimizersTest, SparseGradientsAreSparseAdamsOnly) {
   at::Tensor w = at::ones({4, 2});
   FunctionalSparseAdam sparse_adam({w}, SparseAdamOptions().lr(0.1));
-  expect_error([&] { sparse_adam.step({at::ones({4, 2})}); },
-               "SparseAdam does not support dense gradients, please consider Adam instead (gradient 0 is dense;");
+  expect_error(
+      [&] {
+        sparse_adam.step({at::ones({4, 2})});
+      },
+      "SparseAdam does not support dense gradients, please consider Adam instead (gradient 0 is "
+      "dense;");
   EXPECT_FALSE(sparse_adam.has_state(0));
   // Rows 1 and 3 only: the others and their state keep their values.
   at::Tensor grad = at::zeros({4, 2});
@@ -429,43 +533,59 @@ TEST(FunctionalOptimizersTest, SparseGradientsAreSparseAdamsOnly) {
   EXPECT_TRUE(w.select(0, 0).equal(at::ones({2})));
   EXPECT_TRUE(w.select(0, 2).equal(at::ones({2})));
   EXPECT_FALSE(w.select(0, 1).equal(at::ones({2})));
-  auto entry = sparse_adam.state_dict().toGenericDict().at("state").toGenericDict().at(0).toGenericDict();
+  auto entry =
+      sparse_adam.state_dict().toGenericDict().at("state").toGenericDict().at(0).toGenericDict();
   EXPECT_TRUE(entry.at("step").isInt());
   EXPECT_TRUE(entry.at("exp_avg").toTensor().select(0, 0).equal(at::zeros({2})));
   // A gradient without values counts a step and changes nothing else (PyTorch's quirk).
   const at::Tensor after = w.clone();
   sparse_adam.step({at::zeros({4, 2}).to_sparse(1)});
   EXPECT_TRUE(w.equal(after));
-  entry = sparse_adam.state_dict().toGenericDict().at("state").toGenericDict().at(0).toGenericDict();
+  entry =
+      sparse_adam.state_dict().toGenericDict().at("state").toGenericDict().at(0).toGenericDict();
   EXPECT_EQ(entry.at("step").toInt(), 2);
 
   FunctionalAdam adam({at::ones({4, 2})}, AdamOptions());
-  expect_error([&] { adam.step({grad.to_sparse(1)}); }, "Adam: gradient 0 is sparse; this optimizer does not support");
+  expect_error([&] { adam.step({grad.to_sparse(1)}); },
+               "Adam: gradient 0 is sparse; this optimizer does not support");
 }
 
 // Muon updates 2-D parameters only and says so at construction, as PyTorch does.
 TEST(FunctionalOptimizersTest, MuonRefusesParametersThatAreNotMatrices) {
-  expect_error([] { FunctionalMuon({at::zeros({3, 4}), at::zeros({5})}, MuonOptions()); },
-               "Muon only supports 2D parameters whereas we found a parameter with size: torch.Size([5])");
-  expect_error([] { FunctionalMuon({at::zeros({2, 3, 4})}, MuonOptions()); }, "torch.Size([2, 3, 4])");
+  expect_error(
+      [] {
+        FunctionalMuon({at::zeros({3, 4}), at::zeros({5})}, MuonOptions());
+      },
+      "Muon only supports 2D parameters whereas we found a parameter with size: torch.Size([5])");
+  expect_error(
+      [] {
+        FunctionalMuon({at::zeros({2, 3, 4})}, MuonOptions());
+      },
+      "torch.Size([2, 3, 4])");
   OptionsDict o = new_options_dict();
-  expect_error([&] { FunctionalRegistry::global().create("Muon", {at::zeros({})}, o); }, "torch.Size([])");
-  std::vector<at::Tensor> tall = {at::eye(5).narrow(1, 0, 3).clone()};  // 5 x 3: orthogonalised transposed
+  expect_error([&] { FunctionalRegistry::global().create("Muon", {at::zeros({})}, o); },
+               "torch.Size([])");
+  std::vector<at::Tensor> tall = {
+      at::eye(5).narrow(1, 0, 3).clone()};  // 5 x 3: orthogonalised transposed
   FunctionalMuon muon(tall, MuonOptions().lr(0.1).weight_decay(0));
   muon.step({at::ones({5, 3})});
   EXPECT_EQ(tall[0].sizes(), (std::vector<int64_t>{5, 3}));
-  EXPECT_FALSE(muon.state_dict().toGenericDict().at("state").toGenericDict().at(0).toGenericDict().contains("step"));
+  EXPECT_FALSE(
+      muon.state_dict().toGenericDict().at("state").toGenericDict().at(0).toGenericDict().contains(
+          "step"));
 }
 
 // PyTorch 2.7+: Adam(decoupled_weight_decay=True) is AdamW, and both param groups say which they
 // are; built against 2.6 (no such option there) Adam refuses it and neither group has the key.
 TEST(FunctionalOptimizersTest, AdamDecoupledWeightDecayIsAdamW) {
   std::vector<at::Tensor> a = {at::linspace(-1, 1, 7)}, b = {a[0].clone()}, c = {a[0].clone()};
-  const AdamOptions decoupled = AdamOptions().lr(0.1).weight_decay(0.5).decoupled_weight_decay(true);
+  const AdamOptions decoupled =
+      AdamOptions().lr(0.1).weight_decay(0.5).decoupled_weight_decay(true);
   FunctionalAdamW adamw(b, AdamWOptions().lr(0.1).weight_decay(0.5));
   FunctionalAdam l2(c, AdamOptions().lr(0.1).weight_decay(0.5));
   if (!kAdamHasDecoupledWeightDecay) {
-    expect_error([&] { FunctionalAdam(a, decoupled); }, "decoupled_weight_decay=True needs LibTorch 2.7");
+    expect_error([&] { FunctionalAdam(a, decoupled); },
+                 "decoupled_weight_decay=True needs LibTorch 2.7");
     EXPECT_FALSE(l2.options_dict().contains("decoupled_weight_decay"));
     EXPECT_FALSE(adamw.options_dict().contains("decoupled_weight_decay"));
     return;

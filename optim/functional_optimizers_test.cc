@@ -29,8 +29,9 @@ using testing::read_reference;
 using testing::ReferenceCase;
 using testing::relative_error;
 
-const char* const kFiles[] = {"sgd",   "adam",  "adamw", "adagrad",   "adadelta",   "adamax", "rmsprop",
-                              "rprop", "nadam", "radam", "asgd",      "adafactor", "sparseadam", "muon"};
+const char* const kFiles[] = {"sgd",    "adam",      "adamw",      "adagrad", "adadelta",
+                              "adamax", "rmsprop",   "rprop",      "nadam",   "radam",
+                              "asgd",   "adafactor", "sparseadam", "muon"};
 
 const char* installed_reference_dir() {
   const char* dir = std::getenv("DTRAIN_REFERENCE_DIR");
@@ -43,7 +44,9 @@ std::string reference_path(const std::string& name) {
   return std::string(dir != nullptr ? dir : "optim/testdata/") + name + ".ref";
 }
 
-std::string registry_name(const std::string& case_name) { return case_name.substr(0, case_name.rfind('_')); }
+std::string registry_name(const std::string& case_name) {
+  return case_name.substr(0, case_name.rfind('_'));
+}
 
 // Runs one reference case; returns the worst relative error over all steps and parameters.
 double run_case(const ReferenceCase& c, at::ScalarType dtype, Layout layout,
@@ -57,7 +60,8 @@ double run_case(const ReferenceCase& c, at::ScalarType dtype, Layout layout,
     for (size_t i = 0; i < params.size(); ++i) grads.push_back(c.grad(step, i, dtype));
     opt->step(grads);
     const auto& want = dtype == at::kDouble ? c.params64[step] : c.params32[step];
-    for (size_t i = 0; i < params.size(); ++i) worst = std::max(worst, relative_error(params[i], want[i]));
+    for (size_t i = 0; i < params.size(); ++i)
+      worst = std::max(worst, relative_error(params[i], want[i]));
   }
   if (out) *out = std::move(opt);
   return worst;
@@ -72,8 +76,9 @@ class ReferenceTest : public ::testing::TestWithParam<const char*> {
     const std::string path = reference_path(GetParam());
     std::ifstream in(path, std::ios::binary | std::ios::ate);
     if (installed_reference_dir() != nullptr && (!in || in.tellg() == 0)) {
-      GTEST_SKIP() << path << " is absent: the installed PyTorch does not have this optimizer, so "
-                   << "make_reference.py wrote no trajectory for it (the checked-in one is still tested)";
+      GTEST_SKIP()
+          << path << " is absent: the installed PyTorch does not have this optimizer, so "
+          << "make_reference.py wrote no trajectory for it (the checked-in one is still tested)";
     }
     cases_ = read_reference(path);
     ASSERT_FALSE(cases_.empty()) << path;
@@ -121,20 +126,24 @@ void expect_state_matches_pytorch(const ReferenceCase& c, Layout layout) {
     ASSERT_TRUE(entry.contains(want.key)) << "param " << param << " key " << want.key;
     const c10::IValue v = entry.at(want.key);
     if (want.kind == "int") {
-      ASSERT_TRUE(v.isInt()) << "param " << param << " " << want.key << ": PyTorch keeps a Python int, dtrain "
-                             << v.tagKind();
+      ASSERT_TRUE(v.isInt()) << "param " << param << " " << want.key
+                             << ": PyTorch keeps a Python int, dtrain " << v.tagKind();
     } else if (!want.kind.empty()) {
-      ASSERT_TRUE(v.isTensor()) << "param " << param << " " << want.key << ": PyTorch keeps a " << want.kind
-                                << " tensor, dtrain " << v.tagKind();
+      ASSERT_TRUE(v.isTensor()) << "param " << param << " " << want.key << ": PyTorch keeps a "
+                                << want.kind << " tensor, dtrain " << v.tagKind();
       const std::string dtype = c10::toString(v.toTensor().scalar_type());
-      EXPECT_EQ(dtype, want.kind == "float32" ? "Float" : want.kind == "float64" ? "Double" : want.kind)
+      EXPECT_EQ(dtype, want.kind == "float32"   ? "Float"
+                       : want.kind == "float64" ? "Double"
+                                                : want.kind)
           << "param " << param << " " << want.key;
     }
-    const at::Tensor got = v.isTensor() ? v.toTensor() : at::scalar_tensor(static_cast<double>(v.toInt()));
+    const at::Tensor got =
+        v.isTensor() ? v.toTensor() : at::scalar_tensor(static_cast<double>(v.toInt()));
     if (want.key == "step") {
       EXPECT_EQ(got.item<double>(), want.value.item<double>()) << "param " << param;
     } else {
-      EXPECT_LE(relative_error(got.reshape(-1), want.value), 1e-12) << "param " << param << " " << want.key;
+      EXPECT_LE(relative_error(got.reshape(-1), want.value), 1e-12)
+          << "param " << param << " " << want.key;
     }
   }
   // The param group carries PyTorch's keys and the parameter indices.
@@ -183,16 +192,22 @@ TEST_P(ReferenceTest, StateDictRoundTripContinuesTheTrajectory) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, ReferenceTest, ::testing::ValuesIn(kFiles),
-                         [](const ::testing::TestParamInfo<const char*>& info) { return std::string(info.param); });
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           return std::string(info.param);
+                         });
 
 // LibTorch's own torch::optim, stepped on the same inputs, where it has the optimizer and the
 // options (LibTorch 1.13 has no `maximize`).
 TEST(FunctionalOptimizersTest, MatchLibTorchOptim) {
   struct Pair {
     const char* file;
-    std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor>, const OptionsDict&)> make;
+    std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor>,
+                                                           const OptionsDict&)>
+        make;
   };
-  auto d = [](const OptionsDict& o, const char* k, double def) { return o.contains(k) ? o.at(k).toDouble() : def; };
+  auto d = [](const OptionsDict& o, const char* k, double def) {
+    return o.contains(k) ? o.at(k).toDouble() : def;
+  };
   auto flag = [](const OptionsDict& o, const char* k) { return o.contains(k) && o.at(k).toBool(); };
   auto betas = [](const OptionsDict& o, std::tuple<double, double> def) {
     if (!o.contains("betas")) return def;
@@ -200,25 +215,49 @@ TEST(FunctionalOptimizersTest, MatchLibTorchOptim) {
     return std::make_tuple(e[0].toDouble(), e[1].toDouble());
   };
   std::vector<Pair> pairs = {
-      {"sgd", [&](auto p, const OptionsDict& o) -> std::unique_ptr<torch::optim::Optimizer> {
-         return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(d(o, "lr", 0)).momentum(d(o, "momentum", 0))
-             .dampening(d(o, "dampening", 0)).weight_decay(d(o, "weight_decay", 0)).nesterov(flag(o, "nesterov")));
+      {"sgd",
+       [&](auto p, const OptionsDict& o) -> std::unique_ptr<torch::optim::Optimizer> {
+         return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(d(o, "lr", 0))
+                                                           .momentum(d(o, "momentum", 0))
+                                                           .dampening(d(o, "dampening", 0))
+                                                           .weight_decay(d(o, "weight_decay", 0))
+                                                           .nesterov(flag(o, "nesterov")));
        }},
-      {"adam", [&](auto p, const OptionsDict& o) -> std::unique_ptr<torch::optim::Optimizer> {
-         return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(d(o, "lr", 1e-3)).betas(betas(o, {0.9, 0.999}))
-             .eps(d(o, "eps", 1e-8)).weight_decay(d(o, "weight_decay", 0)).amsgrad(flag(o, "amsgrad")));
+      {"adam",
+       [&](auto p, const OptionsDict& o) -> std::unique_ptr<torch::optim::Optimizer> {
+         return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(d(o, "lr", 1e-3))
+                                                            .betas(betas(o, {0.9, 0.999}))
+                                                            .eps(d(o, "eps", 1e-8))
+                                                            .weight_decay(d(o, "weight_decay", 0))
+                                                            .amsgrad(flag(o, "amsgrad")));
        }},
-      {"adamw", [&](auto p, const OptionsDict& o) -> std::unique_ptr<torch::optim::Optimizer> {
-         return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(d(o, "lr", 1e-3)).betas(betas(o, {0.9, 0.999}))
-             .eps(d(o, "eps", 1e-8)).weight_decay(d(o, "weight_decay", 1e-2)).amsgrad(flag(o, "amsgrad")));
+      {"adamw",
+       [&](auto p, const OptionsDict& o) -> std::unique_ptr<torch::optim::Optimizer> {
+         return std::make_unique<torch::optim::AdamW>(p,
+                                                      torch::optim::AdamWOptions(d(o, "lr", 1e-3))
+                                                          .betas(betas(o, {0.9, 0.999}))
+                                                          .eps(d(o, "eps", 1e-8))
+                                                          .weight_decay(d(o, "weight_decay", 1e-2))
+                                                          .amsgrad(flag(o, "amsgrad")));
        }},
-      {"adagrad", [&](auto p, const OptionsDict& o) -> std::unique_ptr<torch::optim::Optimizer> {
-         return std::make_unique<torch::optim::Adagrad>(p, torch::optim::AdagradOptions(d(o, "lr", 1e-2)).lr_decay(d(o, "lr_decay", 0))
-             .weight_decay(d(o, "weight_decay", 0)).initial_accumulator_value(d(o, "initial_accumulator_value", 0)).eps(d(o, "eps", 1e-10)));
+      {"adagrad",
+       [&](auto p, const OptionsDict& o) -> std::unique_ptr<torch::optim::Optimizer> {
+         return std::make_unique<torch::optim::Adagrad>(
+             p, torch::optim::AdagradOptions(d(o, "lr", 1e-2))
+                    .lr_decay(d(o, "lr_decay", 0))
+                    .weight_decay(d(o, "weight_decay", 0))
+                    .initial_accumulator_value(d(o, "initial_accumulator_value", 0))
+                    .eps(d(o, "eps", 1e-10)));
        }},
-      {"rmsprop", [&](auto p, const OptionsDict& o) -> std::unique_ptr<torch::optim::Optimizer> {
-         return std::make_unique<torch::optim::RMSprop>(p, torch::optim::RMSpropOptions(d(o, "lr", 1e-2)).alpha(d(o, "alpha", 0.99))
-             .eps(d(o, "eps", 1e-8)).weight_decay(d(o, "weight_decay", 0)).momentum(d(o, "momentum", 0)).centered(flag(o, "centered")));
+      {"rmsprop",
+       [&](auto p, const OptionsDict& o) -> std::unique_ptr<torch::optim::Optimizer> {
+         return std::make_unique<torch::optim::RMSprop>(
+             p, torch::optim::RMSpropOptions(d(o, "lr", 1e-2))
+                    .alpha(d(o, "alpha", 0.99))
+                    .eps(d(o, "eps", 1e-8))
+                    .weight_decay(d(o, "weight_decay", 0))
+                    .momentum(d(o, "momentum", 0))
+                    .centered(flag(o, "centered")));
        }},
   };
   int compared = 0;
@@ -242,7 +281,8 @@ TEST(FunctionalOptimizersTest, MatchLibTorchOptim) {
         }
         functional->step(grads);
         libtorch->step();
-        for (size_t i = 0; i < ours.size(); ++i) worst = std::max(worst, relative_error(ours[i], theirs[i].detach()));
+        for (size_t i = 0; i < ours.size(); ++i)
+          worst = std::max(worst, relative_error(ours[i], theirs[i].detach()));
       }
       EXPECT_LE(worst, 1e-6);
       ++compared;
@@ -258,7 +298,8 @@ TEST(FunctionalOptimizersTest, IndependentInstancesStepConcurrently) {
     auto opt = FunctionalRegistry::global().create("Adam", params, c.options);
     for (int step = 0; step < c.steps; ++step) {
       std::vector<at::Tensor> grads;
-      for (size_t i = 0; i < params.size(); ++i) grads.push_back(c.grads[step][i].to(at::kFloat) * (1.0 + 0.1 * i));
+      for (size_t i = 0; i < params.size(); ++i)
+        grads.push_back(c.grads[step][i].to(at::kFloat) * (1.0 + 0.1 * i));
       opt->step(grads);
     }
   };
@@ -274,7 +315,8 @@ TEST(FunctionalOptimizersTest, IndependentInstancesStepConcurrently) {
   for (int k = 0; k < 4; ++k) threads.emplace_back([&, k] { run(parallel[k]); });
   for (auto& t : threads) t.join();
   for (int k = 0; k < 4; ++k)
-    for (size_t i = 0; i < serial[k].size(); ++i) EXPECT_TRUE(serial[k][i].equal(parallel[k][i])) << k << "," << i;
+    for (size_t i = 0; i < serial[k].size(); ++i)
+      EXPECT_TRUE(serial[k][i].equal(parallel[k][i])) << k << "," << i;
 }
 
 }  // namespace

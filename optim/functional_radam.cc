@@ -11,8 +11,13 @@ struct Descriptor<RAdamOptions> : DescriptorDefaults {
   static OptionTable<RAdamOptions> options() {
     // PyTorch's param_group order (decoupled_weight_decay after capturable) and check order.
     return OptionTable<RAdamOptions>("RAdam", RAdamOptions())
-        .lr().betas().eps().weight_decay()
-        .maximize().foreach().fixed("capturable", false)
+        .lr()
+        .betas()
+        .eps()
+        .weight_decay()
+        .maximize()
+        .foreach ()
+        .fixed("capturable", false)
         .option(DTRAIN_OPTION(decoupled_weight_decay))
         .differentiable()
         .check_order({"lr", "eps", "betas", "weight_decay"});
@@ -20,7 +25,8 @@ struct Descriptor<RAdamOptions> : DescriptorDefaults {
   static constexpr StepKind kStep = StepKind::kFloatTensor;
   static constexpr std::array<const char*, 4> kSlots = {"exp_avg", "exp_avg_sq", "", ""};
 
-  static bool prepare(ParamState& s, const at::Tensor& p, const at::Tensor&, const RAdamOptions& o) {
+  static bool prepare(ParamState& s, const at::Tensor& p, const at::Tensor&,
+                      const RAdamOptions& o) {
     return count_step(s, p, {true, true, false, false});
   }
   // c[0]: bias_correction1; c[1]: bias_correction2 ** 0.5; c[2]: the rectification term, c[3]: 1
@@ -34,7 +40,10 @@ struct Descriptor<RAdamOptions> : DescriptorDefaults {
     c[0] = 1 - std::pow(beta1, step);
     c[1] = std::pow(bias_correction2, 0.5);
     const bool rectify = rho_t > 5.0;
-    c[2] = rectify ? std::pow((rho_t - 4) * (rho_t - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho_t), 0.5) : 0;
+    c[2] = rectify ? std::pow((rho_t - 4) * (rho_t - 2) * rho_inf /
+                                  ((rho_inf - 4) * (rho_inf - 2) * rho_t),
+                              0.5)
+                   : 0;
     c[3] = rectify ? 1 : 0;
   }
   static void aten(ParamState& s, at::Tensor& p, const at::Tensor& g, const RAdamOptions& o, bool) {
@@ -73,7 +82,8 @@ struct Descriptor<RAdamOptions> : DescriptorDefaults {
     const T wd = static_cast<T>(o.weight_decay());
     const T decay = static_cast<T>(1 - o.lr() * o.weight_decay());
     const T eps = static_cast<T>(o.eps()), lr = static_cast<T>(o.lr());
-    const T bc1 = static_cast<T>(t.c[0]), bc2_sqrt = static_cast<T>(t.c[1]), rect = static_cast<T>(t.c[2]);
+    const T bc1 = static_cast<T>(t.c[0]), bc2_sqrt = static_cast<T>(t.c[1]),
+            rect = static_cast<T>(t.c[2]);
     const T sign = o.maximize() ? T(-1) : T(1);
     for (int64_t k = lo; k < hi; ++k) {
       T pk = p[k];

@@ -13,22 +13,28 @@ struct Descriptor<RMSpropOptions> : DescriptorDefaults {
         .option(DTRAIN_OPTION(alpha), non_negative("Invalid alpha value"))
         .eps()
         .option(DTRAIN_OPTION(centered))
-        .weight_decay().foreach().maximize().differentiable()
+        .weight_decay()
+        .foreach ()
+        .maximize()
+        .differentiable()
         .check_order({"lr", "eps", "momentum", "weight_decay", "alpha"});
   }
   static constexpr StepKind kStep = StepKind::kFloatTensor;
-  static constexpr std::array<const char*, 4> kSlots = {"square_avg", "momentum_buffer", "grad_avg", ""};
+  static constexpr std::array<const char*, 4> kSlots = {"square_avg", "momentum_buffer", "grad_avg",
+                                                        ""};
 
-  static void require_state(const std::string& name, const ParamState& s, const at::Tensor&, size_t index,
-                            const RMSpropOptions& o) {
+  static void require_state(const std::string& name, const ParamState& s, const at::Tensor&,
+                            size_t index, const RMSpropOptions& o) {
     if (o.momentum() > 0) require_slot(s, 1, index, name, "momentum > 0", "momentum_buffer");
     if (o.centered()) require_slot(s, 2, index, name, "centered=True", "grad_avg");
   }
-  static bool prepare(ParamState& s, const at::Tensor& p, const at::Tensor&, const RMSpropOptions& o) {
+  static bool prepare(ParamState& s, const at::Tensor& p, const at::Tensor&,
+                      const RMSpropOptions& o) {
     return count_step(s, p, {true, o.momentum() > 0, o.centered(), false});
   }
   static void scalars(std::array<double, 4>&, const ParamState&, const RMSpropOptions&) {}
-  static void aten(ParamState& s, at::Tensor& p, const at::Tensor& g, const RMSpropOptions& o, bool) {
+  static void aten(ParamState& s, at::Tensor& p, const at::Tensor& g, const RMSpropOptions& o,
+                   bool) {
     at::Tensor grad = o.maximize() ? g.neg() : g;
     if (o.weight_decay() != 0) grad = grad.add(p, o.weight_decay());
     at::Tensor& square_avg = s.slots[0];

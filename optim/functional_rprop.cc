@@ -9,18 +9,22 @@ struct Descriptor<RpropOptions> : DescriptorDefaults {
   static OptionTable<RpropOptions> options() {
     return OptionTable<RpropOptions>("Rprop", RpropOptions())
         .lr()
-        .option(DTRAIN_OPTION(etas), [](const DoublePair& etas) {
-          const auto [etaminus, etaplus] = etas;
-          TORCH_CHECK(0.0 < etaminus && etaminus < 1.0 && 1.0 < etaplus, "Invalid eta values: ",
-                      python_float_repr(etaminus), ", ", python_float_repr(etaplus));
-        })
+        .option(DTRAIN_OPTION(etas),
+                [](const DoublePair& etas) {
+                  const auto [etaminus, etaplus] = etas;
+                  TORCH_CHECK(0.0 < etaminus && etaminus < 1.0 && 1.0 < etaplus,
+                              "Invalid eta values: ", python_float_repr(etaminus), ", ",
+                              python_float_repr(etaplus));
+                })
         .option(DTRAIN_OPTION(step_sizes))
-        .foreach().maximize();
+        .foreach ()
+        .maximize();
   }
   static constexpr StepKind kStep = StepKind::kFloatTensor;
   static constexpr std::array<const char*, 4> kSlots = {"prev", "step_size", "", ""};
 
-  static bool prepare(ParamState& s, const at::Tensor& p, const at::Tensor& g, const RpropOptions& o) {
+  static bool prepare(ParamState& s, const at::Tensor& p, const at::Tensor& g,
+                      const RpropOptions& o) {
     const bool fresh = count_step(s, p, {true, false, false, false});
     if (fresh) s.slots[1] = at::full_like(g, o.lr());
     return fresh;
@@ -48,8 +52,10 @@ struct Descriptor<RpropOptions> : DescriptorDefaults {
     const T* __restrict g = t.g;
     T* __restrict prev = t.s[0];
     T* __restrict ss = t.s[1];
-    const T etaminus = static_cast<T>(std::get<0>(o.etas())), etaplus = static_cast<T>(std::get<1>(o.etas()));
-    const T lo_s = static_cast<T>(std::get<0>(o.step_sizes())), hi_s = static_cast<T>(std::get<1>(o.step_sizes()));
+    const T etaminus = static_cast<T>(std::get<0>(o.etas())),
+            etaplus = static_cast<T>(std::get<1>(o.etas()));
+    const T lo_s = static_cast<T>(std::get<0>(o.step_sizes())),
+            hi_s = static_cast<T>(std::get<1>(o.step_sizes()));
     const T sgn = o.maximize() ? T(-1) : T(1);
     for (int64_t k = lo; k < hi; ++k) {
       const T gk = sgn * g[k];

@@ -15,7 +15,10 @@ struct Descriptor<SGDOptions> : DescriptorDefaults {
         .option(DTRAIN_OPTION(dampening))
         .weight_decay()
         .option(DTRAIN_OPTION(nesterov))
-        .maximize().foreach().differentiable().fused()
+        .maximize()
+        .foreach ()
+        .differentiable()
+        .fused()
         .check([](const SGDOptions& o) {
           TORCH_CHECK(!o.nesterov() || (o.momentum() > 0 && o.dampening() == 0),
                       "Nesterov momentum requires a momentum and zero dampening");
@@ -36,7 +39,8 @@ struct Descriptor<SGDOptions> : DescriptorDefaults {
     }
     return false;
   }
-  static void aten(ParamState& s, at::Tensor& p, const at::Tensor& grad, const SGDOptions& o, bool fresh) {
+  static void aten(ParamState& s, at::Tensor& p, const at::Tensor& grad, const SGDOptions& o,
+                   bool fresh) {
     at::Tensor d_p = o.maximize() ? grad.neg() : grad;
     if (o.weight_decay() != 0) d_p = d_p.add(p, o.weight_decay());
     if (o.momentum() != 0) {
@@ -78,9 +82,11 @@ struct Descriptor<SGDOptions> : DescriptorDefaults {
     // Momentum 0 ignores (and keeps) a buffer left from earlier steps, as the ATen path does.
     if (o.momentum() == 0) return loop<T, false, false, false>(t, lo, hi, o);
     if (t.first) {
-      return o.nesterov() ? loop<T, true, true, true>(t, lo, hi, o) : loop<T, true, true, false>(t, lo, hi, o);
+      return o.nesterov() ? loop<T, true, true, true>(t, lo, hi, o)
+                          : loop<T, true, true, false>(t, lo, hi, o);
     }
-    return o.nesterov() ? loop<T, true, false, true>(t, lo, hi, o) : loop<T, true, false, false>(t, lo, hi, o);
+    return o.nesterov() ? loop<T, true, false, true>(t, lo, hi, o)
+                        : loop<T, true, false, false>(t, lo, hi, o);
   }
 
   // CUDA: PyTorch's _fused_sgd, one at::_fused_sgd_ per (device, dtype) batch, split by whether
@@ -89,11 +95,13 @@ struct Descriptor<SGDOptions> : DescriptorDefaults {
   static constexpr bool kCudaFused = true;
   static constexpr bool kCudaBatchByFirst = true;
   static bool cuda_wanted(const SGDOptions& o) { return o.fused().value_or(true); }
-  static std::array<bool, 4> cuda_slots(const SGDOptions& o) { return {o.momentum() != 0, false, false, false}; }
+  static std::array<bool, 4> cuda_slots(const SGDOptions& o) {
+    return {o.momentum() != 0, false, false, false};
+  }
   static void cuda_step(CudaBatch& b, const SGDOptions& o) {
     // Momentum 0 passes no buffers (ATen requires that), ignoring one left from earlier steps.
-    fused_sgd_(b.params, b.grads, b.slots[0], o.weight_decay(), o.momentum(), o.lr(), o.dampening(), o.nesterov(),
-               o.maximize(), b.first);
+    fused_sgd_(b.params, b.grads, b.slots[0], o.weight_decay(), o.momentum(), o.lr(), o.dampening(),
+               o.nesterov(), o.maximize(), b.first);
     ++cuda_path_counts().fused;
   }
 };

@@ -34,17 +34,21 @@ struct Descriptor<SparseAdamOptions> : DescriptorDefaults {
   static void check_params(const std::string&, const std::vector<at::Tensor>& params) {
     std::ostringstream complex;
     for (size_t i = 0; i < params.size(); ++i) {
-      if (params[i].is_complex()) complex << (complex.tellp() > 0 ? ", " : "") << "[0, " << i << "]";
+      if (params[i].is_complex())
+        complex << (complex.tellp() > 0 ? ", " : "") << "[0, " << i << "]";
     }
     TORCH_CHECK(complex.tellp() == 0, "Complex params at indices [", complex.str(),
                 "]: SparseAdam does not support complex parameters");
   }
-  static bool prepare(ParamState& s, const at::Tensor& p, const at::Tensor&, const SparseAdamOptions&) {
+  static bool prepare(ParamState& s, const at::Tensor& p, const at::Tensor&,
+                      const SparseAdamOptions&) {
     return count_step(s, p, {true, true, false, false});  // counts a gradient without values too
   }
-  static void aten(ParamState& s, at::Tensor& p, const at::Tensor& g, const SparseAdamOptions& o, bool) {
+  static void aten(ParamState& s, at::Tensor& p, const at::Tensor& g, const SparseAdamOptions& o,
+                   bool) {
     const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
-    const at::Tensor grad = (o.maximize() ? g.neg() : g).coalesce();  // the update is non-linear: unique indices
+    const at::Tensor grad =
+        (o.maximize() ? g.neg() : g).coalesce();  // the update is non-linear: unique indices
     const at::Tensor grad_indices = grad._indices();
     const at::Tensor grad_values = grad._values();
     if (grad_values.numel() == 0) return;
@@ -59,7 +63,8 @@ struct Descriptor<SparseAdamOptions> : DescriptorDefaults {
     at::Tensor exp_avg_update_values = grad_values.sub(old_exp_avg_values).mul_(1 - beta1);
     exp_avg.add_(make_sparse(exp_avg_update_values));
     const at::Tensor old_exp_avg_sq_values = exp_avg_sq.sparse_mask(grad)._values();
-    at::Tensor exp_avg_sq_update_values = grad_values.pow(2).sub_(old_exp_avg_sq_values).mul_(1 - beta2);
+    at::Tensor exp_avg_sq_update_values =
+        grad_values.pow(2).sub_(old_exp_avg_sq_values).mul_(1 - beta2);
     exp_avg_sq.add_(make_sparse(exp_avg_sq_update_values));
     // Dense addition again, as PyTorch: the new moments' values without another sparse_mask.
     at::Tensor numer = exp_avg_update_values.add_(old_exp_avg_values);

@@ -39,8 +39,9 @@ namespace dtrain::optim {
 
 // PyTorch 2.7 gave Adam a `decoupled_weight_decay` option and made AdamW an Adam with it on
 // (both param_groups carry the key since); 2.6's have none.
-inline constexpr bool kAdamHasDecoupledWeightDecay =
-    TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 7);
+inline constexpr bool kAdamHasDecoupledWeightDecay = TORCH_VERSION_MAJOR > 2 ||
+                                                     (TORCH_VERSION_MAJOR == 2 &&
+                                                      TORCH_VERSION_MINOR >= 7);
 
 inline void* param_state_key(const at::Tensor& p) { return p.unsafeGetTensorImpl(); }
 
@@ -54,33 +55,36 @@ inline bool has_cuda_kernel(const char* name) {
 
 // at::_fused_adamw_ when `decoupled` (AdamW), else at::_fused_adam_. max_exp_avg_sqs is empty
 // unless amsgrad; state_steps are float32 tensors on the parameters' device.
-inline void fused_adam_(bool decoupled, at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
-                        at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs, at::TensorList state_steps,
-                        double lr, double beta1, double beta2, double weight_decay, double eps, bool amsgrad,
+inline void fused_adam_(bool decoupled, at::TensorList params, at::TensorList grads,
+                        at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                        at::TensorList max_exp_avg_sqs, at::TensorList state_steps, double lr,
+                        double beta1, double beta2, double weight_decay, double eps, bool amsgrad,
                         bool maximize) {
   if (decoupled) {
-    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2,
-                      weight_decay, eps, amsgrad, maximize);
+    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1,
+                      beta2, weight_decay, eps, amsgrad, maximize);
   } else {
-    at::_fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2,
-                     weight_decay, eps, amsgrad, maximize);
+    at::_fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1,
+                     beta2, weight_decay, eps, amsgrad, maximize);
   }
 }
 
 // at::_fused_sgd_: momentum_buffer_list empty when momentum == 0; is_first_step: every buffer of
 // the call is new (filled with the gradient).
-inline void fused_sgd_(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffer_list,
-                       double weight_decay, double momentum, double lr, double dampening, bool nesterov,
-                       bool maximize, bool is_first_step) {
-  at::_fused_sgd_(params, grads, momentum_buffer_list, weight_decay, momentum, lr, dampening, nesterov, maximize,
-                  is_first_step);
+inline void fused_sgd_(at::TensorList params, at::TensorList grads,
+                       at::TensorList momentum_buffer_list, double weight_decay, double momentum,
+                       double lr, double dampening, bool nesterov, bool maximize,
+                       bool is_first_step) {
+  at::_fused_sgd_(params, grads, momentum_buffer_list, weight_decay, momentum, lr, dampening,
+                  nesterov, maximize, is_first_step);
 }
 
 // at::_fused_adagrad_ (CUDA only where has_cuda_kernel("aten::_fused_adagrad_")).
 inline void fused_adagrad_(at::TensorList params, at::TensorList grads, at::TensorList state_sums,
-                           at::TensorList state_steps, double lr, double lr_decay, double weight_decay, double eps,
-                           bool maximize) {
-  at::_fused_adagrad_(params, grads, state_sums, state_steps, lr, lr_decay, weight_decay, eps, maximize);
+                           at::TensorList state_steps, double lr, double lr_decay,
+                           double weight_decay, double eps, bool maximize) {
+  at::_fused_adagrad_(params, grads, state_sums, state_steps, lr, lr_decay, weight_decay, eps,
+                      maximize);
 }
 
 }  // namespace dtrain::optim

@@ -69,8 +69,8 @@ class PeriodicModelAverager : public ModelAverager {
 // a last size other than the group size; also on unsorted levels or sizes not dividing the group.
 class HierarchicalModelAverager : public ModelAverager {
  public:
-  HierarchicalModelAverager(std::vector<std::pair<int64_t, int>> period_group_size, int64_t warmup_steps,
-                            comm::Group group);
+  HierarchicalModelAverager(std::vector<std::pair<int64_t, int>> period_group_size,
+                            int64_t warmup_steps, comm::Group group);
   using ModelAverager::average_parameters;
   void average_parameters(const std::vector<at::Tensor>& params) override;
 

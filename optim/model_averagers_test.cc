@@ -9,12 +9,13 @@
 namespace dtrain::optim {
 namespace {
 
-using ::testing::HasSubstr;
 using comm::testing::run_ranks_as_threads;
+using ::testing::HasSubstr;
 
 // Parameters that differ by rank, with gradients (only those are averaged) -- and one without.
 std::vector<at::Tensor> rank_params(int rank) {
-  std::vector<at::Tensor> p = {at::full({3}, static_cast<double>(rank)), at::full({2, 2}, rank * 10.0, at::kDouble),
+  std::vector<at::Tensor> p = {at::full({3}, static_cast<double>(rank)),
+                               at::full({2, 2}, rank * 10.0, at::kDouble),
                                at::full({2}, 100.0 + rank)};
   p[0].mutable_grad() = at::zeros({3});
   p[1].mutable_grad() = at::zeros({2, 2}, at::kDouble);
@@ -72,12 +73,23 @@ void expect_error(const std::function<void()>& f, const std::string& message) {
 
 TEST(ModelAveragersTest, ArgumentErrors) {
   run_ranks_as_threads(2, [](comm::Group& g) {
-    expect_error([&] { PeriodicModelAverager(0, 0, g); }, "Arg ``period`` must be a positive value.");
-    expect_error([&] { PeriodicModelAverager(2, -1, g); }, "Arg ``warmup_steps`` must be a non-negative number.");
-    expect_error([&] { HierarchicalModelAverager({}, 0, g); }, "Arg ``period_group_size_dict`` must not be empty.");
-    expect_error([&] { HierarchicalModelAverager({{0, 2}}, 0, g); }, "The minimum period in arg ``period_group_size_dict`` must be a positive value.");
-    expect_error([&] { HierarchicalModelAverager({{2, 1}}, 0, g); },
-                 "The last value in arg ``period_process_group_dict`` 1 must be equal to the size of arg ``process_group`` 2.");
+    expect_error([&] { PeriodicModelAverager(0, 0, g); },
+                 "Arg ``period`` must be a positive value.");
+    expect_error([&] { PeriodicModelAverager(2, -1, g); },
+                 "Arg ``warmup_steps`` must be a non-negative number.");
+    expect_error([&] { HierarchicalModelAverager({}, 0, g); },
+                 "Arg ``period_group_size_dict`` must not be empty.");
+    expect_error(
+        [&] {
+          HierarchicalModelAverager({{0, 2}}, 0, g);
+        },
+        "The minimum period in arg ``period_group_size_dict`` must be a positive value.");
+    expect_error(
+        [&] {
+          HierarchicalModelAverager({{2, 1}}, 0, g);
+        },
+        "The last value in arg ``period_process_group_dict`` 1 must be equal to the size of arg "
+        "``process_group`` 2.");
     expect_error([&] { HierarchicalModelAverager({{4, 1}, {2, 2}}, 0, g); }, "increasing periods");
   });
 }

@@ -28,7 +28,8 @@ void PostLocalSGDOptimizer::sync_options(bool to_local) {
   // Groups added on either side since the last call (see the header) go to the other side, in one
   // order on both: the local optimizer's new groups first, then this one's.
   if (local.size() != synced_ || param_groups_.size() != synced_) {
-    std::vector<torch::optim::OptimizerParamGroup> mine(param_groups_.begin() + synced_, param_groups_.end());
+    std::vector<torch::optim::OptimizerParamGroup> mine(param_groups_.begin() + synced_,
+                                                        param_groups_.end());
     while (param_groups_.size() > synced_) param_groups_.pop_back();  // (groups are not assignable)
     for (size_t g = synced_; g < local.size(); ++g) param_groups_.emplace_back(local[g]);
     for (const auto& group : mine) {
@@ -37,7 +38,8 @@ void PostLocalSGDOptimizer::sync_options(bool to_local) {
     }
     synced_ = local.size();
   }
-  TORCH_CHECK(local.size() == param_groups_.size(), "PostLocalSGDOptimizer: param groups out of step (", local.size(),
+  TORCH_CHECK(local.size() == param_groups_.size(),
+              "PostLocalSGDOptimizer: param groups out of step (", local.size(),
               " in the local optimizer, ", param_groups_.size(), " here)");
   for (size_t g = 0; g < local.size(); ++g) {
     if (to_local) {
@@ -70,7 +72,9 @@ void PostLocalSGDOptimizer::load_state_dict(const c10::IValue& state_dict) {
   if (sd.contains("step")) {
     averager_->set_step(sd.at("step").toInt());
   } else {
-    TORCH_WARN("Loaded state dict does not contain a step counter for an averager. Setting step counter to 0.");
+    TORCH_WARN(
+        "Loaded state dict does not contain a step counter for an averager. Setting step counter "
+        "to 0.");
     averager_->set_step(0);
   }
 }

@@ -27,7 +27,8 @@ namespace dtrain::optim {
 
 class PostLocalSGDOptimizer : public torch::optim::Optimizer {
  public:
-  PostLocalSGDOptimizer(std::unique_ptr<torch::optim::Optimizer> optim, std::shared_ptr<ModelAverager> averager);
+  PostLocalSGDOptimizer(std::unique_ptr<torch::optim::Optimizer> optim,
+                        std::shared_ptr<ModelAverager> averager);
 
   // Local step, then averager.average_parameters over the local optimizer's parameters.
   at::Tensor step(LossClosure closure = nullptr) override;

@@ -13,12 +13,14 @@ namespace {
 using comm::testing::run_ranks_as_threads;
 
 std::vector<at::Tensor> params() {
-  return {at::cos(at::arange(6, at::kFloat)).requires_grad_(), at::sin(at::arange(4, at::kFloat)).requires_grad_()};
+  return {at::cos(at::arange(6, at::kFloat)).requires_grad_(),
+          at::sin(at::arange(4, at::kFloat)).requires_grad_()};
 }
 
 void local_grads(std::vector<at::Tensor>& p, int rank, int step) {
   for (size_t i = 0; i < p.size(); ++i) {
-    p[i].mutable_grad() = at::sin(at::arange(p[i].numel(), at::kFloat) + step * 0.1 + rank * 1.7 + static_cast<double>(i));
+    p[i].mutable_grad() = at::sin(at::arange(p[i].numel(), at::kFloat) + step * 0.1 + rank * 1.7 +
+                                  static_cast<double>(i));
   }
 }
 
@@ -38,8 +40,9 @@ bool equal_across_ranks(comm::Group& g, const std::vector<at::Tensor>& p) {
 TEST(PostLocalSGDOptimizerTest, SeedExamplePeriod4Warmup100) {
   run_ranks_as_threads(2, [](comm::Group& g) {
     std::vector<at::Tensor> p = params();
-    PostLocalSGDOptimizer opt(std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.01)),
-                              std::make_shared<PeriodicModelAverager>(4, 100, g));
+    PostLocalSGDOptimizer opt(
+        std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.01)),
+        std::make_shared<PeriodicModelAverager>(4, 100, g));
     for (int step = 0; step < 120; ++step) {
       opt.zero_grad();
       local_grads(p, g.rank(), step);
@@ -53,8 +56,9 @@ TEST(PostLocalSGDOptimizerTest, SeedExamplePeriod4Warmup100) {
 TEST(PostLocalSGDOptimizerTest, StateDictCarriesTheAveragerStep) {
   run_ranks_as_threads(2, [](comm::Group& g) {
     std::vector<at::Tensor> p = params();
-    PostLocalSGDOptimizer opt(std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.01).momentum(0.9)),
-                              std::make_shared<PeriodicModelAverager>(2, 3, g));
+    PostLocalSGDOptimizer opt(
+        std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.01).momentum(0.9)),
+        std::make_shared<PeriodicModelAverager>(2, 3, g));
     for (int step = 0; step < 7; ++step) {
       local_grads(p, g.rank(), step);
       opt.step();
@@ -64,8 +68,9 @@ TEST(PostLocalSGDOptimizerTest, StateDictCarriesTheAveragerStep) {
     EXPECT_TRUE(sd.toGenericDict().at("state").toGenericDict().contains(static_cast<int64_t>(0)));
 
     std::vector<at::Tensor> q = params();
-    PostLocalSGDOptimizer other(std::make_unique<torch::optim::SGD>(q, torch::optim::SGDOptions(0.5).momentum(0.9)),
-                                std::make_shared<PeriodicModelAverager>(2, 3, g));
+    PostLocalSGDOptimizer other(
+        std::make_unique<torch::optim::SGD>(q, torch::optim::SGDOptions(0.5).momentum(0.9)),
+        std::make_shared<PeriodicModelAverager>(2, 3, g));
     other.load_state_dict(sd);
     EXPECT_EQ(other.averager().step(), 7);
     EXPECT_DOUBLE_EQ(other.param_groups()[0].options().get_lr(), 0.01);
@@ -100,11 +105,14 @@ TEST(PostLocalSGDOptimizerTest, GroupsAddedToEitherSideAreStepped) {
     at::Tensor extra = at::ones({3}).requires_grad_();
     at::Tensor direct = at::ones({2}).requires_grad_();
     auto* local = new torch::optim::SGD({p[0]}, torch::optim::SGDOptions(0.1));
-    PostLocalSGDOptimizer opt(std::unique_ptr<torch::optim::Optimizer>(local),
-                              std::make_shared<PeriodicModelAverager>(1000, 500, g));  // never averages here
+    PostLocalSGDOptimizer opt(
+        std::unique_ptr<torch::optim::Optimizer>(local),
+        std::make_shared<PeriodicModelAverager>(1000, 500, g));  // never averages here
     torch::optim::Optimizer& base = opt;  // add_param_group is not virtual: the base's runs
-    base.add_param_group(torch::optim::OptimizerParamGroup({extra}, std::make_unique<torch::optim::SGDOptions>(0.5)));
-    local->add_param_group(torch::optim::OptimizerParamGroup({direct}, std::make_unique<torch::optim::SGDOptions>(0.25)));
+    base.add_param_group(torch::optim::OptimizerParamGroup(
+        {extra}, std::make_unique<torch::optim::SGDOptions>(0.5)));
+    local->add_param_group(torch::optim::OptimizerParamGroup(
+        {direct}, std::make_unique<torch::optim::SGDOptions>(0.25)));
     for (const at::Tensor& t : {p[0], extra, direct}) t.mutable_grad() = at::ones_like(t);
     const at::Tensor p0 = p[0].detach().clone();
     opt.step();
@@ -114,9 +122,12 @@ TEST(PostLocalSGDOptimizerTest, GroupsAddedToEitherSideAreStepped) {
     EXPECT_EQ(opt.param_groups().size(), 3u);
     EXPECT_EQ(local->param_groups().size(), 3u);
     for (size_t i = 0; i < 3; ++i) {  // one order on both sides, so options sync group by group
-      EXPECT_TRUE(opt.param_groups()[i].params()[0].is_same(local->param_groups()[i].params()[0])) << i;
+      EXPECT_TRUE(opt.param_groups()[i].params()[0].is_same(local->param_groups()[i].params()[0]))
+          << i;
     }
-    auto lr = [&](size_t i) { return static_cast<torch::optim::SGDOptions&>(opt.param_groups()[i].options()).lr(); };
+    auto lr = [&](size_t i) {
+      return static_cast<torch::optim::SGDOptions&>(opt.param_groups()[i].options()).lr();
+    };
     EXPECT_DOUBLE_EQ(lr(1), 0.25);  // the local optimizer's new group first, then the wrapper's
     EXPECT_DOUBLE_EQ(lr(2), 0.5);
   });
@@ -126,8 +137,9 @@ TEST(PostLocalSGDOptimizerTest, GroupsAddedToEitherSideAreStepped) {
 TEST(PostLocalSGDOptimizerTest, StateIsTheLocalOptimizers) {
   run_ranks_as_threads(2, [](comm::Group& g) {
     std::vector<at::Tensor> p = params();
-    PostLocalSGDOptimizer opt(std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.1).momentum(0.9)),
-                              std::make_shared<PeriodicModelAverager>(1000, 500, g));
+    PostLocalSGDOptimizer opt(
+        std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.1).momentum(0.9)),
+        std::make_shared<PeriodicModelAverager>(1000, 500, g));
     EXPECT_TRUE(opt.state().empty());
     local_grads(p, g.rank(), 0);
     opt.step();

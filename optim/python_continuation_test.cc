@@ -76,7 +76,8 @@ class PythonContinuationTest : public ::testing::Test {
     for (const auto& p : d.at("after").toList()) c.after.push_back(p.get().toTensor());
     for (const auto& g : c.state_dict.toGenericDict().at("param_groups").toList()) {
       std::vector<int64_t> idx;
-      for (const auto& i : g.get().toGenericDict().at("params").toList()) idx.push_back(i.get().toInt());
+      for (const auto& i : g.get().toGenericDict().at("params").toList())
+        idx.push_back(i.get().toInt());
       c.groups.push_back(idx);
     }
     return c;
@@ -91,7 +92,8 @@ std::vector<at::Tensor> fresh_params(const Case& c) {
   return out;
 }
 
-std::vector<torch::optim::OptimizerParamGroup> param_groups(const Case& c, const std::vector<at::Tensor>& params) {
+std::vector<torch::optim::OptimizerParamGroup> param_groups(const Case& c,
+                                                            const std::vector<at::Tensor>& params) {
   std::vector<torch::optim::OptimizerParamGroup> groups;
   for (const auto& idx : c.groups) {
     std::vector<at::Tensor> ps;
@@ -102,15 +104,17 @@ std::vector<torch::optim::OptimizerParamGroup> param_groups(const Case& c, const
 }
 
 // Python's continuation, float32 to within a few ulps of summation order, float64 tighter.
-void expect_matches_python(const Case& c, const std::vector<at::Tensor>& params, const std::string& who) {
+void expect_matches_python(const Case& c, const std::vector<at::Tensor>& params,
+                           const std::string& who) {
   ASSERT_EQ(params.size(), c.after.size()) << who;
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor got = params[i].detach();
     const at::Tensor& want = c.after[i];
     ASSERT_EQ(got.scalar_type(), want.scalar_type()) << who << " param " << i;
     const double tol = want.scalar_type() == at::kDouble ? 1e-12 : 1e-6;
-    EXPECT_TRUE(got.allclose(want, tol, tol)) << c.name << ", " << who << ": param " << i << " differs from Python by "
-                                              << (got - want).abs().max().item<double>();
+    EXPECT_TRUE(got.allclose(want, tol, tol))
+        << c.name << ", " << who << ": param " << i << " differs from Python by "
+        << (got - want).abs().max().item<double>();
   }
 }
 
@@ -124,8 +128,8 @@ OptionsDict lr_only() {
   return d;
 }
 
-std::unique_ptr<torch::optim::Optimizer> libtorch_optimizer(const std::string& name,
-                                                            std::vector<torch::optim::OptimizerParamGroup> groups) {
+std::unique_ptr<torch::optim::Optimizer> libtorch_optimizer(
+    const std::string& name, std::vector<torch::optim::OptimizerParamGroup> groups) {
   using namespace torch::optim;  // NOLINT
   if (name == "Adam") return std::make_unique<Adam>(std::move(groups), AdamOptions(0.5));
   if (name == "AdamW") return std::make_unique<AdamW>(std::move(groups), AdamWOptions(0.5));
@@ -168,8 +172,8 @@ TEST_F(PythonContinuationTest, AdapterContinuesAsPythonAndKeepsTheSchedulersKeys
     ASSERT_EQ(got.size(), want.size()) << name;
     for (size_t g = 0; g < want.size(); ++g) {
       for (const auto& kv : want.get(g).toGenericDict()) {
-        EXPECT_TRUE(got.get(g).toGenericDict().contains(kv.key())) << name << " group " << g << " lost "
-                                                                   << kv.key().toStringRef();
+        EXPECT_TRUE(got.get(g).toGenericDict().contains(kv.key()))
+            << name << " group " << g << " lost " << kv.key().toStringRef();
       }
     }
     ++checked;
@@ -182,9 +186,11 @@ TEST_F(PythonContinuationTest, LibTorchOptimizersContinueAsPython) {
   for (const std::string& name : case_names()) {
     const Case c = load(name);
     std::vector<at::Tensor> params = fresh_params(c);
-    std::unique_ptr<torch::optim::Optimizer> opt = libtorch_optimizer(c.optimizer, param_groups(c, params));
+    std::unique_ptr<torch::optim::Optimizer> opt =
+        libtorch_optimizer(c.optimizer, param_groups(c, params));
     if (opt == nullptr) continue;
-    const auto group0 = c.state_dict.toGenericDict().at("param_groups").toList().get(0).toGenericDict();
+    const auto group0 =
+        c.state_dict.toGenericDict().at("param_groups").toList().get(0).toGenericDict();
     if (c.optimizer == "Adam" && group0.contains("decoupled_weight_decay") &&
         group0.at("decoupled_weight_decay").toBool()) {
       continue;  // LibTorch's Adam has no decoupled weight decay
@@ -230,7 +236,8 @@ TEST_F(PythonContinuationTest, PyTorchContinuesFromTheStateDtrainWrote) {
       absl::Status s = checkpoint::save_state(*dir_ + "/" + name + "." + who + ".pt", out);
       ASSERT_TRUE(s.ok()) << s;
     }
-    const std::string cmd = python() + " optim/testdata/check_continuation.py " + *dir_ + " " + who + " 2>&1";
+    const std::string cmd =
+        python() + " optim/testdata/check_continuation.py " + *dir_ + " " + who + " 2>&1";
     FILE* pipe = ::popen(cmd.c_str(), "r");
     ASSERT_NE(pipe, nullptr);
     std::string output;
@@ -246,7 +253,8 @@ TEST_F(PythonContinuationTest, ZeroAtWorld2And3UnderBothStrategiesContinuesAsPyt
   std::vector<Case> cases;
   for (const std::string& name : case_names()) cases.push_back(load(name));
   for (int world : {2, 3}) {
-    for (PartitionStrategy strategy : {PartitionStrategy::kSortedGreedy, PartitionStrategy::kFlat}) {
+    for (PartitionStrategy strategy :
+         {PartitionStrategy::kSortedGreedy, PartitionStrategy::kFlat}) {
       const std::string who = "ZeRO world " + std::to_string(world) +
                               (strategy == PartitionStrategy::kFlat ? " flat" : " sorted_greedy");
       comm::testing::run_ranks_as_threads(world, [&](comm::Group& g) {
@@ -256,8 +264,9 @@ TEST_F(PythonContinuationTest, ZeroAtWorld2And3UnderBothStrategiesContinuesAsPyt
           o.group = g;
           o.strategy = strategy;
           o.flat_alignment = 4;
-          ZeroRedundancyOptimizer zero(param_groups(c, params),
-                                       local_optimizer<FunctionalOptimizerAdapter>(c.optimizer, lr_only()), o);
+          ZeroRedundancyOptimizer zero(
+              param_groups(c, params),
+              local_optimizer<FunctionalOptimizerAdapter>(c.optimizer, lr_only()), o);
           zero.load_state_dict(c.state_dict);
           for (const auto& gs : c.grads) {
             set_grads(params, gs);  // every rank the same: DDP's average of equal gradients

@@ -15,7 +15,8 @@ namespace dtrain::optim::testing {
 
 class FunctionalQHM : public FunctionalOptimizer {
  public:
-  FunctionalQHM(std::vector<at::Tensor> params, const OptionsDict& options) : FunctionalOptimizer(std::move(params)) {
+  FunctionalQHM(std::vector<at::Tensor> params, const OptionsDict& options)
+      : FunctionalOptimizer(std::move(params)) {
     OptionsDict d = defaults();
     for (const auto& kv : options) d.insert_or_assign(kv.key(), kv.value());
     apply(d);

@@ -17,11 +17,13 @@ c10::IValue parse_value(const std::string& text) {
   if (text.find(',') != std::string::npos) {
     std::vector<std::string> parts = absl::StrSplit(text, ',');
     std::vector<c10::IValue> items;
-    for (const auto& p : parts) items.push_back(p == "none" ? c10::IValue() : c10::IValue(std::stod(p)));
+    for (const auto& p : parts)
+      items.push_back(p == "none" ? c10::IValue() : c10::IValue(std::stod(p)));
     return c10::ivalue::Tuple::create(std::move(items));
   }
   int64_t i = 0;
-  if (absl::SimpleAtoi(text, &i)) return i;  // an int option (Muon's ns_steps); floats carry '.' or 'e'
+  if (absl::SimpleAtoi(text, &i))
+    return i;  // an int option (Muon's ns_steps); floats carry '.' or 'e'
   double v = 0;
   if (absl::SimpleAtod(text, &v)) return v;
   return text;  // a string option (QHM's weight_decay_type)
@@ -59,7 +61,8 @@ std::vector<ReferenceCase> read_reference(const std::string& path) {
     } else if (tag == "shapes") {
       while (ls >> item) {
         std::vector<int64_t> shape;
-        for (absl::string_view d : absl::StrSplit(item, ',')) shape.push_back(std::stoll(std::string(d)));
+        for (absl::string_view d : absl::StrSplit(item, ','))
+          shape.push_back(std::stoll(std::string(d)));
         c.shapes.push_back(shape);
       }
     } else if (tag == "sparse_grads") {

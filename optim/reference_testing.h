@@ -29,11 +29,11 @@ struct ReferenceCase {
   std::vector<std::vector<int64_t>> shapes;
   int64_t sparse_dim = 0;  // > 0: gradients reach the optimizer as g.to_sparse(sparse_dim)
   int steps = 0;
-  std::vector<std::vector<bool>> missing;              // [step][param]
-  std::vector<at::Tensor> init;                        // float64
-  std::vector<std::vector<at::Tensor>> grads;          // [step][param], float64
-  std::vector<std::vector<at::Tensor>> params64;       // [step][param] after the step
-  std::vector<std::vector<at::Tensor>> params32;       // float32 run, stored as float64
+  std::vector<std::vector<bool>> missing;         // [step][param]
+  std::vector<at::Tensor> init;                   // float64
+  std::vector<std::vector<at::Tensor>> grads;     // [step][param], float64
+  std::vector<std::vector<at::Tensor>> params64;  // [step][param] after the step
+  std::vector<std::vector<at::Tensor>> params32;  // float32 run, stored as float64
   std::vector<StateValue> final_state;
 
   // The gradient of `param` at `step` in `dtype` as the optimizer takes it (undefined where

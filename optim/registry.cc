@@ -14,18 +14,20 @@ namespace {
 template <typename Functional>
 void register_builtin(FunctionalRegistry& r) {
   const auto& table = Functional::option_table();
-  r.register_optimizer(table.name(), [&table](std::vector<at::Tensor> params, const OptionsDict& options) {
-    OptionsDict rest = options.copy();
-    bool allow_empty = false;
-    if (rest.contains(kAllowEmptyParamList)) {
-      const c10::IValue v = rest.at(kAllowEmptyParamList);
-      TORCH_CHECK(v.isBool(), table.name(), ": ", kAllowEmptyParamList, " must be a bool, got ", v.tagKind());
-      allow_empty = v.toBool();
-      (void)rest.erase(kAllowEmptyParamList);  // the count is known: contains() said 1
-    }
-    return std::unique_ptr<FunctionalOptimizer>(
-        std::make_unique<Functional>(std::move(params), table.resolve(rest), allow_empty));
-  });
+  r.register_optimizer(
+      table.name(), [&table](std::vector<at::Tensor> params, const OptionsDict& options) {
+        OptionsDict rest = options.copy();
+        bool allow_empty = false;
+        if (rest.contains(kAllowEmptyParamList)) {
+          const c10::IValue v = rest.at(kAllowEmptyParamList);
+          TORCH_CHECK(v.isBool(), table.name(), ": ", kAllowEmptyParamList, " must be a bool, got ",
+                      v.tagKind());
+          allow_empty = v.toBool();
+          (void)rest.erase(kAllowEmptyParamList);  // the count is known: contains() said 1
+        }
+        return std::unique_ptr<FunctionalOptimizer>(
+            std::make_unique<Functional>(std::move(params), table.resolve(rest), allow_empty));
+      });
   r.set_whole_parameters(table.name(), Functional::needs_whole_parameters());
 }
 
@@ -112,15 +114,16 @@ std::unique_ptr<FunctionalOptimizer> FunctionalRegistry::create(const std::strin
   if (!f) {
     std::string known;
     for (const auto& n : names()) known += (known.empty() ? "" : ", ") + n;
-    TORCH_CHECK(false, "no functional optimizer named '", name, "' is registered (known: ", known, ")");
+    TORCH_CHECK(false, "no functional optimizer named '", name, "' is registered (known: ", known,
+                ")");
   }
   return f(std::move(params), options);
 }
 
 OptionsDict options_from_torch(const torch::optim::OptimizerOptions& options) {
   const TorchTwin* twin = twin_of(options);
-  TORCH_CHECK(twin != nullptr, "options_from_torch: unsupported LibTorch options type ", typeid(options).name(),
-              " (SGD, Adam, AdamW, Adagrad and RMSprop options are)");
+  TORCH_CHECK(twin != nullptr, "options_from_torch: unsupported LibTorch options type ",
+              typeid(options).name(), " (SGD, Adam, AdamW, Adagrad and RMSprop options are)");
   return twin->options_to_dict(options);
 }
 

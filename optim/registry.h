@@ -34,8 +34,8 @@ namespace dtrain::optim {
 // option: set_options() refuses it and state_dict() has no such key.
 inline constexpr char kAllowEmptyParamList[] = "_allow_empty_param_list";
 
-using FunctionalFactory =
-    std::function<std::unique_ptr<FunctionalOptimizer>(std::vector<at::Tensor> params, const OptionsDict& options)>;
+using FunctionalFactory = std::function<std::unique_ptr<FunctionalOptimizer>(
+    std::vector<at::Tensor> params, const OptionsDict& options)>;
 
 class FunctionalRegistry {
  public:
@@ -76,14 +76,17 @@ class FunctionalRegistry {
   // names if there is none). The built-ins also take PyTorch's constructor argument
   // `_allow_empty_param_list` (kAllowEmptyParamList, a bool, default false) in `options`: without
   // it an empty `params` is an error ("optimizer got an empty parameter list"), as in PyTorch.
-  std::unique_ptr<FunctionalOptimizer> create(const std::string& name, std::vector<at::Tensor> params,
+  std::unique_ptr<FunctionalOptimizer> create(const std::string& name,
+                                              std::vector<at::Tensor> params,
                                               const OptionsDict& options) const;
   // The functional twin of a LibTorch optimizer type.
   template <typename TorchOptimizer>
-  std::unique_ptr<FunctionalOptimizer> create(std::vector<at::Tensor> params, const OptionsDict& options) const {
+  std::unique_ptr<FunctionalOptimizer> create(std::vector<at::Tensor> params,
+                                              const OptionsDict& options) const {
     const std::optional<std::string> name = twin_name(std::type_index(typeid(TorchOptimizer)));
     TORCH_CHECK(name.has_value(), "there is no supported functional optimizer equivalent for ",
-                typeid(TorchOptimizer).name(), "; register one with register_optimizer + register_twin");
+                typeid(TorchOptimizer).name(),
+                "; register one with register_optimizer + register_twin");
     return create(*name, std::move(params), options);
   }
 

@@ -40,7 +40,8 @@ TEST(RegistryTest, UserQHMThroughTheRegistryMatchesPyTorch) {
           grads.push_back(c.missing[step][i] ? at::Tensor() : c.grads[step][i].to(dtype));
         opt->step(grads);
         const auto& want = dtype == at::kDouble ? c.params64[step] : c.params32[step];
-        for (size_t i = 0; i < params.size(); ++i) worst = std::max(worst, testing::relative_error(params[i], want[i]));
+        for (size_t i = 0; i < params.size(); ++i)
+          worst = std::max(worst, testing::relative_error(params[i], want[i]));
       }
       EXPECT_LE(worst, dtype == at::kDouble ? 1e-12 : 1e-6) << dtype;
       // The generic state dict works for user optimizers too.
@@ -52,19 +53,21 @@ TEST(RegistryTest, UserQHMThroughTheRegistryMatchesPyTorch) {
 
 TEST(RegistryTest, BuiltinsAndTwins) {
   auto& r = FunctionalRegistry::global();
-  for (const char* name : {"SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "Adamax", "RMSprop", "Rprop", "NAdam",
-                           "RAdam", "ASGD", "Adafactor", "SparseAdam", "Muon"}) {
+  for (const char* name : {"SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "Adamax", "RMSprop",
+                           "Rprop", "NAdam", "RAdam", "ASGD", "Adafactor", "SparseAdam", "Muon"}) {
     EXPECT_TRUE(r.contains(name)) << name;
   }
   EXPECT_TRUE(r.has_twin<torch::optim::Adam>());
   EXPECT_TRUE(r.has_twin<torch::optim::SGD>());
   std::vector<at::Tensor> p = {at::zeros({2})};
-  auto adam = r.create<torch::optim::Adam>(p, options_from_torch(torch::optim::AdamOptions(0.05).betas({0.8, 0.9})));
+  auto adam = r.create<torch::optim::Adam>(
+      p, options_from_torch(torch::optim::AdamOptions(0.05).betas({0.8, 0.9})));
   ASSERT_NE(dynamic_cast<FunctionalAdam*>(adam.get()), nullptr);
   EXPECT_EQ(adam->lr(), 0.05);
   auto betas = adam->options_dict().at("betas").toTupleRef().elements();
   EXPECT_EQ(betas[0].toDouble(), 0.8);
-  auto sgd = r.create<torch::optim::SGD>(p, options_from_torch(torch::optim::SGDOptions(0.3).momentum(0.9)));
+  auto sgd = r.create<torch::optim::SGD>(
+      p, options_from_torch(torch::optim::SGDOptions(0.3).momentum(0.9)));
   EXPECT_EQ(sgd->name(), "SGD");
   EXPECT_EQ(sgd->options_dict().at("momentum").toDouble(), 0.9);
 }
@@ -94,12 +97,13 @@ TEST(RegistryTest, EmptyParameterListNeedsAllowEmptyParamList) {
   FunctionalAdam empty({}, AdamOptions(), /*allow_empty_param_list=*/true);
   empty.step({});
   EXPECT_EQ(empty.state_dict().toGenericDict().at("state").toGenericDict().size(), 0u);
-  for (const char* name : {"SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "Adamax", "RMSprop", "Rprop", "NAdam",
-                           "RAdam", "ASGD", "Adafactor", "SparseAdam", "Muon"}) {
+  for (const char* name : {"SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "Adamax", "RMSprop",
+                           "Rprop", "NAdam", "RAdam", "ASGD", "Adafactor", "SparseAdam", "Muon"}) {
     SCOPED_TRACE(name);
     OptionsDict o = new_options_dict();
     o.insert("lr", 0.1);
-    expect_error([&] { FunctionalRegistry::global().create(name, {}, o); }, "optimizer got an empty parameter list");
+    expect_error([&] { FunctionalRegistry::global().create(name, {}, o); },
+                 "optimizer got an empty parameter list");
     o.insert(kAllowEmptyParamList, true);
     auto opt = FunctionalRegistry::global().create(name, {}, o);
     opt->step({});
@@ -107,7 +111,8 @@ TEST(RegistryTest, EmptyParameterListNeedsAllowEmptyParamList) {
     EXPECT_FALSE(opt->options_dict().contains(kAllowEmptyParamList));
     OptionsDict again = new_options_dict();
     again.insert(kAllowEmptyParamList, true);
-    expect_error([&] { opt->set_options(again); }, "got an unexpected option '_allow_empty_param_list'");
+    expect_error([&] { opt->set_options(again); },
+                 "got an unexpected option '_allow_empty_param_list'");
     // And it asks for nothing when there are parameters.
     std::vector<at::Tensor> p = {at::zeros({2, 2})};  // 2-D: Muon takes no other
     EXPECT_EQ(FunctionalRegistry::global().create(name, p, o)->params().size(), 1u);
@@ -119,11 +124,14 @@ TEST(RegistryTest, EmptyParameterListNeedsAllowEmptyParamList) {
 TEST(RegistryTest, TwinLookupsRaceWithRegistration) {
   FunctionalRegistry r;
   r.register_optimizer("A", [](std::vector<at::Tensor> p, const OptionsDict&) {
-    return std::unique_ptr<FunctionalOptimizer>(std::make_unique<FunctionalSGD>(std::move(p), SGDOptions(0.1)));
+    return std::unique_ptr<FunctionalOptimizer>(
+        std::make_unique<FunctionalSGD>(std::move(p), SGDOptions(0.1)));
   });
-  r.register_optimizer("BB_a_name_longer_than_the_small_string_buffer", [](std::vector<at::Tensor> p, const OptionsDict&) {
-    return std::unique_ptr<FunctionalOptimizer>(std::make_unique<FunctionalSGD>(std::move(p), SGDOptions(0.1)));
-  });
+  r.register_optimizer("BB_a_name_longer_than_the_small_string_buffer",
+                       [](std::vector<at::Tensor> p, const OptionsDict&) {
+                         return std::unique_ptr<FunctionalOptimizer>(
+                             std::make_unique<FunctionalSGD>(std::move(p), SGDOptions(0.1)));
+                       });
   std::atomic<bool> stop{false};
   std::thread writer([&] {
     for (int i = 0; i < 20000; ++i) {
@@ -138,7 +146,9 @@ TEST(RegistryTest, TwinLookupsRaceWithRegistration) {
   int64_t seen = 0;
   while (!stop) {
     const std::string name = r.name_of<torch::optim::SGD>();
-    EXPECT_TRUE(name.empty() || name == "A" || name == "BB_a_name_longer_than_the_small_string_buffer") << name;
+    EXPECT_TRUE(name.empty() || name == "A" ||
+                name == "BB_a_name_longer_than_the_small_string_buffer")
+        << name;
     ++seen;
   }
   writer.join();
@@ -152,7 +162,8 @@ TEST(RegistryTest, ClearErrors) {
     r.create("Lion", p, new_options_dict());
     FAIL();
   } catch (const c10::Error& e) {
-    EXPECT_THAT(e.what_without_backtrace(), HasSubstr("no functional optimizer named 'Lion' is registered (known: "));
+    EXPECT_THAT(e.what_without_backtrace(),
+                HasSubstr("no functional optimizer named 'Lion' is registered (known: "));
     EXPECT_THAT(e.what_without_backtrace(), HasSubstr("Adam"));
   }
   try {

@@ -12,7 +12,8 @@ c10::IValue torch_optim_state_dict(const torch::optim::Optimizer& optimizer) {
   checkpoint::OptimizerStateDict sd;
   int64_t index = 0;
   for (const auto& group : optimizer.param_groups()) {
-    const torch::optim::OptimizerOptions& o = group.has_options() ? group.options() : optimizer.defaults();
+    const torch::optim::OptimizerOptions& o =
+        group.has_options() ? group.options() : optimizer.defaults();
     checkpoint::ParamGroup g;
     g.options = options_from_torch(o);  // TORCH_CHECKs the type
     for (const auto& p : group.params()) {
@@ -21,7 +22,8 @@ c10::IValue torch_optim_state_dict(const torch::optim::Optimizer& optimizer) {
       if (it != optimizer.state().end()) {
         const torch::optim::OptimizerParamState& s = *it->second;
         const TorchTwin* twin = twin_of(s);
-        TORCH_CHECK(twin != nullptr, "torch_optim_state_dict: unsupported parameter state type ", typeid(s).name());
+        TORCH_CHECK(twin != nullptr, "torch_optim_state_dict: unsupported parameter state type ",
+                    typeid(s).name());
         sd.state.emplace(index, twin->state_to_entry(s));
       }
       ++index;
@@ -31,22 +33,28 @@ c10::IValue torch_optim_state_dict(const torch::optim::Optimizer& optimizer) {
   return checkpoint::to_ivalue(sd);
 }
 
-void load_torch_optim_state_dict(torch::optim::Optimizer& optimizer, const c10::IValue& state_dict) {
-  absl::StatusOr<checkpoint::OptimizerStateDict> sd =
-      checkpoint::parse_optimizer_state_dict(state_dict, "load_torch_optim_state_dict: the state dict");
+void load_torch_optim_state_dict(torch::optim::Optimizer& optimizer,
+                                 const c10::IValue& state_dict) {
+  absl::StatusOr<checkpoint::OptimizerStateDict> sd = checkpoint::parse_optimizer_state_dict(
+      state_dict, "load_torch_optim_state_dict: the state dict");
   TORCH_CHECK(sd.ok(), sd.status().message());
-  TORCH_CHECK(sd->param_groups.size() == optimizer.param_groups().size(), "load_torch_optim_state_dict: the state dict has ",
-              sd->param_groups.size(), " parameter groups, the optimizer has ", optimizer.param_groups().size());
+  TORCH_CHECK(sd->param_groups.size() == optimizer.param_groups().size(),
+              "load_torch_optim_state_dict: the state dict has ", sd->param_groups.size(),
+              " parameter groups, the optimizer has ", optimizer.param_groups().size());
   const TorchTwin* twin = twin_of(optimizer.defaults());
-  TORCH_CHECK(twin != nullptr, "load_torch_optim_state_dict: unsupported optimizer (SGD, Adam, AdamW, Adagrad, RMSprop are)");
+  TORCH_CHECK(twin != nullptr,
+              "load_torch_optim_state_dict: unsupported optimizer (SGD, Adam, AdamW, Adagrad, "
+              "RMSprop are)");
   std::remove_reference_t<decltype(optimizer.state())> loaded;
   for (size_t gi = 0; gi < sd->param_groups.size(); ++gi) {
     const checkpoint::ParamGroup& group = sd->param_groups[gi];
     auto& target = optimizer.param_groups()[gi];
-    TORCH_CHECK(group.params.size() == target.params().size(), "load_torch_optim_state_dict: group ", gi, " has ",
-                group.params.size(), " parameters in the state dict and ", target.params().size(), " in the optimizer");
+    TORCH_CHECK(group.params.size() == target.params().size(),
+                "load_torch_optim_state_dict: group ", gi, " has ", group.params.size(),
+                " parameters in the state dict and ", target.params().size(), " in the optimizer");
     if (target.has_options()) {
-      if (const TorchTwin* own = twin_of(target.options())) own->apply_options(target.options(), group.options);
+      if (const TorchTwin* own = twin_of(target.options()))
+        own->apply_options(target.options(), group.options);
     }
     for (size_t i = 0; i < group.params.size(); ++i) {
       auto it = sd->state.find(group.params[i]);
@@ -59,7 +67,8 @@ void load_torch_optim_state_dict(torch::optim::Optimizer& optimizer, const c10::
 }
 
 c10::IValue optimizer_state_dict(torch::optim::Optimizer& optimizer) {
-  if (auto* adapter = dynamic_cast<FunctionalOptimizerAdapter*>(&optimizer)) return adapter->state_dict();
+  if (auto* adapter = dynamic_cast<FunctionalOptimizerAdapter*>(&optimizer))
+    return adapter->state_dict();
   return torch_optim_state_dict(optimizer);
 }
 
@@ -72,7 +81,8 @@ void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::IV
 }
 
 int64_t state_tensor_bytes(const c10::IValue& state_dict) {
-  absl::StatusOr<checkpoint::OptimizerStateDict> sd = checkpoint::parse_optimizer_state_dict(state_dict, "state_tensor_bytes");
+  absl::StatusOr<checkpoint::OptimizerStateDict> sd =
+      checkpoint::parse_optimizer_state_dict(state_dict, "state_tensor_bytes");
   TORCH_CHECK(sd.ok(), sd.status().message());
   return checkpoint::state_tensor_bytes(*sd);
 }

@@ -45,10 +45,13 @@ void round_trip(const char* name, TorchOptions options) {
     torch_opt.step();
     functional->step(g);
   }
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(a[i].detach().allclose(b[i], 1e-5, 1e-6)) << "torch -> functional " << i;
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_TRUE(a[i].detach().allclose(b[i], 1e-5, 1e-6)) << "torch -> functional " << i;
   // LibTorch's state, as a PyTorch state dict, has the functional optimizer's keys and types:
   // "step" a 0-dim float32 tensor (PyTorch 2.x's; RMSprop's was an int).
-  auto entry = [](const c10::IValue& sd) { return sd.toGenericDict().at("state").toGenericDict().at(0).toGenericDict(); };
+  auto entry = [](const c10::IValue& sd) {
+    return sd.toGenericDict().at("state").toGenericDict().at(0).toGenericDict();
+  };
   const auto theirs = entry(torch_optim_state_dict(torch_opt));
   const auto ours = entry(functional->state_dict());
   EXPECT_EQ(theirs.size(), ours.size());
@@ -57,7 +60,8 @@ void round_trip(const char* name, TorchOptions options) {
     ASSERT_TRUE(theirs.contains(key)) << key;
     EXPECT_EQ(theirs.at(key).tagKind(), kv.value().tagKind()) << key;
     if (kv.value().isTensor()) {
-      EXPECT_EQ(theirs.at(key).toTensor().scalar_type(), kv.value().toTensor().scalar_type()) << key;
+      EXPECT_EQ(theirs.at(key).toTensor().scalar_type(), kv.value().toTensor().scalar_type())
+          << key;
       EXPECT_EQ(theirs.at(key).toTensor().sizes(), kv.value().toTensor().sizes()) << key;
     }
   }
@@ -73,7 +77,8 @@ void round_trip(const char* name, TorchOptions options) {
     fresh.step();
     functional->step(g);
   }
-  for (size_t i = 0; i < c.size(); ++i) EXPECT_TRUE(c[i].detach().allclose(b[i], 1e-5, 1e-6)) << "functional -> torch " << i;
+  for (size_t i = 0; i < c.size(); ++i)
+    EXPECT_TRUE(c[i].detach().allclose(b[i], 1e-5, 1e-6)) << "functional -> torch " << i;
 }
 
 TEST(TorchStateTest, RoundTripsWithEveryLibTorchTwin) {
@@ -81,7 +86,8 @@ TEST(TorchStateTest, RoundTripsWithEveryLibTorchTwin) {
   round_trip<torch::optim::Adam>("Adam", torch::optim::AdamOptions(0.01).amsgrad(true));
   round_trip<torch::optim::AdamW>("AdamW", torch::optim::AdamWOptions(0.01));
   round_trip<torch::optim::Adagrad>("Adagrad", torch::optim::AdagradOptions(0.1).lr_decay(0.01));
-  round_trip<torch::optim::RMSprop>("RMSprop", torch::optim::RMSpropOptions(0.01).centered(true).momentum(0.5));
+  round_trip<torch::optim::RMSprop>(
+      "RMSprop", torch::optim::RMSpropOptions(0.01).centered(true).momentum(0.5));
 }
 
 TEST(TorchStateTest, MismatchedGroupsAreAnError) {
@@ -92,7 +98,8 @@ TEST(TorchStateTest, MismatchedGroupsAreAnError) {
     load_torch_optim_state_dict(adam, functional.state_dict());
     FAIL();
   } catch (const c10::Error& e) {
-    EXPECT_THAT(e.what_without_backtrace(), ::testing::HasSubstr("group 0 has 2 parameters in the state dict and 1"));
+    EXPECT_THAT(e.what_without_backtrace(),
+                ::testing::HasSubstr("group 0 has 2 parameters in the state dict and 1"));
   }
 }
 

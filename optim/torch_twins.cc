@@ -21,7 +21,9 @@ double num(const OptionsDict& d, const char* k, double fallback) {
   const c10::IValue& v = d.at(k);
   return v.isDouble() ? v.toDouble() : static_cast<double>(v.toInt());
 }
-bool flag(const OptionsDict& d, const char* k, bool fallback) { return d.contains(k) ? d.at(k).toBool() : fallback; }
+bool flag(const OptionsDict& d, const char* k, bool fallback) {
+  return d.contains(k) ? d.at(k).toBool() : fallback;
+}
 std::tuple<double, double> betas(const OptionsDict& d, std::tuple<double, double> fallback) {
   if (!d.contains("betas")) return fallback;
   auto e = d.at("betas").toTupleRef().elements();
@@ -41,8 +43,11 @@ OptionsDict sgd_options(const torch::optim::SGDOptions& o) {
   return d;
 }
 void apply_sgd(torch::optim::SGDOptions& s, const OptionsDict& d) {
-  s.lr(num(d, "lr", s.lr())).momentum(num(d, "momentum", s.momentum())).dampening(num(d, "dampening", s.dampening()));
-  s.weight_decay(num(d, "weight_decay", s.weight_decay())).nesterov(flag(d, "nesterov", s.nesterov()));
+  s.lr(num(d, "lr", s.lr()))
+      .momentum(num(d, "momentum", s.momentum()))
+      .dampening(num(d, "dampening", s.dampening()));
+  s.weight_decay(num(d, "weight_decay", s.weight_decay()))
+      .nesterov(flag(d, "nesterov", s.nesterov()));
 }
 
 template <typename AdamLikeOptions>  // AdamOptions, AdamWOptions
@@ -88,7 +93,8 @@ OptionsDict rmsprop_options(const torch::optim::RMSpropOptions& o) {
 }
 void apply_rmsprop(torch::optim::RMSpropOptions& r, const OptionsDict& d) {
   r.lr(num(d, "lr", r.lr())).alpha(num(d, "alpha", r.alpha())).eps(num(d, "eps", r.eps()));
-  r.weight_decay(num(d, "weight_decay", r.weight_decay())).momentum(num(d, "momentum", r.momentum()));
+  r.weight_decay(num(d, "weight_decay", r.weight_decay()))
+      .momentum(num(d, "momentum", r.momentum()));
   r.centered(flag(d, "centered", r.centered()));
 }
 
@@ -97,13 +103,17 @@ void apply_rmsprop(torch::optim::RMSpropOptions& r, const OptionsDict& d) {
 void put(Entry& e, const char* name, const at::Tensor& t) {
   if (t.defined()) e.insert(name, t);
 }
-c10::IValue float_step(int64_t step) { return at::scalar_tensor(static_cast<double>(step), at::kFloat); }
+c10::IValue float_step(int64_t step) {
+  return at::scalar_tensor(static_cast<double>(step), at::kFloat);
+}
 
-at::Tensor tensor_or_undefined(const Entry& e, const char* name, const at::Tensor& like, int64_t index) {
+at::Tensor tensor_or_undefined(const Entry& e, const char* name, const at::Tensor& like,
+                               int64_t index) {
   if (!e.contains(name) || e.at(name).isNone()) return at::Tensor();
   const at::Tensor& t = e.at(name).toTensor();
-  TORCH_CHECK(t.sizes() == like.sizes(), "load_torch_optim_state_dict: state '", name, "' of parameter ", index,
-              " has shape ", t.sizes(), ", the parameter has shape ", like.sizes());
+  TORCH_CHECK(t.sizes() == like.sizes(), "load_torch_optim_state_dict: state '", name,
+              "' of parameter ", index, " has shape ", t.sizes(), ", the parameter has shape ",
+              like.sizes());
   return at::empty_like(like).copy_(t);
 }
 
@@ -115,10 +125,12 @@ int64_t step_of(const Entry& e) {
 
 Entry sgd_entry(const torch::optim::SGDParamState& s) {
   Entry e = new_entry();
-  e.insert("momentum_buffer", s.momentum_buffer().defined() ? c10::IValue(s.momentum_buffer()) : c10::IValue());
+  e.insert("momentum_buffer",
+           s.momentum_buffer().defined() ? c10::IValue(s.momentum_buffer()) : c10::IValue());
   return e;
 }
-std::unique_ptr<torch::optim::SGDParamState> sgd_state(const Entry& e, const at::Tensor& p, int64_t index) {
+std::unique_ptr<torch::optim::SGDParamState> sgd_state(const Entry& e, const at::Tensor& p,
+                                                       int64_t index) {
   auto x = std::make_unique<torch::optim::SGDParamState>();
   x->momentum_buffer(tensor_or_undefined(e, "momentum_buffer", p, index));
   return x;
@@ -149,7 +161,8 @@ Entry adagrad_entry(const torch::optim::AdagradParamState& s) {
   put(e, "sum", s.sum());
   return e;
 }
-std::unique_ptr<torch::optim::AdagradParamState> adagrad_state(const Entry& e, const at::Tensor& p, int64_t index) {
+std::unique_ptr<torch::optim::AdagradParamState> adagrad_state(const Entry& e, const at::Tensor& p,
+                                                               int64_t index) {
   auto x = std::make_unique<torch::optim::AdagradParamState>();
   x->step(step_of(e));
   x->sum(tensor_or_undefined(e, "sum", p, index));
@@ -158,13 +171,15 @@ std::unique_ptr<torch::optim::AdagradParamState> adagrad_state(const Entry& e, c
 
 Entry rmsprop_entry(const torch::optim::RMSpropParamState& s) {
   Entry e = new_entry();
-  e.insert("step", float_step(s.step()));  // PyTorch 2.x's RMSprop keeps a float32 tensor, as Adam does
+  e.insert("step",
+           float_step(s.step()));  // PyTorch 2.x's RMSprop keeps a float32 tensor, as Adam does
   put(e, "square_avg", s.square_avg());
   put(e, "momentum_buffer", s.momentum_buffer());
   put(e, "grad_avg", s.grad_avg());
   return e;
 }
-std::unique_ptr<torch::optim::RMSpropParamState> rmsprop_state(const Entry& e, const at::Tensor& p, int64_t index) {
+std::unique_ptr<torch::optim::RMSpropParamState> rmsprop_state(const Entry& e, const at::Tensor& p,
+                                                               int64_t index) {
   auto x = std::make_unique<torch::optim::RMSpropParamState>();
   x->step(step_of(e));
   x->square_avg(tensor_or_undefined(e, "square_avg", p, index));
@@ -175,17 +190,27 @@ std::unique_ptr<torch::optim::RMSpropParamState> rmsprop_state(const Entry& e, c
 
 // One row: the typed functions above behind the type tests (the only dynamic_casts on these types).
 template <typename Optimizer, typename Options, typename State>
-TorchTwin twin(const char* name, OptionsDict (*to_dict)(const Options&), void (*apply)(Options&, const OptionsDict&),
-               Entry (*to_entry)(const State&),
+TorchTwin twin(const char* name, OptionsDict (*to_dict)(const Options&),
+               void (*apply)(Options&, const OptionsDict&), Entry (*to_entry)(const State&),
                std::unique_ptr<State> (*from_entry)(const Entry&, const at::Tensor&, int64_t)) {
   return TorchTwin{
       name,
       std::type_index(typeid(Optimizer)),
-      [](const torch::optim::OptimizerOptions& o) { return dynamic_cast<const Options*>(&o) != nullptr; },
-      [](const torch::optim::OptimizerParamState& s) { return dynamic_cast<const State*>(&s) != nullptr; },
-      [to_dict](const torch::optim::OptimizerOptions& o) { return to_dict(dynamic_cast<const Options&>(o)); },
-      [apply](torch::optim::OptimizerOptions& o, const OptionsDict& d) { apply(dynamic_cast<Options&>(o), d); },
-      [to_entry](const torch::optim::OptimizerParamState& s) { return to_entry(dynamic_cast<const State&>(s)); },
+      [](const torch::optim::OptimizerOptions& o) {
+        return dynamic_cast<const Options*>(&o) != nullptr;
+      },
+      [](const torch::optim::OptimizerParamState& s) {
+        return dynamic_cast<const State*>(&s) != nullptr;
+      },
+      [to_dict](const torch::optim::OptimizerOptions& o) {
+        return to_dict(dynamic_cast<const Options&>(o));
+      },
+      [apply](torch::optim::OptimizerOptions& o, const OptionsDict& d) {
+        apply(dynamic_cast<Options&>(o), d);
+      },
+      [to_entry](const torch::optim::OptimizerParamState& s) {
+        return to_entry(dynamic_cast<const State&>(s));
+      },
       [from_entry](const Entry& e, const at::Tensor& p, int64_t index) {
         return std::unique_ptr<torch::optim::OptimizerParamState>(from_entry(e, p, index));
       },
@@ -197,17 +222,18 @@ TorchTwin twin(const char* name, OptionsDict (*to_dict)(const Options&), void (*
 const std::vector<TorchTwin>& torch_twins() {
   namespace o = torch::optim;
   static const std::vector<TorchTwin>* table = new std::vector<TorchTwin>{
-      twin<o::SGD, o::SGDOptions, o::SGDParamState>("SGD", sgd_options, apply_sgd, sgd_entry, sgd_state),
-      twin<o::Adam, o::AdamOptions, o::AdamParamState>("Adam", adam_options<o::AdamOptions>,
-                                                       apply_adam<o::AdamOptions>, adam_entry<o::AdamParamState>,
-                                                       adam_state<o::AdamParamState>),
-      twin<o::AdamW, o::AdamWOptions, o::AdamWParamState>("AdamW", adam_options<o::AdamWOptions>,
-                                                          apply_adam<o::AdamWOptions>, adam_entry<o::AdamWParamState>,
-                                                          adam_state<o::AdamWParamState>),
-      twin<o::Adagrad, o::AdagradOptions, o::AdagradParamState>("Adagrad", adagrad_options, apply_adagrad,
-                                                                adagrad_entry, adagrad_state),
-      twin<o::RMSprop, o::RMSpropOptions, o::RMSpropParamState>("RMSprop", rmsprop_options, apply_rmsprop,
-                                                                rmsprop_entry, rmsprop_state),
+      twin<o::SGD, o::SGDOptions, o::SGDParamState>("SGD", sgd_options, apply_sgd, sgd_entry,
+                                                    sgd_state),
+      twin<o::Adam, o::AdamOptions, o::AdamParamState>(
+          "Adam", adam_options<o::AdamOptions>, apply_adam<o::AdamOptions>,
+          adam_entry<o::AdamParamState>, adam_state<o::AdamParamState>),
+      twin<o::AdamW, o::AdamWOptions, o::AdamWParamState>(
+          "AdamW", adam_options<o::AdamWOptions>, apply_adam<o::AdamWOptions>,
+          adam_entry<o::AdamWParamState>, adam_state<o::AdamWParamState>),
+      twin<o::Adagrad, o::AdagradOptions, o::AdagradParamState>(
+          "Adagrad", adagrad_options, apply_adagrad, adagrad_entry, adagrad_state),
+      twin<o::RMSprop, o::RMSpropOptions, o::RMSpropParamState>(
+          "RMSprop", rmsprop_options, apply_rmsprop, rmsprop_entry, rmsprop_state),
   };
   return *table;
 }

@@ -40,14 +40,16 @@ struct TorchTwin {
   std::function<OptionsDict(const torch::optim::OptimizerOptions& options)> options_to_dict;
   // REQUIRES owns_options(options): the keys of `dict` this optimizer has are applied (ints taken
   // as floats), the others ignored.
-  std::function<void(torch::optim::OptimizerOptions& options, const OptionsDict& dict)> apply_options;
+  std::function<void(torch::optim::OptimizerOptions& options, const OptionsDict& dict)>
+      apply_options;
   // REQUIRES owns_state(state): PyTorch's state entry (name -> tensor | int | None).
-  std::function<c10::impl::GenericDict(const torch::optim::OptimizerParamState& state)> state_to_entry;
+  std::function<c10::impl::GenericDict(const torch::optim::OptimizerParamState& state)>
+      state_to_entry;
   // The LibTorch state of `param` from PyTorch's entry (a missing or None tensor stays undefined;
   // "step" may be an int, a float or a tensor). Errors (c10::Error): a tensor whose shape is not
   // the parameter's, naming the state key and `index`.
-  std::function<std::unique_ptr<torch::optim::OptimizerParamState>(const c10::impl::GenericDict& entry,
-                                                                   const at::Tensor& param, int64_t index)>
+  std::function<std::unique_ptr<torch::optim::OptimizerParamState>(
+      const c10::impl::GenericDict& entry, const at::Tensor& param, int64_t index)>
       state_from_entry;
 };
 

@@ -27,7 +27,6 @@ namespace {
 constexpr int kWorld = 2;
 constexpr int64_t kM = int64_t{1} << 20;
 
-
 std::vector<int64_t> model_sizes(int model) {
   if (model == 0) return std::vector<int64_t>(20, kM);
   std::vector<int64_t> s = {10 * kM};
@@ -73,7 +72,8 @@ void BM_Zero(benchmark::State& state) {
   const auto start = std::chrono::steady_clock::now();
   for (auto _ : state) opt->step();
   const double step_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / state.iterations();
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() /
+      state.iterations();
 
   const double per_thread = 1.0 / kWorld;  // counters are summed over the rank threads
   // Each rank's own wall time per step (the Time column divides by both threads' iterations).
@@ -83,12 +83,15 @@ void BM_Zero(benchmark::State& state) {
   if (zero != nullptr) {
     const auto& numel = zero->partition().numel_per_rank;
     state.counters["state_balance"] =
-        per_thread * static_cast<double>(*std::max_element(numel.begin(), numel.end())) * kWorld / total;
-    state.counters["state_MiB_per_rank"] = per_thread * static_cast<double>(zero->local_state_bytes()) / (1 << 20);
+        per_thread * static_cast<double>(*std::max_element(numel.begin(), numel.end())) * kWorld /
+        total;
+    state.counters["state_MiB_per_rank"] =
+        per_thread * static_cast<double>(zero->local_state_bytes()) / (1 << 20);
     const auto t0 = std::chrono::steady_clock::now();
     zero->consolidate_state_dict(0);
     state.counters["consolidate_ms"] =
-        per_thread * std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        per_thread *
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   } else {
     state.counters["state_balance"] = per_thread * kWorld;  // every rank holds everything
     state.counters["state_MiB_per_rank"] = per_thread * static_cast<double>(total) * 8 / (1 << 20);

@@ -38,7 +38,8 @@ TEST(ZeroOptionsTest, ManualPartitionNeedsSortedGreedyAndOneGroup) {
   ZeroOptions options;
   options.params_per_rank = {{0}, {1}};
   EXPECT_EQ(error_of(options), "");
-  EXPECT_THAT(error_of(options, 2), HasSubstr("Specifying `params_per_rank` only supports a single parameter group"));
+  EXPECT_THAT(error_of(options, 2),
+              HasSubstr("Specifying `params_per_rank` only supports a single parameter group"));
   options.strategy = PartitionStrategy::kFlat;
   EXPECT_THAT(error_of(options), HasSubstr("use it with the sorted_greedy strategy, not kFlat"));
 }
@@ -47,16 +48,19 @@ TEST(ZeroOptionsTest, OverlapNeedsSortedGreedyAndOneGroup) {
   ZeroOptions options;
   options.overlap_with_ddp = true;
   EXPECT_EQ(error_of(options), "");
-  EXPECT_THAT(error_of(options, 2), HasSubstr("overlap_with_ddp supports a single parameter group, got 2"));
+  EXPECT_THAT(error_of(options, 2),
+              HasSubstr("overlap_with_ddp supports a single parameter group, got 2"));
   options.strategy = PartitionStrategy::kFlat;
-  EXPECT_THAT(error_of(options), HasSubstr("overlap_with_ddp partitions whole parameters by DDP bucket"));
+  EXPECT_THAT(error_of(options),
+              HasSubstr("overlap_with_ddp partitions whole parameters by DDP bucket"));
 }
 
 TEST(ZeroOptionsTest, ShardGradientsExcludesOverlapAndManualPartition) {
   ZeroOptions options;
   options.shard_gradients = true;
   EXPECT_EQ(error_of(options), "");
-  EXPECT_THAT(error_of(options, 2), HasSubstr("shard_gradients supports a single parameter group, got 2"));
+  EXPECT_THAT(error_of(options, 2),
+              HasSubstr("shard_gradients supports a single parameter group, got 2"));
   options.params_per_rank = {{0}};
   EXPECT_THAT(error_of(options), HasSubstr("leave params_per_rank empty"));
   options.params_per_rank.clear();

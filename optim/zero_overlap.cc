@@ -8,16 +8,20 @@ namespace dtrain::optim {
 
 internal::WholeParamLayout& ZeroOverlap::layout() {
   auto* whole = dynamic_cast<internal::WholeParamLayout*>(zero_.layout_.get());
-  TORCH_CHECK(zero_.options_.overlap_with_ddp && whole != nullptr, "the ZeRO overlap API is for overlap_with_ddp: "
+  TORCH_CHECK(zero_.options_.overlap_with_ddp && whole != nullptr,
+              "the ZeRO overlap API is for overlap_with_ddp: "
               "set ZeroOptions::overlap_with_ddp = true (whole parameters, kSortedGreedy)");
   return *whole;
 }
 
 void ZeroOverlap::set_partition(std::vector<std::vector<int64_t>> params_per_rank) {
-  TORCH_CHECK(zero_.options_.overlap_with_ddp, "set_overlap_partition is for overlap_with_ddp: set "
+  TORCH_CHECK(zero_.options_.overlap_with_ddp,
+              "set_overlap_partition is for overlap_with_ddp: set "
               "ZeroOptions::overlap_with_ddp = true");
-  TORCH_CHECK(!zero_.stepped_ && !zero_.state_loaded_, "the ZeRO overlap hook must be registered before the first "
-              "step and before loading a checkpoint: the optimizer already holds state for the old partition");
+  TORCH_CHECK(!zero_.stepped_ && !zero_.state_loaded_,
+              "the ZeRO overlap hook must be registered before the first "
+              "step and before loading a checkpoint: the optimizer already holds state for the old "
+              "partition");
   zero_.options_.params_per_rank = std::move(params_per_rank);
   zero_.build_layout();
   zero_.build_local_optimizer();
@@ -25,19 +29,22 @@ void ZeroOverlap::set_partition(std::vector<std::vector<int64_t>> params_per_ran
 }
 
 void ZeroOverlap::step(const std::vector<int64_t>& params, const std::vector<at::Tensor>& grads) {
-  TORCH_CHECK(params.size() == grads.size(), "overlap_step: ", params.size(), " parameters but ", grads.size(),
-              " gradients");
+  TORCH_CHECK(params.size() == grads.size(), "overlap_step: ", params.size(), " parameters but ",
+              grads.size(), " gradients");
   const internal::WholeParamLayout& whole = layout();
-  TORCH_CHECK(!whole.trainability_changed(), "ZeroRedundancyOptimizer with overlap_with_ddp does not support "
-              "changing parameter trainability at run time: a parameter's requires_grad changed after the ZeRO "
-              "overlap hook was registered; build DDP, the optimizer and the hook again over the new set");
+  TORCH_CHECK(
+      !whole.trainability_changed(),
+      "ZeroRedundancyOptimizer with overlap_with_ddp does not support "
+      "changing parameter trainability at run time: a parameter's requires_grad changed after the "
+      "ZeRO "
+      "overlap hook was registered; build DDP, the optimizer and the hook again over the new set");
   auto& adapter = dynamic_cast<FunctionalOptimizerAdapter&>(*zero_.local_);
   std::vector<at::Tensor> local_grads;
   bool any = false;
   for (size_t k = 0; k < params.size(); ++k) {
     const int64_t i = params[k];
-    TORCH_CHECK(i >= 0 && i < static_cast<int64_t>(whole.params().size()), "overlap_step: parameter index ", i,
-                " out of range");
+    TORCH_CHECK(i >= 0 && i < static_cast<int64_t>(whole.params().size()),
+                "overlap_step: parameter index ", i, " out of range");
     const int64_t local = whole.local_index(i);
     if (local < 0) continue;
     if (local_grads.empty()) local_grads.resize(whole.entries().size());
@@ -53,7 +60,8 @@ void ZeroOverlap::step(const std::vector<int64_t>& params, const std::vector<at:
   zero_.consolidated_ = c10::IValue();
 }
 
-std::vector<c10::intrusive_ptr<c10d::Work>> ZeroOverlap::broadcast(const std::vector<int64_t>& params) {
+std::vector<c10::intrusive_ptr<c10d::Work>> ZeroOverlap::broadcast(
+    const std::vector<int64_t>& params) {
   internal::Works works;
   layout().broadcast(params, works);
   return works;
@@ -64,7 +72,8 @@ std::vector<c10::intrusive_ptr<c10d::Work>> ZeroOverlap::broadcast(const std::ve
 namespace dtrain::optim {
 
 ZeroGradShards::ZeroGradShards(ZeroRedundancyOptimizer& zero) : zero_(zero) {
-  TORCH_CHECK(zero_.options_.shard_gradients, "the ZeRO-2 hook needs a ZeroRedundancyOptimizer built with "
+  TORCH_CHECK(zero_.options_.shard_gradients,
+              "the ZeRO-2 hook needs a ZeroRedundancyOptimizer built with "
               "ZeroOptions::shard_gradients = true");
 }
 
@@ -75,8 +84,10 @@ internal::GradShardLayout& ZeroGradShards::layout() const {
 }
 
 void ZeroGradShards::set_buckets(std::vector<std::vector<int64_t>> bucket_params) {
-  TORCH_CHECK(!zero_.stepped_ && !zero_.state_loaded_, "the ZeRO-2 hook must be registered before the "
-              "first step and before loading a checkpoint: the optimizer already holds state for the old layout");
+  TORCH_CHECK(!zero_.stepped_ && !zero_.state_loaded_,
+              "the ZeRO-2 hook must be registered before the "
+              "first step and before loading a checkpoint: the optimizer already holds state for "
+              "the old layout");
   TORCH_CHECK(!bucket_params.empty(), "ZeroGradShards::set_buckets: no buckets");
   zero_.grad_shard_buckets_ = std::move(bucket_params);
   zero_.build_layout();

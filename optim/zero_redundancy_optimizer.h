@@ -58,7 +58,9 @@ class ZeroLayout;
 // Builds this rank's local optimizer over its parameter groups; `defaults` are the options of
 // groups that bring none (and the wrapper's defaults).
 struct LocalOptimizer {
-  std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::optim::OptimizerParamGroup>)> make;
+  std::function<std::unique_ptr<torch::optim::Optimizer>(
+      std::vector<torch::optim::OptimizerParamGroup>)>
+      make;
   std::unique_ptr<torch::optim::OptimizerOptions> defaults;
   // The functional optimizer's registry name (local_optimizer<Adapter>(name, ...)); empty for a
   // LibTorch type. Lets the constructor refuse a partition the optimizer's math cannot take.
@@ -71,7 +73,8 @@ LocalOptimizer local_optimizer(OptionsT defaults) {
   LocalOptimizer l;
   l.defaults = std::make_unique<OptionsT>(defaults);
   l.make = [defaults](std::vector<torch::optim::OptimizerParamGroup> groups) {
-    return std::unique_ptr<torch::optim::Optimizer>(std::make_unique<OptimizerT>(std::move(groups), defaults));
+    return std::unique_ptr<torch::optim::Optimizer>(
+        std::make_unique<OptimizerT>(std::move(groups), defaults));
   };
   return l;
 }
@@ -84,7 +87,8 @@ LocalOptimizer local_optimizer(const std::string& name, const OptionsDict& defau
   l.defaults = std::make_unique<DictOptions>(defaults.copy());
   l.functional_name = name;
   l.make = [name, defaults](std::vector<torch::optim::OptimizerParamGroup> groups) {
-    return std::unique_ptr<torch::optim::Optimizer>(std::make_unique<Adapter>(std::move(groups), name, defaults.copy()));
+    return std::unique_ptr<torch::optim::Optimizer>(
+        std::make_unique<Adapter>(std::move(groups), name, defaults.copy()));
   };
   return l;
 }
@@ -109,9 +113,10 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public comm::Joi
   // Collective. Errors (c10::Error, PyTorch's wording): empty parameter list; sparse or mixed
   // dtype parameters ("only supports using the same dense type for all parameters"); an invalid
   // manual partition; a group that is not a member.
-  ZeroRedundancyOptimizer(std::vector<torch::optim::OptimizerParamGroup> param_groups, LocalOptimizer local,
+  ZeroRedundancyOptimizer(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+                          LocalOptimizer local, ZeroOptions options);
+  ZeroRedundancyOptimizer(std::vector<at::Tensor> params, LocalOptimizer local,
                           ZeroOptions options);
-  ZeroRedundancyOptimizer(std::vector<at::Tensor> params, LocalOptimizer local, ZeroOptions options);
   ~ZeroRedundancyOptimizer() override;
 
   // Collective: this rank's local step (closure evaluated there), then every parameter is
@@ -170,7 +175,8 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public comm::Joi
   // over the ranks' slices (one all-reduce of a scalar; collective); otherwise every rank holds
   // every (DDP-averaged) gradient and nothing is communicated. norm_type: p > 0 or infinity.
   // Errors: a non-finite total norm with error_if_nonfinite (as PyTorch).
-  at::Tensor clip_grad_norm_(double max_norm, double norm_type = 2.0, bool error_if_nonfinite = false);
+  at::Tensor clip_grad_norm_(double max_norm, double norm_type = 2.0,
+                             bool error_if_nonfinite = false);
   bool shard_gradients() const { return options_.shard_gradients; }
   // Bytes of gradient this rank holds for the step: its slices with shard_gradients, else the
   // parameters' .grad tensors.

@@ -19,8 +19,8 @@
 namespace dtrain::optim {
 namespace {
 
-using ::testing::HasSubstr;
 using comm::testing::run_ranks_as_threads;
+using ::testing::HasSubstr;
 using namespace optim::testing;  // NOLINT: the shared test helpers
 
 TEST(ZeroRedundancyOptimizerTest, FlatConsolidatesToPyTorchFormatAndCrossLoads) {
@@ -35,7 +35,8 @@ TEST(ZeroRedundancyOptimizerTest, FlatConsolidatesToPyTorchFormatAndCrossLoads) 
     ZeroOptions o = zero_options(g, false);
     o.strategy = PartitionStrategy::kFlat;
     o.flat_alignment = 4;
-    ZeroRedundancyOptimizer zero(zp, local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)), o);
+    ZeroRedundancyOptimizer zero(
+        zp, local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)), o);
     for (int step = 0; step < 4; ++step) {
       set_averaged_grads(g, zp, step);
       zero.step();
@@ -61,23 +62,28 @@ TEST(ZeroRedundancyOptimizerTest, FlatConsolidatesToPyTorchFormatAndCrossLoads) 
     for (const auto& e : kv.value().toGenericDict()) {
       const c10::IValue& v = got.at(kv.key()).toGenericDict().at(e.key());
       if (e.value().isTensor()) {
-        EXPECT_TRUE(v.toTensor().allclose(e.value().toTensor(), 1e-6, 1e-8)) << kv.key().toInt() << " " << e.key().toStringRef();
+        EXPECT_TRUE(v.toTensor().allclose(e.value().toTensor(), 1e-6, 1e-8))
+            << kv.key().toInt() << " " << e.key().toStringRef();
         EXPECT_EQ(v.toTensor().sizes(), e.value().toTensor().sizes());
       }
     }
   }
-  for (size_t i = 0; i < rp.size(); ++i) ASSERT_TRUE(after[i].allclose(rp[i].detach(), 1e-6, 1e-7)) << i;
+  for (size_t i = 0; i < rp.size(); ++i)
+    ASSERT_TRUE(after[i].allclose(rp[i].detach(), 1e-6, 1e-7)) << i;
   run_ranks_as_threads(2, [&](comm::Group& g) {
     std::vector<at::Tensor> zp = clone_params(after);
     std::vector<at::Tensor> ref_p = clone_params(after);
     torch::optim::Adam ref(ref_p, torch::optim::AdamOptions(0.01));
     load_torch_optim_state_dict(ref, saved);
-    ZeroRedundancyOptimizer zero(zp, local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)), zero_options(g, true));
+    ZeroRedundancyOptimizer zero(
+        zp, local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)),
+        zero_options(g, true));
     zero.load_state_dict(saved);
     ZeroOptions o = zero_options(g, false);
     o.strategy = PartitionStrategy::kFlat;
     std::vector<at::Tensor> fp = clone_params(after);
-    ZeroRedundancyOptimizer flat(fp, local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)), o);
+    ZeroRedundancyOptimizer flat(
+        fp, local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)), o);
     flat.load_state_dict(saved);
     for (int step = 4; step < 7; ++step) {
       set_averaged_grads(g, zp, step);
@@ -100,13 +106,16 @@ TEST(ZeroRedundancyOptimizerTest, FlatConsolidatesToPyTorchFormatAndCrossLoads) 
 // same words (kFlat used to reshape and cut it into this rank's slice, scrambling the state).
 TEST(ZeroRedundancyOptimizerTest, LoadRefusesStateOfTheWrongShapeUnderEitherStrategy) {
   for (PartitionStrategy strategy : {PartitionStrategy::kSortedGreedy, PartitionStrategy::kFlat}) {
-    for (const std::vector<int64_t>& bad : std::vector<std::vector<int64_t>>{{5, 4}, {21}, {4, 6}, {3, 5}}) {
+    for (const std::vector<int64_t>& bad :
+         std::vector<std::vector<int64_t>>{{5, 4}, {21}, {4, 6}, {3, 5}}) {
       std::atomic<int> refused{0};
       run_ranks_as_threads(2, [&](comm::Group& g) {
-        std::vector<at::Tensor> zp = {at::zeros({4, 5}).requires_grad_(), at::zeros({6}).requires_grad_()};
+        std::vector<at::Tensor> zp = {at::zeros({4, 5}).requires_grad_(),
+                                      at::zeros({6}).requires_grad_()};
         ZeroOptions o = zero_options(g, false);
         o.strategy = strategy;
-        ZeroRedundancyOptimizer zero(zp, local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)), o);
+        ZeroRedundancyOptimizer zero(
+            zp, local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)), o);
         c10::impl::GenericDict state(c10::IntType::get(), c10::AnyType::get());
         for (int64_t i = 0; i < 2; ++i) {
           c10::impl::GenericDict e(c10::StringType::get(), c10::AnyType::get());
@@ -137,7 +146,8 @@ TEST(ZeroRedundancyOptimizerTest, LoadRefusesStateOfTheWrongShapeUnderEitherStra
       });
       // kFlat: both ranks hold a slice of the [4, 5] parameter; sorted-greedy: its one owner.
       EXPECT_EQ(refused.load(), strategy == PartitionStrategy::kFlat ? 2 : 1)
-          << (strategy == PartitionStrategy::kFlat ? "flat " : "sorted_greedy ") << c10::IntArrayRef(bad);
+          << (strategy == PartitionStrategy::kFlat ? "flat " : "sorted_greedy ")
+          << c10::IntArrayRef(bad);
     }
   }
 }
@@ -145,7 +155,9 @@ TEST(ZeroRedundancyOptimizerTest, LoadRefusesStateOfTheWrongShapeUnderEitherStra
 TEST(ZeroRedundancyOptimizerTest, ConsolidateEqualsUnshardedAndLoadsOnEveryRank) {
   run_ranks_as_threads(3, [](comm::Group& g) {
     std::vector<at::Tensor> zp = make_params(kSizes), rp = clone_params(zp);
-    ZeroRedundancyOptimizer zero(zp, local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)), zero_options(g, false));
+    ZeroRedundancyOptimizer zero(
+        zp, local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)),
+        zero_options(g, false));
     torch::optim::Adam reference(rp, torch::optim::AdamOptions(0.01));
     try {
       zero.state_dict();
@@ -171,14 +183,19 @@ TEST(ZeroRedundancyOptimizerTest, ConsolidateEqualsUnshardedAndLoadsOnEveryRank)
         auto s = state.at(kv.key()).toGenericDict();
         for (const auto& e : w) {
           if (e.value().isTensor()) {
-            EXPECT_TRUE(s.at(e.key()).toTensor().allclose(e.value().toTensor(), 1e-6, 1e-8)) << kv.key().toInt();
+            EXPECT_TRUE(s.at(e.key()).toTensor().allclose(e.value().toTensor(), 1e-6, 1e-8))
+                << kv.key().toInt();
           }
         }
       }
-      EXPECT_EQ(got.at("param_groups").toList().get(0).toGenericDict().at("params").toIntVector().size(), kSizes.size());
+      EXPECT_EQ(
+          got.at("param_groups").toList().get(0).toGenericDict().at("params").toIntVector().size(),
+          kSizes.size());
     }
     // Every rank loads the global state (here: the unsharded reference's) and continues in step.
-    ZeroRedundancyOptimizer fresh(zp, local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.5)), zero_options(g, true));
+    ZeroRedundancyOptimizer fresh(
+        zp, local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.5)),
+        zero_options(g, true));
     fresh.load_state_dict(torch_optim_state_dict(reference));
     EXPECT_DOUBLE_EQ(fresh.param_groups()[0].options().get_lr(), 0.01);
     for (int step = 4; step < 7; ++step) {
@@ -194,7 +211,7 @@ TEST(ZeroRedundancyOptimizerTest, ConsolidateEqualsUnshardedAndLoadsOnEveryRank)
 // Steps 4..6 of one unsharded Adam(lr 0.01) from `params` and a global `state`, fed the averaged
 // gradients a world of 3 ranks would produce: what a ZeRO resumed at world 3 must reach.
 std::vector<at::Tensor> unsharded_continuation_at_world3(const std::vector<at::Tensor>& params,
-                                                        const c10::IValue& state) {
+                                                         const c10::IValue& state) {
   std::vector<at::Tensor> rp = clone_params(params);
   torch::optim::Adam reference(rp, torch::optim::AdamOptions(0.01));
   load_torch_optim_state_dict(reference, state);
@@ -215,7 +232,9 @@ TEST(ZeroRedundancyOptimizerTest, LoadsStateSavedAtAnotherWorldSize) {
   std::vector<at::Tensor> after_save;
   run_ranks_as_threads(2, [&](comm::Group& g) {
     std::vector<at::Tensor> zp = make_params(kSizes);
-    ZeroRedundancyOptimizer zero(zp, local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)), zero_options(g, true));
+    ZeroRedundancyOptimizer zero(
+        zp, local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)),
+        zero_options(g, true));
     for (int step = 0; step < 4; ++step) {
       set_averaged_grads(g, zp, step);
       zero.step();
@@ -229,7 +248,9 @@ TEST(ZeroRedundancyOptimizerTest, LoadsStateSavedAtAnotherWorldSize) {
   const std::vector<at::Tensor> rp = unsharded_continuation_at_world3(after_save, saved);
   run_ranks_as_threads(3, [&](comm::Group& g) {
     std::vector<at::Tensor> zp = clone_params(after_save);
-    ZeroRedundancyOptimizer zero(zp, local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)), zero_options(g, false));
+    ZeroRedundancyOptimizer zero(
+        zp, local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)),
+        zero_options(g, false));
     zero.load_state_dict(saved);
     for (int step = 4; step < 7; ++step) {
       set_averaged_grads(g, zp, step);
@@ -258,16 +279,19 @@ TEST(ZeroRedundancyOptimizerTest, ShardedSaveLoadsAtAnotherWorldSizeAndStrategy)
   // World 2 trains 4 steps and saves shards (each rank only its own state); world 3 with the
   // other strategy loads them and continues exactly like one unsharded Adam loaded from the
   // consolidated state. Both directions: sorted-greedy -> flat and flat -> sorted-greedy.
-  for (const auto& [from, to] : {std::pair{PartitionStrategy::kSortedGreedy, PartitionStrategy::kFlat},
-                                 std::pair{PartitionStrategy::kFlat, PartitionStrategy::kSortedGreedy}}) {
-    SCOPED_TRACE(from == PartitionStrategy::kFlat ? "flat -> sorted_greedy" : "sorted_greedy -> flat");
+  for (const auto& [from, to] :
+       {std::pair{PartitionStrategy::kSortedGreedy, PartitionStrategy::kFlat},
+        std::pair{PartitionStrategy::kFlat, PartitionStrategy::kSortedGreedy}}) {
+    SCOPED_TRACE(from == PartitionStrategy::kFlat ? "flat -> sorted_greedy"
+                                                  : "sorted_greedy -> flat");
     const std::string dir = fresh_dir("zero_sharded");
     c10::IValue consolidated;
     std::vector<at::Tensor> after_save;
     run_ranks_as_threads(2, [&](comm::Group& g) {
       std::vector<at::Tensor> zp = make_params(kSizes);
-      ZeroRedundancyOptimizer zero(zp, local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)),
-                                   with_strategy(g, from));
+      ZeroRedundancyOptimizer zero(
+          zp, local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)),
+          with_strategy(g, from));
       for (int step = 0; step < 4; ++step) {
         set_averaged_grads(g, zp, step);
         zero.step();
@@ -291,8 +315,9 @@ TEST(ZeroRedundancyOptimizerTest, ShardedSaveLoadsAtAnotherWorldSizeAndStrategy)
     const std::vector<at::Tensor> rp = unsharded_continuation_at_world3(after_save, consolidated);
     run_ranks_as_threads(3, [&](comm::Group& g) {
       std::vector<at::Tensor> zp = clone_params(after_save);
-      ZeroRedundancyOptimizer zero(zp, local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.5)),
-                                   with_strategy(g, to));
+      ZeroRedundancyOptimizer zero(
+          zp, local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.5)),
+          with_strategy(g, to));
       absl::StatusOr<c10::IValue> extra = zero.load_sharded(dir);
       ASSERT_TRUE(extra.ok()) << extra.status();
       EXPECT_EQ(extra->toInt(), 4);
@@ -311,8 +336,9 @@ TEST(ZeroRedundancyOptimizerTest, ShardedLoadErrors) {
   const std::string dir = fresh_dir("zero_sharded_errors");
   run_ranks_as_threads(2, [&](comm::Group& g) {
     std::vector<at::Tensor> zp = make_params(kSizes);
-    ZeroRedundancyOptimizer zero(zp, local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)),
-                                 zero_options(g, false));
+    ZeroRedundancyOptimizer zero(
+        zp, local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)),
+        zero_options(g, false));
     absl::StatusOr<c10::IValue> none = zero.load_sharded(dir);
     EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound) << none.status();
     set_averaged_grads(g, zp, 0);
@@ -321,28 +347,30 @@ TEST(ZeroRedundancyOptimizerTest, ShardedLoadErrors) {
     // Another model: a parameter with another shape, and one with more parameters.
     std::vector<int64_t> reshaped = kSizes;
     reshaped[4] = 41;
-    ZeroRedundancyOptimizer other(make_params(reshaped),
-                                  local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)),
-                                  zero_options(g, false));
+    ZeroRedundancyOptimizer other(
+        make_params(reshaped), local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)),
+        zero_options(g, false));
     absl::StatusOr<c10::IValue> bad = other.load_sharded(dir);
     EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(std::string(bad.status().message()), HasSubstr("parameter 4 has shape [40] there but [41] here"));
-    ZeroRedundancyOptimizer fewer(make_params({9, 7}),
-                                  local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)),
-                                  zero_options(g, false));
+    EXPECT_THAT(std::string(bad.status().message()),
+                HasSubstr("parameter 4 has shape [40] there but [41] here"));
+    ZeroRedundancyOptimizer fewer(
+        make_params({9, 7}), local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)),
+        zero_options(g, false));
     bad = fewer.load_sharded(dir);
-    EXPECT_THAT(std::string(bad.status().message()), HasSubstr("but this optimizer has 2 parameters"));
+    EXPECT_THAT(std::string(bad.status().message()),
+                HasSubstr("but this optimizer has 2 parameters"));
     // The same parameters and one more: every saved one fits, the group does not.
     std::vector<int64_t> more = kSizes;
     more.push_back(3);
-    ZeroRedundancyOptimizer larger(make_params(more),
-                                   local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)),
-                                   zero_options(g, false));
+    ZeroRedundancyOptimizer larger(
+        make_params(more), local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)),
+        zero_options(g, false));
     bad = larger.load_sharded(dir);
     EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(std::string(bad.status().message()),
-                HasSubstr("parameter group 0 has " + std::to_string(kSizes.size()) + " parameters there, " +
-                          std::to_string(more.size()) + " here"));
+                HasSubstr("parameter group 0 has " + std::to_string(kSizes.size()) +
+                          " parameters there, " + std::to_string(more.size()) + " here"));
     // A piece that is not the one this rank owns.
     checkpoint::ShardedState wrong = zero.sharded_state();
     auto& piece = wrong.params.begin()->second;

@@ -47,15 +47,18 @@ TEST(ZeroSemanticsTest, ManualPartitionLeavingParametersUnownedConsolidatesAndRe
     ASSERT_TRUE(comm::broadcast_object(g, saved, 0).ok());
     const auto groups = saved.toGenericDict().at("param_groups").toList();
     ASSERT_EQ(groups.size(), 1u);
-    EXPECT_EQ(groups.get(0).toGenericDict().at("params").toIntVector(), (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6}));
+    EXPECT_EQ(groups.get(0).toGenericDict().at("params").toIntVector(),
+              (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6}));
     std::vector<int64_t> with_state;
-    for (const auto& kv : saved.toGenericDict().at("state").toGenericDict()) with_state.push_back(kv.key().toInt());
+    for (const auto& kv : saved.toGenericDict().at("state").toGenericDict())
+      with_state.push_back(kv.key().toInt());
     std::sort(with_state.begin(), with_state.end());
     EXPECT_EQ(with_state, (std::vector<int64_t>{0, 1, 2, 4}));
 
     // An unsharded optimizer over all seven takes it.
     std::vector<at::Tensor> plain_params = clone_params(p);
-    std::unique_ptr<torch::optim::Optimizer> plain = adam().make({torch::optim::OptimizerParamGroup(plain_params)});
+    std::unique_ptr<torch::optim::Optimizer> plain =
+        adam().make({torch::optim::OptimizerParamGroup(plain_params)});
     load_optimizer_state_dict(*plain, saved);
 
     // ZeRO with the same partition continues exactly as the original.
@@ -79,7 +82,8 @@ TEST(ZeroSemanticsTest, ManualPartitionLeavingParametersUnownedConsolidatesAndRe
 // not silently dropped.
 TEST(ZeroSemanticsTest, StateForAnIndexOutOfRangeIsAnError) {
   run_ranks_as_threads(2, [](comm::Group& g) {
-    for (PartitionStrategy strategy : {PartitionStrategy::kSortedGreedy, PartitionStrategy::kFlat}) {
+    for (PartitionStrategy strategy :
+         {PartitionStrategy::kSortedGreedy, PartitionStrategy::kFlat}) {
       ZeroOptions o = zero_options(g, false);
       o.strategy = strategy;
       std::vector<at::Tensor> p = make_params(kSizes);
@@ -94,7 +98,8 @@ TEST(ZeroSemanticsTest, StateForAnIndexOutOfRangeIsAnError) {
         auto state = copy.toGenericDict().at("state").toGenericDict();
         state.insert(bad, state.at(0));
         expect_error([&] { zero.load_state_dict(copy); },
-                     "has state for parameter index " + std::to_string(bad) + " but this optimizer has 7 parameters");
+                     "has state for parameter index " + std::to_string(bad) +
+                         " but this optimizer has 7 parameters");
       }
     }
   });
@@ -155,7 +160,8 @@ TEST(ZeroSemanticsTest, StepWithClosureReturnsItsLossAndStepsOnce) {
   run_ranks_as_threads(2, [](comm::Group& g) {
     std::vector<at::Tensor> p = make_params(kSizes);
     std::vector<at::Tensor> ref = clone_params(p);
-    std::unique_ptr<torch::optim::Optimizer> plain = adam().make({torch::optim::OptimizerParamGroup(ref)});
+    std::unique_ptr<torch::optim::Optimizer> plain =
+        adam().make({torch::optim::OptimizerParamGroup(ref)});
     ZeroRedundancyOptimizer zero(p, adam(), zero_options(g, true));
     for (int s = 0; s < 3; ++s) {
       int calls = 0;
@@ -169,7 +175,8 @@ TEST(ZeroSemanticsTest, StepWithClosureReturnsItsLossAndStepsOnce) {
       EXPECT_EQ(loss.item<double>(), 2.5 + s + g.rank());
       set_averaged_grads(g, ref, s);
       plain->step();
-      for (size_t i = 0; i < p.size(); ++i) EXPECT_TRUE(p[i].allclose(ref[i], 1e-6, 1e-7)) << "step " << s << " param " << i;
+      for (size_t i = 0; i < p.size(); ++i)
+        EXPECT_TRUE(p[i].allclose(ref[i], 1e-6, 1e-7)) << "step " << s << " param " << i;
     }
   });
 }
@@ -187,21 +194,29 @@ TEST(ZeroSemanticsTest, WholeParameterOptimizersRefuseTheFlatPartition) {
       }
       ZeroOptions flat = zero_options(g, false);
       flat.strategy = PartitionStrategy::kFlat;
-      expect_error([&] { ZeroRedundancyOptimizer(p, local_optimizer<FunctionalOptimizerAdapter>(name, {{"lr", 0.01}}), flat); },
-                   std::string(name) + " updates each parameter whole, in its shape, but partition_strategy=kFlat");
+      expect_error(
+          [&] {
+            ZeroRedundancyOptimizer(
+                p, local_optimizer<FunctionalOptimizerAdapter>(name, {{"lr", 0.01}}), flat);
+          },
+          std::string(name) +
+              " updates each parameter whole, in its shape, but partition_strategy=kFlat");
       // Whole parameters per rank: it trains, as the optimizer alone would on each parameter.
       std::vector<at::Tensor> ref = clone_params(p);
-      ZeroRedundancyOptimizer zero(p, local_optimizer<FunctionalOptimizerAdapter>(name, {{"lr", 0.01}}),
-                                   zero_options(g, false));
+      ZeroRedundancyOptimizer zero(
+          p, local_optimizer<FunctionalOptimizerAdapter>(name, {{"lr", 0.01}}),
+          zero_options(g, false));
       std::unique_ptr<torch::optim::Optimizer> plain =
-          local_optimizer<FunctionalOptimizerAdapter>(name, {{"lr", 0.01}}).make({torch::optim::OptimizerParamGroup(ref)});
+          local_optimizer<FunctionalOptimizerAdapter>(name, {{"lr", 0.01}})
+              .make({torch::optim::OptimizerParamGroup(ref)});
       for (int s = 0; s < 2; ++s) {
         set_averaged_grads(g, p, s);
         set_averaged_grads(g, ref, s);
         zero.step();
         plain->step();
       }
-      for (size_t i = 0; i < p.size(); ++i) EXPECT_TRUE(p[i].allclose(ref[i], 1e-6, 1e-7)) << "param " << i;
+      for (size_t i = 0; i < p.size(); ++i)
+        EXPECT_TRUE(p[i].allclose(ref[i], 1e-6, 1e-7)) << "param " << i;
     }
   });
 }

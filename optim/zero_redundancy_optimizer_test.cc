@@ -18,11 +18,9 @@
 namespace dtrain::optim {
 namespace {
 
-using ::testing::HasSubstr;
 using comm::testing::run_ranks_as_threads;
+using ::testing::HasSubstr;
 using namespace optim::testing;  // NOLINT: the shared test helpers
-
-
 
 // ZeRO and the unsharded optimizer, fed the same averaged gradients, stay equal; half way a
 // parameter is frozen (trainability change, buckets rebuilt).
@@ -63,16 +61,19 @@ TEST(ZeroRedundancyOptimizerTest, MatchesUnshardedSGDAdamAdamW) {
   for (bool bucket_view : {false, true}) {
     SCOPED_TRACE(bucket_view ? "bucket view" : "per parameter");
     parity(2, bucket_view, [](std::vector<at::Tensor>& ref) {
-      return std::make_pair(local_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(0.1).momentum(0.9)),
-                            std::make_unique<torch::optim::SGD>(ref, torch::optim::SGDOptions(0.1).momentum(0.9)));
+      return std::make_pair(
+          local_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(0.1).momentum(0.9)),
+          std::make_unique<torch::optim::SGD>(ref, torch::optim::SGDOptions(0.1).momentum(0.9)));
     });
     parity(3, bucket_view, [](std::vector<at::Tensor>& ref) {
-      return std::make_pair(local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)),
-                            std::make_unique<torch::optim::Adam>(ref, torch::optim::AdamOptions(0.01)));
+      return std::make_pair(
+          local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)),
+          std::make_unique<torch::optim::Adam>(ref, torch::optim::AdamOptions(0.01)));
     });
     parity(2, bucket_view, [](std::vector<at::Tensor>& ref) {
-      return std::make_pair(local_optimizer<torch::optim::AdamW>(torch::optim::AdamWOptions(0.01)),
-                            std::make_unique<torch::optim::AdamW>(ref, torch::optim::AdamWOptions(0.01)));
+      return std::make_pair(
+          local_optimizer<torch::optim::AdamW>(torch::optim::AdamWOptions(0.01)),
+          std::make_unique<torch::optim::AdamW>(ref, torch::optim::AdamWOptions(0.01)));
     });
   }
 }
@@ -82,12 +83,16 @@ TEST(ZeroRedundancyOptimizerTest, FunctionalLocalOptimizerThroughTheAdapter) {
   for (int64_t chunk_bytes : {int64_t{8} << 20, int64_t{32}}) {
     for (bool bucket_view : {false, true}) {
       SCOPED_TRACE(std::to_string(chunk_bytes) + (bucket_view ? " bucket view" : " per parameter"));
-      parity(3, bucket_view, [](std::vector<at::Tensor>& ref) {
-        OptionsDict o = new_options_dict();
-        o.insert("lr", 0.01);
-        return std::make_pair(local_optimizer<FunctionalOptimizerAdapter>("Adam", o),
-                              std::make_unique<torch::optim::Adam>(ref, torch::optim::AdamOptions(0.01)));
-      }, chunk_bytes);
+      parity(
+          3, bucket_view,
+          [](std::vector<at::Tensor>& ref) {
+            OptionsDict o = new_options_dict();
+            o.insert("lr", 0.01);
+            return std::make_pair(
+                local_optimizer<FunctionalOptimizerAdapter>("Adam", o),
+                std::make_unique<torch::optim::Adam>(ref, torch::optim::AdamOptions(0.01)));
+          },
+          chunk_bytes);
     }
   }
 }
@@ -96,27 +101,41 @@ TEST(ZeroRedundancyOptimizerTest, LocalOptimizerOptionsWrittenInPlace) {
   // Every option reaches the adapter (with the defaults, lr alone would already differ).
   parity(2, false, [](std::vector<at::Tensor>& ref) {
     return std::make_pair(
-        local_optimizer<FunctionalOptimizerAdapter>("Adam", {{"lr", 0.02}, {"amsgrad", true}, {"weight_decay", 0.1}}),
-        std::make_unique<torch::optim::Adam>(ref, torch::optim::AdamOptions(0.02).amsgrad(true).weight_decay(0.1)));
+        local_optimizer<FunctionalOptimizerAdapter>(
+            "Adam", {{"lr", 0.02}, {"amsgrad", true}, {"weight_decay", 0.1}}),
+        std::make_unique<torch::optim::Adam>(
+            ref, torch::optim::AdamOptions(0.02).amsgrad(true).weight_decay(0.1)));
   });
   // A repeated key is a mistake (Python rejects a repeated keyword argument), not "the last wins".
-  expect_error([] { local_optimizer<FunctionalOptimizerAdapter>("Adam", {{"lr", 0.02}, {"lr", 0.5}}); },
-               "local_optimizer(\"Adam\", ...): option 'lr' is given twice");
+  expect_error(
+      [] {
+        local_optimizer<FunctionalOptimizerAdapter>("Adam", {{"lr", 0.02}, {"lr", 0.5}});
+      },
+      "local_optimizer(\"Adam\", ...): option 'lr' is given twice");
 }
 
 TEST(ZeroRedundancyOptimizerTest, FlatStrategyMatchesUnsharded) {
   for (int world : {2, 3}) {
     SCOPED_TRACE(world);
-    parity(world, false, [](std::vector<at::Tensor>& ref) {
-      return std::make_pair(local_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(0.1).momentum(0.9)),
-                            std::make_unique<torch::optim::SGD>(ref, torch::optim::SGDOptions(0.1).momentum(0.9)));
-    }, int64_t{8} << 20, PartitionStrategy::kFlat);
-    parity(world, false, [](std::vector<at::Tensor>& ref) {
-      OptionsDict o = new_options_dict();
-      o.insert("lr", 0.01);
-      return std::make_pair(local_optimizer<FunctionalOptimizerAdapter>("Adam", o),
-                            std::make_unique<torch::optim::Adam>(ref, torch::optim::AdamOptions(0.01)));
-    }, int64_t{8} << 20, PartitionStrategy::kFlat);
+    parity(
+        world, false,
+        [](std::vector<at::Tensor>& ref) {
+          return std::make_pair(
+              local_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(0.1).momentum(0.9)),
+              std::make_unique<torch::optim::SGD>(ref,
+                                                  torch::optim::SGDOptions(0.1).momentum(0.9)));
+        },
+        int64_t{8} << 20, PartitionStrategy::kFlat);
+    parity(
+        world, false,
+        [](std::vector<at::Tensor>& ref) {
+          OptionsDict o = new_options_dict();
+          o.insert("lr", 0.01);
+          return std::make_pair(
+              local_optimizer<FunctionalOptimizerAdapter>("Adam", o),
+              std::make_unique<torch::optim::Adam>(ref, torch::optim::AdamOptions(0.01)));
+        },
+        int64_t{8} << 20, PartitionStrategy::kFlat);
   }
 }
 
@@ -126,8 +145,10 @@ TEST(ZeroRedundancyOptimizerTest, FlatStrategyBalanceWithADominantParameter) {
     std::vector<int64_t> sizes = {200000, 3000, 3000, 2000, 1000, 500};
     ZeroOptions o = zero_options(g, false);
     o.strategy = PartitionStrategy::kFlat;
-    ZeroRedundancyOptimizer flat(make_params(sizes), local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions()), o);
-    ZeroRedundancyOptimizer greedy(make_params(sizes), local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions()),
+    ZeroRedundancyOptimizer flat(
+        make_params(sizes), local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions()), o);
+    ZeroRedundancyOptimizer greedy(make_params(sizes),
+                                   local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions()),
                                    zero_options(g, false));
     int64_t total = 0;
     for (int64_t n : sizes) total += n;
@@ -143,7 +164,9 @@ TEST(ZeroRedundancyOptimizerTest, FlatStrategyBalanceWithADominantParameter) {
 TEST(ZeroRedundancyOptimizerTest, StepWithClosureAndLrScheduler) {
   run_ranks_as_threads(2, [](comm::Group& g) {
     std::vector<at::Tensor> p = make_params({4, 4});
-    ZeroRedundancyOptimizer zero(p, local_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(1.0)), zero_options(g, false));
+    ZeroRedundancyOptimizer zero(p,
+                                 local_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(1.0)),
+                                 zero_options(g, false));
     at::Tensor loss = zero.step([&] {
       zero.zero_grad();
       at::Tensor l = (p[0] * p[0]).sum() + p[1].sum();
@@ -166,14 +189,17 @@ TEST(ZeroRedundancyOptimizerTest, ShardingBalanceAndAddParamGroup) {
       std::vector<int64_t> sizes;
       for (int i = 0; i < world; ++i) sizes.insert(sizes.end(), {9, 7, 5, 3});
       std::vector<at::Tensor> p = make_params(sizes);
-      ZeroRedundancyOptimizer zero(p, local_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(0.1)), zero_options(g, true));
+      ZeroRedundancyOptimizer zero(
+          p, local_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(0.1)),
+          zero_options(g, true));
       for (int r = 0; r < world; ++r) EXPECT_EQ(zero.partition().numel_per_rank[r], 24);
       // A second group, with one large frozen parameter among them: still balanced.
       std::vector<at::Tensor> more = make_params(sizes);
       more.push_back(at::zeros({48 * world}));  // frozen (no requires_grad)
       zero.add_param_group(torch::optim::OptimizerParamGroup(more));
       const int64_t total = 48 * world + 48 * world;
-      for (int r = 0; r < world; ++r) EXPECT_LE(zero.partition().numel_per_rank[r], total / world + 48 * world);
+      for (int r = 0; r < world; ++r)
+        EXPECT_LE(zero.partition().numel_per_rank[r], total / world + 48 * world);
       EXPECT_EQ(zero.param_groups().size(), 2u);
       set_averaged_grads(g, p, 0);
       set_averaged_grads(g, more, 0);
@@ -192,12 +218,16 @@ TEST(ZeroRedundancyOptimizerTest, GroupsAtConstructionEqualGroupsAddedLaterEqual
                           std::make_unique<torch::optim::AdamWOptions>(lr));
       return groups;
     };
-    ZeroRedundancyOptimizer zero_a(split(a, 3, 0.05), local_optimizer<torch::optim::AdamW>(torch::optim::AdamWOptions(0.01)),
-                                   zero_options(g, false));
-    ZeroRedundancyOptimizer zero_b(std::vector<at::Tensor>(b.begin(), b.begin() + 3),
-                                   local_optimizer<torch::optim::AdamW>(torch::optim::AdamWOptions(0.01)), zero_options(g, true));
-    zero_b.add_param_group(torch::optim::OptimizerParamGroup(std::vector<at::Tensor>(b.begin() + 3, b.end()),
-                                                             std::make_unique<torch::optim::AdamWOptions>(0.05)));
+    ZeroRedundancyOptimizer zero_a(
+        split(a, 3, 0.05), local_optimizer<torch::optim::AdamW>(torch::optim::AdamWOptions(0.01)),
+        zero_options(g, false));
+    ZeroRedundancyOptimizer zero_b(
+        std::vector<at::Tensor>(b.begin(), b.begin() + 3),
+        local_optimizer<torch::optim::AdamW>(torch::optim::AdamWOptions(0.01)),
+        zero_options(g, true));
+    zero_b.add_param_group(
+        torch::optim::OptimizerParamGroup(std::vector<at::Tensor>(b.begin() + 3, b.end()),
+                                          std::make_unique<torch::optim::AdamWOptions>(0.05)));
     torch::optim::AdamW plain(split(c, 3, 0.05), torch::optim::AdamWOptions(0.01));
     for (int step = 0; step < 5; ++step) {
       set_averaged_grads(g, a, step);
@@ -219,7 +249,8 @@ TEST(ZeroRedundancyOptimizerTest, NonDefaultSubgroup) {
     auto sub = comm::new_subgroups(world, 2);
     ASSERT_TRUE(sub.ok());
     std::vector<at::Tensor> zp = make_params(kSizes), rp = clone_params(zp);
-    ZeroRedundancyOptimizer zero(zp, local_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(0.1)),
+    ZeroRedundancyOptimizer zero(zp,
+                                 local_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(0.1)),
                                  zero_options(sub->mine, true));
     torch::optim::SGD reference(rp, torch::optim::SGDOptions(0.1));
     for (int step = 0; step < 3; ++step) {
@@ -235,22 +266,35 @@ TEST(ZeroRedundancyOptimizerTest, NonDefaultSubgroup) {
 TEST(ZeroRedundancyOptimizerTest, ConstructorErrors) {
   run_ranks_as_threads(2, [](comm::Group& g) {
     auto sgd = [] { return local_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(0.1)); };
-    expect_error([&] { ZeroRedundancyOptimizer(std::vector<at::Tensor>{}, sgd(), zero_options(g, false)); },
-                 "ZeroRedundancyOptimizer got an empty parameter list");
-    expect_error([&] {
-      ZeroRedundancyOptimizer({at::zeros({2}).requires_grad_(), at::zeros({2}, at::kDouble).requires_grad_()}, sgd(),
-                              zero_options(g, false));
-    }, "only supports using the same dense type for all parameters but got both Float cpu tensor and Double cpu tensor");
-    expect_error([&] {
-      ZeroRedundancyOptimizer({at::zeros({2, 2}).to_sparse()}, sgd(), zero_options(g, false));
-    }, "only supports using the same dense type for all parameters but got sparse");
+    expect_error(
+        [&] { ZeroRedundancyOptimizer(std::vector<at::Tensor>{}, sgd(), zero_options(g, false)); },
+        "ZeroRedundancyOptimizer got an empty parameter list");
+    expect_error(
+        [&] {
+          ZeroRedundancyOptimizer(
+              {at::zeros({2}).requires_grad_(), at::zeros({2}, at::kDouble).requires_grad_()},
+              sgd(), zero_options(g, false));
+        },
+        "only supports using the same dense type for all parameters but got both Float cpu tensor "
+        "and Double cpu tensor");
+    expect_error(
+        [&] {
+          ZeroRedundancyOptimizer({at::zeros({2, 2}).to_sparse()}, sgd(), zero_options(g, false));
+        },
+        "only supports using the same dense type for all parameters but got sparse");
     ZeroOptions manual = zero_options(g, false);
     manual.params_per_rank = {{0}};
-    expect_error([&] { ZeroRedundancyOptimizer(make_params({2, 2}), sgd(), manual); },
-                 "`params_per_rank` must have length equal to the world size");
+    expect_error(
+        [&] {
+          ZeroRedundancyOptimizer(make_params({2, 2}), sgd(), manual);
+        },
+        "`params_per_rank` must have length equal to the world size");
     manual.params_per_rank = {{0}, {5}};
-    expect_error([&] { ZeroRedundancyOptimizer(make_params({2, 2}), sgd(), manual); },
-                 "Passing a new parameter in `params_per_rank`");
+    expect_error(
+        [&] {
+          ZeroRedundancyOptimizer(make_params({2, 2}), sgd(), manual);
+        },
+        "Passing a new parameter in `params_per_rank`");
     std::vector<torch::optim::OptimizerParamGroup> two;
     two.emplace_back(make_params({2}));
     two.emplace_back(make_params({2}));
@@ -266,8 +310,9 @@ TEST(ZeroRedundancyOptimizerTest, ConstructorErrors) {
 TEST(ZeroRedundancyOptimizerTest, JoinWithUnevenInputs) {
   run_ranks_as_threads(3, [](comm::Group& g) {
     std::vector<at::Tensor> p = make_params(kSizes);
-    ZeroRedundancyOptimizer zero(p, local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)),
-                                 zero_options(g, true));
+    ZeroRedundancyOptimizer zero(
+        p, local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)),
+        zero_options(g, true));
     const int my_inputs = 3 + 2 * g.rank();  // 3, 5, 7
     comm::Join join({&zero});
     for (int step = 0; step < my_inputs; ++step) {
@@ -281,7 +326,8 @@ TEST(ZeroRedundancyOptimizerTest, JoinWithUnevenInputs) {
     for (int r = 0; r < g.size(); ++r) all[0].push_back(at::empty_like(flat[0]));
     g->allgather(all, flat)->wait();
     for (int r = 1; r < g.size(); ++r) EXPECT_TRUE(all[0][r].equal(all[0][0])) << "rank " << r;
-    auto state = torch_optim_state_dict(zero.local_optimizer()).toGenericDict().at("state").toGenericDict();
+    auto state =
+        torch_optim_state_dict(zero.local_optimizer()).toGenericDict().at("state").toGenericDict();
     for (const auto& kv : state) {
       EXPECT_EQ(kv.value().toGenericDict().at("step").toTensor().item<double>(), 7.0);
     }
@@ -290,52 +336,73 @@ TEST(ZeroRedundancyOptimizerTest, JoinWithUnevenInputs) {
 
 TEST(ZeroRedundancyOptimizerTest, MismatchedConstructionIsAnErrorNotAHang) {
   run_ranks_as_threads(2, [](comm::Group& g) {
-    expect_error([&] {
-      ZeroRedundancyOptimizer(make_params(kSizes), local_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(0.1)),
-                              zero_options(g, g.rank() == 1));
-    }, "ZeroRedundancyOptimizer was built differently on different ranks (fingerprint 0 is ");
+    expect_error(
+        [&] {
+          ZeroRedundancyOptimizer(make_params(kSizes),
+                                  local_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(0.1)),
+                                  zero_options(g, g.rank() == 1));
+        },
+        "ZeroRedundancyOptimizer was built differently on different ranks (fingerprint 0 is ");
     // The same number of manual shards, different owners: each rank would broadcast what it
     // thinks it owns, pairing unrelated collectives.
-    expect_error([&] {
-      ZeroOptions o = zero_options(g, false);
-      o.params_per_rank = g.rank() == 0 ? std::vector<std::vector<int64_t>>{{0, 1, 2, 3}, {4, 5, 6}}
-                                        : std::vector<std::vector<int64_t>>{{0, 1, 2}, {3, 4, 5, 6}};
-      ZeroRedundancyOptimizer(make_params(kSizes), local_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(0.1)), o);
-    }, "ZeroRedundancyOptimizer was built differently on different ranks (fingerprint 0 is ");
+    expect_error(
+        [&] {
+          ZeroOptions o = zero_options(g, false);
+          o.params_per_rank = g.rank() == 0
+                                  ? std::vector<std::vector<int64_t>>{{0, 1, 2, 3}, {4, 5, 6}}
+                                  : std::vector<std::vector<int64_t>>{{0, 1, 2}, {3, 4, 5, 6}};
+          ZeroRedundancyOptimizer(make_params(kSizes),
+                                  local_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(0.1)),
+                                  o);
+        },
+        "ZeroRedundancyOptimizer was built differently on different ranks (fingerprint 0 is ");
   });
 }
 
 TEST(ZeroRedundancyOptimizerTest, AddParamGroupOnOneRankFailsEverywhere) {
   comm::testing::HarnessOptions o;
   o.timeout = std::chrono::seconds(3);
-  run_ranks_as_threads(2, [](comm::Group& g) {
-    std::vector<at::Tensor> p = make_params({4, 4});
-    ZeroRedundancyOptimizer zero(p, local_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(0.1)), zero_options(g, false));
-    if (g.rank() == 0) {
-      expect_error([&] { zero.add_param_group(torch::optim::OptimizerParamGroup(make_params({3}))); },
-                   "add_param_group must be called on all ranks: only 1 of 2 ranks called it");
-    } else {
-      // This rank never calls add_param_group (and does not step: see the next test).
-      std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    }
-  }, o);
+  run_ranks_as_threads(
+      2,
+      [](comm::Group& g) {
+        std::vector<at::Tensor> p = make_params({4, 4});
+        ZeroRedundancyOptimizer zero(
+            p, local_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(0.1)),
+            zero_options(g, false));
+        if (g.rank() == 0) {
+          expect_error(
+              [&] { zero.add_param_group(torch::optim::OptimizerParamGroup(make_params({3}))); },
+              "add_param_group must be called on all ranks: only 1 of 2 ranks called it");
+        } else {
+          // This rank never calls add_param_group (and does not step: see the next test).
+          std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        }
+      },
+      o);
 }
 
 TEST(ZeroRedundancyOptimizerTest, StepAfterAnotherRanksAddParamGroupFails) {
   comm::testing::HarnessOptions o;
   o.timeout = std::chrono::seconds(3);
-  run_ranks_as_threads(2, [](comm::Group& g) {
-    std::vector<at::Tensor> p = make_params({4, 4});
-    ZeroRedundancyOptimizer zero(p, local_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(0.1)), zero_options(g, false));
-    if (g.rank() == 0) {
-      expect_error([&] { zero.add_param_group(torch::optim::OptimizerParamGroup(make_params({3}))); },
-                   "add_param_group must be called on all ranks");
-    } else {
-      std::this_thread::sleep_for(std::chrono::milliseconds(500));
-      for (auto& t : p) t.mutable_grad() = at::ones_like(t);
-      expect_error([&] { zero.step(); }, "add_param_group must be called on all ranks: another rank called it");
-    }
-  }, o);
+  run_ranks_as_threads(
+      2,
+      [](comm::Group& g) {
+        std::vector<at::Tensor> p = make_params({4, 4});
+        ZeroRedundancyOptimizer zero(
+            p, local_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(0.1)),
+            zero_options(g, false));
+        if (g.rank() == 0) {
+          expect_error(
+              [&] { zero.add_param_group(torch::optim::OptimizerParamGroup(make_params({3}))); },
+              "add_param_group must be called on all ranks");
+        } else {
+          std::this_thread::sleep_for(std::chrono::milliseconds(500));
+          for (auto& t : p) t.mutable_grad() = at::ones_like(t);
+          expect_error([&] { zero.step(); },
+                       "add_param_group must be called on all ranks: another rank called it");
+        }
+      },
+      o);
 }
 
 }  // namespace

@@ -24,12 +24,14 @@ namespace dtrain::optim::testing {
 inline std::vector<at::Tensor> make_params(const std::vector<int64_t>& sizes) {
   std::vector<at::Tensor> out;
   for (size_t i = 0; i < sizes.size(); ++i) {
-    out.push_back(at::cos(at::arange(sizes[i], at::kFloat) * 0.37 + static_cast<double>(i)).requires_grad_());
+    out.push_back(
+        at::cos(at::arange(sizes[i], at::kFloat) * 0.37 + static_cast<double>(i)).requires_grad_());
   }
   return out;
 }
 inline at::Tensor grad_for(const at::Tensor& p, int rank, int step, size_t i) {
-  return at::sin(at::arange(p.numel(), at::kFloat) * (0.1 + 0.05 * rank) + step + 0.3 * i).view(p.sizes());
+  return at::sin(at::arange(p.numel(), at::kFloat) * (0.1 + 0.05 * rank) + step + 0.3 * i)
+      .view(p.sizes());
 }
 
 // Each rank has its own gradients; DDP would average them: do that here.

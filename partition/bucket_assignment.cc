@@ -30,7 +30,8 @@ absl::StatusOr<BucketPartition> assign_ddp_buckets(
     const std::vector<std::vector<int64_t>>& bucket_param_numels, int world_size,
     bool shard_buckets) {
   if (world_size < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("world_size must be at least 1, got ", world_size));
+    return absl::InvalidArgumentError(
+        absl::StrCat("world_size must be at least 1, got ", world_size));
   }
   const int64_t num_buckets = static_cast<int64_t>(bucket_param_numels.size());
   std::vector<int64_t> bucket_numel(num_buckets, 0);
@@ -40,7 +41,8 @@ absl::StatusOr<BucketPartition> assign_ddp_buckets(
     }
     for (int64_t n : bucket_param_numels[b]) {
       if (n < 0) {
-        return absl::InvalidArgumentError(absl::StrCat("DDP bucket ", b, " has a parameter of negative size ", n));
+        return absl::InvalidArgumentError(
+            absl::StrCat("DDP bucket ", b, " has a parameter of negative size ", n));
       }
       bucket_numel[b] += n;
     }
@@ -79,10 +81,10 @@ absl::StatusOr<BucketPartition> assign_ddp_buckets(
   auto place = [&](int64_t b, int64_t offset, int64_t end, int64_t numel) -> absl::Status {
     const int rank = min_rank_excluding(size_per_rank, bp.ranks_per_bucket[b]);
     if (rank < 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "DDP bucket ", b, " (", bucket_numel[b], " elements) needs more than ", world_size,
-          " slices below the threshold ", threshold,
-          " elements; use shard_buckets=false or a larger bucket_cap_mb"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("DDP bucket ", b, " (", bucket_numel[b], " elements) needs more than ",
+                       world_size, " slices below the threshold ", threshold,
+                       " elements; use shard_buckets=false or a larger bucket_cap_mb"));
     }
     assign(b, offset, end - offset, numel, rank);
     size_per_rank[rank] += numel;

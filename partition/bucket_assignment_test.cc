@@ -83,7 +83,8 @@ TEST(BucketAssignmentTest, TooManySlicesIsAClearError) {
   // total 36, threshold 12 at world 3: every 9 becomes its own slice, 4 slices for 3 ranks.
   auto bp = assign_ddp_buckets({{9, 9, 9, 9}}, 3, /*shard_buckets=*/true);
   EXPECT_EQ(bp.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(bp.status().message()), HasSubstr("DDP bucket 0 (36 elements) needs more than 3 slices"));
+  EXPECT_THAT(std::string(bp.status().message()),
+              HasSubstr("DDP bucket 0 (36 elements) needs more than 3 slices"));
 }
 
 TEST(BucketAssignmentTest, RejectsEmptyBucket) {

@@ -10,7 +10,8 @@ namespace dtrain::partition {
 absl::StatusOr<FlatPartition> flat_partition(int64_t total_numel, int world_size,
                                              int64_t alignment) {
   if (world_size < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("world_size must be at least 1, got ", world_size));
+    return absl::InvalidArgumentError(
+        absl::StrCat("world_size must be at least 1, got ", world_size));
   }
   if (total_numel < 0) {
     return absl::InvalidArgumentError(absl::StrCat("total_numel must be >= 0, got ", total_numel));
@@ -26,7 +27,8 @@ absl::StatusOr<FlatPartition> flat_partition(int64_t total_numel, int world_size
   const int64_t chunk = (ideal + alignment - 1) / alignment * alignment;
   fp.ranges.reserve(world_size);
   for (int64_t r = 0; r < world_size; ++r) {
-    fp.ranges.push_back(Range{std::min(r * chunk, total_numel), std::min((r + 1) * chunk, total_numel)});
+    fp.ranges.push_back(
+        Range{std::min(r * chunk, total_numel), std::min((r + 1) * chunk, total_numel)});
   }
   return fp;
 }

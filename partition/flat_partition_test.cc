@@ -27,7 +27,8 @@ TEST(FlatPartitionTest, AlignmentRoundsChunksUp) {
 TEST(FlatPartitionTest, SmallBufferLeavesTrailingRanksEmpty) {
   auto fp = flat_partition(int64_t{3}, 5);
   ASSERT_TRUE(fp.ok());
-  EXPECT_THAT(fp->ranges, ElementsAre(Range{0, 1}, Range{1, 2}, Range{2, 3}, Range{3, 3}, Range{3, 3}));
+  EXPECT_THAT(fp->ranges,
+              ElementsAre(Range{0, 1}, Range{1, 2}, Range{2, 3}, Range{3, 3}, Range{3, 3}));
 }
 
 TEST(FlatPartitionTest, ParameterSlicesCoverEachElementOnce) {
@@ -37,7 +38,10 @@ TEST(FlatPartitionTest, ParameterSlicesCoverEachElementOnce) {
     const int64_t alignment = int64_t{1} << (rng() % 6);
     std::vector<int64_t> numels(rng() % 30);
     int64_t total = 0;
-    for (auto& n : numels) { n = static_cast<int64_t>(rng() % 200); total += n; }
+    for (auto& n : numels) {
+      n = static_cast<int64_t>(rng() % 200);
+      total += n;
+    }
     auto fp = flat_partition(numels, world, alignment);
     ASSERT_TRUE(fp.ok());
     // Balance bound: max / ideal <= 1 + alignment / ideal.
@@ -73,14 +77,18 @@ TEST(FlatPartitionTest, ParameterSlicesCoverEachElementOnce) {
         EXPECT_EQ(again[i].end, fp->slices[r][i].end);
       }
     }
-    for (const auto& v : seen) for (int c : v) EXPECT_EQ(c, 1);
+    for (const auto& v : seen)
+      for (int c : v) EXPECT_EQ(c, 1);
   }
 }
 
 TEST(FlatPartitionTest, RejectsBadInput) {
-  EXPECT_THAT(std::string(flat_partition(int64_t{10}, 0).status().message()), HasSubstr("world_size must be at least 1"));
-  EXPECT_THAT(std::string(flat_partition(int64_t{10}, 2, 0).status().message()), HasSubstr("alignment must be at least 1"));
-  EXPECT_THAT(std::string(flat_partition(std::vector<int64_t>{3, -1}, 2).status().message()), HasSubstr("parameter 1 has negative size"));
+  EXPECT_THAT(std::string(flat_partition(int64_t{10}, 0).status().message()),
+              HasSubstr("world_size must be at least 1"));
+  EXPECT_THAT(std::string(flat_partition(int64_t{10}, 2, 0).status().message()),
+              HasSubstr("alignment must be at least 1"));
+  EXPECT_THAT(std::string(flat_partition(std::vector<int64_t>{3, -1}, 2).status().message()),
+              HasSubstr("parameter 1 has negative size"));
 }
 
 }  // namespace

@@ -18,7 +18,8 @@ const std::vector<int64_t>& param_sizes() {
     std::vector<int64_t> s(100000);
     for (auto& n : s) {
       // 1-D biases and norms (small) mixed with matrices (large).
-      n = (rng() % 4 == 0) ? int64_t{64} * (1 + rng() % 4096) : 1 + static_cast<int64_t>(rng() % 4096);
+      n = (rng() % 4 == 0) ? int64_t{64} * (1 + rng() % 4096)
+                           : 1 + static_cast<int64_t>(rng() % 4096);
     }
     return s;
   }();
@@ -64,21 +65,30 @@ void BM_ShardedBucketAssignment(benchmark::State& state) {
   std::vector<std::vector<int64_t>> buckets(1);
   int64_t bytes = 0;
   for (int64_t n : param_sizes()) {
-    if (bytes + 4 * n > 25 * 1024 * 1024 && !buckets.back().empty()) { buckets.emplace_back(); bytes = 0; }
+    if (bytes + 4 * n > 25 * 1024 * 1024 && !buckets.back().empty()) {
+      buckets.emplace_back();
+      bytes = 0;
+    }
     buckets.back().push_back(n);
     bytes += 4 * n;
   }
   int64_t max_numel = 0;
   for (auto _ : state) {
     auto bp = assign_ddp_buckets(buckets, world, /*shard_buckets=*/true);
-    if (!bp.ok()) { state.SkipWithError(std::string(bp.status().message()).c_str()); return; }
+    if (!bp.ok()) {
+      state.SkipWithError(std::string(bp.status().message()).c_str());
+      return;
+    }
     max_numel = *std::max_element(bp->numel_per_rank.begin(), bp->numel_per_rank.end());
     benchmark::DoNotOptimize(bp);
   }
   state.counters["buckets"] = static_cast<double>(buckets.size());
   state.counters["max_over_ideal"] = static_cast<double>(max_numel) * world / total(param_sizes());
 }
-BENCHMARK(BM_ShardedBucketAssignment)->RangeMultiplier(2)->Range(2, 64)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ShardedBucketAssignment)
+    ->RangeMultiplier(2)
+    ->Range(2, 64)
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace dtrain::partition

@@ -12,7 +12,8 @@
 namespace dtrain::partition {
 
 int64_t ParamPartition::max_numel() const {
-  return numel_per_rank.empty() ? 0 : *std::max_element(numel_per_rank.begin(), numel_per_rank.end());
+  return numel_per_rank.empty() ? 0
+                                : *std::max_element(numel_per_rank.begin(), numel_per_rank.end());
 }
 
 int64_t ParamPartition::total_numel() const {
@@ -30,8 +31,8 @@ absl::Status check_sizes(const std::vector<std::vector<int64_t>>& group_numels, 
   for (size_t g = 0; g < group_numels.size(); ++g) {
     for (int64_t numel : group_numels[g]) {
       if (numel < 0) {
-        return absl::InvalidArgumentError(absl::StrCat("parameter ", index, " (group ", g,
-                                                       ") has negative size ", numel));
+        return absl::InvalidArgumentError(
+            absl::StrCat("parameter ", index, " (group ", g, ") has negative size ", numel));
       }
       ++index;
     }
@@ -43,8 +44,7 @@ ParamPartition empty_partition(const std::vector<std::vector<int64_t>>& group_nu
                                int world_size) {
   ParamPartition p;
   p.world_size = world_size;
-  p.params_per_rank.assign(world_size,
-                           std::vector<std::vector<int64_t>>(group_numels.size()));
+  p.params_per_rank.assign(world_size, std::vector<std::vector<int64_t>>(group_numels.size()));
   size_t total = 0;
   for (const auto& g : group_numels) total += g.size();
   p.owner.assign(total, -1);

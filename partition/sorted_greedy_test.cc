@@ -15,16 +15,19 @@ using ::testing::HasSubstr;
 // PyTorch's loop written out literally (sort, linear first-minimum scan) to check the heap version.
 std::vector<std::vector<std::vector<int64_t>>> reference(
     const std::vector<std::vector<int64_t>>& groups, int world) {
-  std::vector<std::vector<std::vector<int64_t>>> out(world, std::vector<std::vector<int64_t>>(groups.size()));
+  std::vector<std::vector<std::vector<int64_t>>> out(
+      world, std::vector<std::vector<int64_t>>(groups.size()));
   std::vector<int64_t> sizes(world, 0);
   int64_t first = 0;
   for (size_t g = 0; g < groups.size(); ++g) {
     std::vector<int64_t> idx(groups[g].size());
     for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int64_t>(i);
-    std::stable_sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) { return groups[g][a] > groups[g][b]; });
+    std::stable_sort(idx.begin(), idx.end(),
+                     [&](int64_t a, int64_t b) { return groups[g][a] > groups[g][b]; });
     for (int64_t i : idx) {
       int best = 0;
-      for (int r = 1; r < world; ++r) if (sizes[r] < sizes[best]) best = r;
+      for (int r = 1; r < world; ++r)
+        if (sizes[r] < sizes[best]) best = r;
       out[best][g].push_back(first + i);
       sizes[best] += groups[g][i];
     }
@@ -39,7 +42,8 @@ TEST(SortedGreedyTest, RepeatedSizesBalanceExactly) {
     for (int i = 0; i < world; ++i) sizes.insert(sizes.end(), {9, 7, 5, 3});
     auto p = sorted_greedy_partition({sizes}, world);
     ASSERT_TRUE(p.ok()) << p.status();
-    for (int r = 0; r < world; ++r) EXPECT_EQ(p->numel_per_rank[r], 24) << "world " << world << " rank " << r;
+    for (int r = 0; r < world; ++r)
+      EXPECT_EQ(p->numel_per_rank[r], 24) << "world " << world << " rank " << r;
   }
 }
 
@@ -71,7 +75,10 @@ TEST(SortedGreedyTest, MatchesPyTorchLoopOnRandomSizes) {
     for (auto& g : groups) {
       g.resize(rng() % 40);
       // Few distinct sizes so ties are common.
-      for (auto& n : g) { n = static_cast<int64_t>(rng() % 6) * 100; total += n; }
+      for (auto& n : g) {
+        n = static_cast<int64_t>(rng() % 6) * 100;
+        total += n;
+      }
     }
     auto p = sorted_greedy_partition(groups, world);
     ASSERT_TRUE(p.ok());
@@ -80,12 +87,16 @@ TEST(SortedGreedyTest, MatchesPyTorchLoopOnRandomSizes) {
     std::vector<int> count(p->owner.size(), 0);
     for (int r = 0; r < world; ++r)
       for (const auto& g : p->params_per_rank[r])
-        for (int64_t i : g) { ++count[i]; EXPECT_EQ(p->owner[i], r); }
+        for (int64_t i : g) {
+          ++count[i];
+          EXPECT_EQ(p->owner[i], r);
+        }
     for (int c : count) EXPECT_EQ(c, 1);
     EXPECT_EQ(p->total_numel(), total);
     // Greedy bound: the heaviest rank exceeds the lightest by at most the largest parameter.
     int64_t largest = 0;
-    for (auto& g : groups) for (auto n : g) largest = std::max(largest, n);
+    for (auto& g : groups)
+      for (auto n : g) largest = std::max(largest, n);
     int64_t lightest = *std::min_element(p->numel_per_rank.begin(), p->numel_per_rank.end());
     EXPECT_LE(p->max_numel() - lightest, largest);
   }
@@ -94,9 +105,11 @@ TEST(SortedGreedyTest, MatchesPyTorchLoopOnRandomSizes) {
 TEST(SortedGreedyTest, RejectsBadInput) {
   auto bad_world = sorted_greedy_partition({{1}}, 0);
   EXPECT_EQ(bad_world.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(bad_world.status().message()), HasSubstr("world_size must be at least 1"));
+  EXPECT_THAT(std::string(bad_world.status().message()),
+              HasSubstr("world_size must be at least 1"));
   auto negative = sorted_greedy_partition({{1, -2}}, 2);
-  EXPECT_THAT(std::string(negative.status().message()), HasSubstr("parameter 1 (group 0) has negative size -2"));
+  EXPECT_THAT(std::string(negative.status().message()),
+              HasSubstr("parameter 1 (group 0) has negative size -2"));
 }
 
 TEST(ManualPartitionTest, KeepsGivenOrderAndLeavesFrozenOut) {

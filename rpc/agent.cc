@@ -10,8 +10,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "comm/process_group.h"
 #include "comm/exception_status.h"
+#include "comm/process_group.h"
 
 namespace dtrain::rpc {
 namespace tdr = torch::distributed::rpc;
@@ -47,20 +47,21 @@ namespace {
 std::string non_cpu_tensor(const std::vector<at::Tensor>& tensors) {
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (tensors[i].defined() && !tensors[i].device().is_cpu()) {
-      return absl::StrCat("tensor ", i, " of this RPC message is on ", tensors[i].device().str(),
-                          ": dtrain's RPC sends CPU tensors only (no device maps); move it with .cpu() before "
-                          "the call and back with .to(device) where it is used");
+      return absl::StrCat(
+          "tensor ", i, " of this RPC message is on ", tensors[i].device().str(),
+          ": dtrain's RPC sends CPU tensors only (no device maps); move it with .cpu() before "
+          "the call and back with .to(device) where it is used");
     }
   }
   return "";
 }
 
-
 // The name a reply's envelope carries where a request's carries its handler's.
 constexpr char kReplyName[] = "reply";
 
 c10::intrusive_ptr<tdr::JitFuture> completed(c10::intrusive_ptr<tdr::Message> message) {
-  auto future = c10::make_intrusive<tdr::JitFuture>(at::getCustomClassType<c10::intrusive_ptr<tdr::Message>>());
+  auto future = c10::make_intrusive<tdr::JitFuture>(
+      at::getCustomClassType<c10::intrusive_ptr<tdr::Message>>());
   auto [m, storages] = tdr::withStorages(std::move(message));
   future->markCompleted(c10::IValue(std::move(m)), std::move(storages));
   return future;
@@ -71,10 +72,12 @@ c10::intrusive_ptr<tdr::JitFuture> completed(c10::intrusive_ptr<tdr::Message> me
 // which the caller's agent turns into an error: the agent itself never throws here.
 class Callback : public tdr::RequestCallback {
  public:
-  Callback(std::shared_ptr<Handlers> handlers, std::string self) : handlers_(std::move(handlers)), self_(std::move(self)) {}
+  Callback(std::shared_ptr<Handlers> handlers, std::string self)
+      : handlers_(std::move(handlers)), self_(std::move(self)) {}
 
  protected:
-  c10::intrusive_ptr<tdr::JitFuture> processMessage(tdr::Message& request, std::vector<c10::Stream>) const override {
+  c10::intrusive_ptr<tdr::JitFuture> processMessage(tdr::Message& request,
+                                                    std::vector<c10::Stream>) const override {
     const int64_t id = request.id();
     std::string handler_name = "?";
     try {
@@ -86,17 +89,20 @@ class Callback : public tdr::RequestCallback {
       }
       Request r{std::move(e.caller), e.handler, std::move(e.body), std::move(request.tensors())};
       Reply reply = (*handler)(r);
-      if (std::string bad = non_cpu_tensor(reply.tensors); !bad.empty()) throw std::runtime_error(bad);
-      std::vector<char> payload = encode_envelope(kReplyName, reply.body, reply.tensors.size(), self_);
-      return completed(c10::make_intrusive<tdr::Message>(std::move(payload), std::move(reply.tensors),
-                                                         tdr::MessageType::SCRIPT_RET, id));
+      if (std::string bad = non_cpu_tensor(reply.tensors); !bad.empty())
+        throw std::runtime_error(bad);
+      std::vector<char> payload =
+          encode_envelope(kReplyName, reply.body, reply.tensors.size(), self_);
+      return completed(c10::make_intrusive<tdr::Message>(
+          std::move(payload), std::move(reply.tensors), tdr::MessageType::SCRIPT_RET, id));
     } catch (...) {
       return error(handler_name, comm::current_exception_message(), id);
     }
   }
 
  private:
-  c10::intrusive_ptr<tdr::JitFuture> error(const std::string& handler, const std::string& what, int64_t id) const {
+  c10::intrusive_ptr<tdr::JitFuture> error(const std::string& handler, const std::string& what,
+                                           int64_t id) const {
     return completed(tdr::createExceptionResponse(
         absl::StrCat("worker '", self_, "', handler '", handler, "': ", what), id));
   }
@@ -106,9 +112,11 @@ class Callback : public tdr::RequestCallback {
 };
 
 absl::Status call_error(const std::string& to, const std::string& message) {
-  if (absl::StrContains(message, "timed out") || absl::StrContains(message, "more than set timeout") ||
+  if (absl::StrContains(message, "timed out") ||
+      absl::StrContains(message, "more than set timeout") ||
       absl::StrContains(message, "RPCErr:1:")) {
-    return absl::DeadlineExceededError(absl::StrCat("RPC to worker '", to, "' timed out: ", message));
+    return absl::DeadlineExceededError(
+        absl::StrCat("RPC to worker '", to, "' timed out: ", message));
   }
   if (absl::StrContains(message, "worker '") && absl::StrContains(message, "handler '")) {
     return absl::InternalError(absl::StrCat("RPC to worker '", to, "' failed remotely: ", message));
@@ -128,17 +136,19 @@ absl::StatusOr<Response> CallFuture::get() {
     return Response{std::move(e.body), std::move(message->tensors())};
   } catch (...) {
     return comm::current_exception_status(absl::StatusCode::kDataLoss,
-                                              absl::StrCat("malformed reply from worker '", to_, "'"));
+                                          absl::StrCat("malformed reply from worker '", to_, "'"));
   }
 }
 
 absl::StatusOr<std::unique_ptr<Agent>> Agent::create(AgentOptions options) {
-  if (options.name.empty()) return absl::InvalidArgumentError("AgentOptions::name is required (e.g. \"trainer0\")");
+  if (options.name.empty())
+    return absl::InvalidArgumentError("AgentOptions::name is required (e.g. \"trainer0\")");
   if (options.num_worker_threads < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("num_worker_threads must be at least 1, got ",
-                                                   options.num_worker_threads));
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_worker_threads must be at least 1, got ", options.num_worker_threads));
   }
-  if (options.timeout.count() <= 0) return absl::InvalidArgumentError("AgentOptions::timeout must be positive");
+  if (options.timeout.count() <= 0)
+    return absl::InvalidArgumentError("AgentOptions::timeout must be positive");
   comm::InitOptions init;
   init.init_method = options.init_method;
   init.rank = options.rank;
@@ -147,7 +157,8 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::create(AgentOptions options) {
   init.timeout = options.timeout;
   absl::StatusOr<comm::RendezvousResult> rv = comm::rendezvous_store(init);
   if (!rv.ok()) return rv.status();
-  if (!options.listen_interface.empty()) ::setenv("TP_SOCKET_IFNAME", options.listen_interface.c_str(), 1);
+  if (!options.listen_interface.empty())
+    ::setenv("TP_SOCKET_IFNAME", options.listen_interface.c_str(), 1);
   comm::ignore_sigpipe();  // a write to a dead peer fails the call instead of killing this process
 
   std::unique_ptr<Agent> agent(new Agent());
@@ -158,16 +169,19 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::create(AgentOptions options) {
   try {
     auto store = c10::make_intrusive<c10d::PrefixStore>("dtrain/rpc", rv->store);
     // uv (TCP) and the basic channel: no shared memory or ptrace permissions needed.
-    tdr::TensorPipeRpcBackendOptions opts(options.num_worker_threads, std::vector<std::string>{"uv"},
-                                          std::vector<std::string>{"basic"},
-                                          static_cast<float>(options.timeout.count()) / 1000.0f, "env://");
+    tdr::TensorPipeRpcBackendOptions opts(
+        options.num_worker_threads, std::vector<std::string>{"uv"},
+        std::vector<std::string>{"basic"}, static_cast<float>(options.timeout.count()) / 1000.0f,
+        "env://");
     agent->agent_ = std::make_shared<tdr::TensorPipeAgent>(
-        store, options.name, rv->rank, rv->world_size, opts, std::unordered_map<std::string, tdr::DeviceMap>{},
-        std::vector<c10::Device>{}, std::make_unique<Callback>(options.handlers, options.name));
+        store, options.name, rv->rank, rv->world_size, opts,
+        std::unordered_map<std::string, tdr::DeviceMap>{}, std::vector<c10::Device>{},
+        std::make_unique<Callback>(options.handlers, options.name));
     agent->agent_->start();
   } catch (...) {
-    return comm::current_exception_status(absl::StatusCode::kInternal,
-                                              absl::StrCat("RPC agent '", options.name, "' could not start"));
+    return comm::current_exception_status(
+        absl::StatusCode::kInternal,
+        absl::StrCat("RPC agent '", options.name, "' could not start"));
   }
   agent->options_ = std::move(options);
   return agent;
@@ -185,16 +199,18 @@ Agent::~Agent() {
 CallFuture Agent::rpc_async(const std::string& to, const std::string& handler, const Writer& body,
                             std::vector<at::Tensor> tensors, std::chrono::milliseconds timeout) {
   const size_t n = tensors.size();
-  return send_raw(to, encode_envelope(handler, body, n, options_.name), std::move(tensors), timeout);
+  return send_raw(to, encode_envelope(handler, body, n, options_.name), std::move(tensors),
+                  timeout);
 }
 
-absl::StatusOr<Response> Agent::rpc_sync(const std::string& to, const std::string& handler, const Writer& body,
-                                         std::vector<at::Tensor> tensors, std::chrono::milliseconds timeout) {
+absl::StatusOr<Response> Agent::rpc_sync(const std::string& to, const std::string& handler,
+                                         const Writer& body, std::vector<at::Tensor> tensors,
+                                         std::chrono::milliseconds timeout) {
   return rpc_async(to, handler, body, std::move(tensors), timeout).get();
 }
 
-CallFuture Agent::send_raw(const std::string& to, std::vector<char> payload, std::vector<at::Tensor> tensors,
-                           std::chrono::milliseconds timeout) {
+CallFuture Agent::send_raw(const std::string& to, std::vector<char> payload,
+                           std::vector<at::Tensor> tensors, std::chrono::milliseconds timeout) {
   auto failed = [&](const std::string& why) {
     auto f = c10::make_intrusive<tdr::JitFuture>(at::AnyType::get());
     f->setError(std::make_exception_ptr(std::runtime_error(why)));
@@ -245,7 +261,7 @@ absl::Status Agent::shutdown() {
     agent_->shutdown();
   } catch (...) {
     return comm::current_exception_status(absl::StatusCode::kUnavailable,
-                                              absl::StrCat("RPC shutdown of '", name(), "'"));
+                                          absl::StrCat("RPC shutdown of '", name(), "'"));
   }
   shut_down_ = true;
   return absl::OkStatus();

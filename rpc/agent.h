@@ -82,11 +82,11 @@ struct AgentOptions {
   std::string init_method = "env://";     // as comm::init_process_group: env://, tcp://, file://
   c10::intrusive_ptr<c10d::Store> store;  // instead of init_method (e.g. an in-process HashStore)
   int num_worker_threads = 16;            // handlers that can run at once
-  std::chrono::milliseconds timeout = std::chrono::seconds(60);   // default per call
+  std::chrono::milliseconds timeout = std::chrono::seconds(60);  // default per call
   // Network interface TensorPipe listens on (TP_SOCKET_IFNAME). Loopback unless set; one value
   // per process (TensorPipe reads it once).
   std::string listen_interface = "lo";
-  std::shared_ptr<Handlers> handlers;     // may be null: this worker only calls out
+  std::shared_ptr<Handlers> handlers;  // may be null: this worker only calls out
 };
 
 // A call in flight. get() waits: the reply, or an error naming the remote worker (Unavailable
@@ -116,11 +116,13 @@ class Agent {
   CallFuture rpc_async(const std::string& to, const std::string& handler, const Writer& body,
                        std::vector<at::Tensor> tensors = {},
                        std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
-  absl::StatusOr<Response> rpc_sync(const std::string& to, const std::string& handler, const Writer& body,
-                                    std::vector<at::Tensor> tensors = {},
-                                    std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
+  absl::StatusOr<Response> rpc_sync(
+      const std::string& to, const std::string& handler, const Writer& body,
+      std::vector<at::Tensor> tensors = {},
+      std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
   // For tests of the codec's defences: sends `payload` as it is, unchecked.
-  CallFuture send_raw(const std::string& to, std::vector<char> payload, std::vector<at::Tensor> tensors = {},
+  CallFuture send_raw(const std::string& to, std::vector<char> payload,
+                      std::vector<at::Tensor> tensors = {},
                       std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
 
   // Collective: waits until no worker has calls in flight, then stops serving.
@@ -139,7 +141,7 @@ class Agent {
   std::shared_ptr<torch::distributed::rpc::TensorPipeAgent> agent_;
   c10::intrusive_ptr<c10d::Store> store_;  // rendezvous store, for the shutdown barrier
   struct InFlight;
-  std::shared_ptr<InFlight> in_flight_;    // calls sent and not yet answered
+  std::shared_ptr<InFlight> in_flight_;  // calls sent and not yet answered
   bool shut_down_ = false;
 };
 

@@ -61,8 +61,9 @@ Writer& Writer::f64_list(const std::vector<double>& v) {
 
 void Reader::take(void* out, size_t n, const char* what) {
   if (bytes_.size() - pos_ < n) {
-    throw CodecError("truncated message: " + std::string(what) + " needs " + std::to_string(n) + " bytes" + at(pos_) +
-                     " but only " + std::to_string(bytes_.size() - pos_) + " remain");
+    throw CodecError("truncated message: " + std::string(what) + " needs " + std::to_string(n) +
+                     " bytes" + at(pos_) + " but only " + std::to_string(bytes_.size() - pos_) +
+                     " remain");
   }
   if (n == 0) return;  // an empty list's data() may be null: memcpy(nullptr, ..., 0) is undefined
   std::memcpy(out, bytes_.data() + pos_, n);
@@ -77,8 +78,8 @@ uint8_t Reader::peek_tag() const {
 void Reader::expect(uint8_t tag, const char* what) {
   const uint8_t got = peek_tag();
   if (got != tag) {
-    throw CodecError("expected " + std::string(what) + " (tag " + std::to_string(tag) + ") but found tag " +
-                     std::to_string(got) + at(pos_));
+    throw CodecError("expected " + std::string(what) + " (tag " + std::to_string(tag) +
+                     ") but found tag " + std::to_string(got) + at(pos_));
   }
   ++pos_;
 }
@@ -142,11 +143,13 @@ std::vector<double> Reader::f64_list() {
 }
 
 void Reader::expect_done() const {
-  if (!done()) throw CodecError(std::to_string(bytes_.size() - pos_) + " unexpected trailing bytes" + at(pos_));
+  if (!done())
+    throw CodecError(std::to_string(bytes_.size() - pos_) + " unexpected trailing bytes" +
+                     at(pos_));
 }
 
-std::vector<char> encode_envelope(const std::string& handler, const Writer& body, size_t num_tensors,
-                                  const std::string& caller) {
+std::vector<char> encode_envelope(const std::string& handler, const Writer& body,
+                                  size_t num_tensors, const std::string& caller) {
   std::vector<char> out(kMagic, kMagic + 4);
   out.push_back(static_cast<char>(kWireVersion));
   const char* p = nullptr;
@@ -170,16 +173,18 @@ Envelope decode_envelope(const std::vector<char>& bytes, size_t num_tensors) {
   size_t pos = 0;
   auto need = [&](size_t n, const char* what) {
     if (bytes.size() - pos < n) {
-      throw CodecError("truncated message: " + std::string(what) + " needs " + std::to_string(n) + " bytes" + at(pos) +
-                       " of " + std::to_string(bytes.size()));
+      throw CodecError("truncated message: " + std::string(what) + " needs " + std::to_string(n) +
+                       " bytes" + at(pos) + " of " + std::to_string(bytes.size()));
     }
   };
   need(5, "the header");
-  if (std::memcmp(bytes.data(), kMagic, 4) != 0) throw CodecError("not a dtrain RPC message (bad magic)");
+  if (std::memcmp(bytes.data(), kMagic, 4) != 0)
+    throw CodecError("not a dtrain RPC message (bad magic)");
   const uint8_t version = static_cast<uint8_t>(bytes[4]);
   if (version != kWireVersion) {
-    throw CodecError("unsupported message version " + std::to_string(version) + " (this build speaks " +
-                     std::to_string(kWireVersion) + "); run the same dtrain version on every worker");
+    throw CodecError("unsupported message version " + std::to_string(version) +
+                     " (this build speaks " + std::to_string(kWireVersion) +
+                     "); run the same dtrain version on every worker");
   }
   pos = 5;
   uint16_t name_len = 0;
@@ -187,8 +192,8 @@ Envelope decode_envelope(const std::vector<char>& bytes, size_t num_tensors) {
   std::memcpy(&name_len, bytes.data() + pos, sizeof(name_len));
   pos += sizeof(name_len);
   if (name_len == 0 || name_len > kMaxName) {
-    throw CodecError("handler name of " + std::to_string(name_len) + " bytes (1.." + std::to_string(kMaxName) +
-                     " allowed)");
+    throw CodecError("handler name of " + std::to_string(name_len) + " bytes (1.." +
+                     std::to_string(kMaxName) + " allowed)");
   }
   need(name_len, "the handler name");
   Envelope e;
@@ -199,8 +204,8 @@ Envelope decode_envelope(const std::vector<char>& bytes, size_t num_tensors) {
   std::memcpy(&caller_len, bytes.data() + pos, sizeof(caller_len));
   pos += sizeof(caller_len);
   if (caller_len > kMaxName) {
-    throw CodecError("caller name of " + std::to_string(caller_len) + " bytes (0.." + std::to_string(kMaxName) +
-                     " allowed)");
+    throw CodecError("caller name of " + std::to_string(caller_len) + " bytes (0.." +
+                     std::to_string(kMaxName) + " allowed)");
   }
   need(caller_len, "the caller name");
   e.caller.assign(bytes.data() + pos, caller_len);
@@ -217,8 +222,8 @@ Envelope decode_envelope(const std::vector<char>& bytes, size_t num_tensors) {
   std::memcpy(&body_len, bytes.data() + pos, sizeof(body_len));
   pos += sizeof(body_len);
   if (body_len != bytes.size() - pos) {
-    throw CodecError("body declares " + std::to_string(body_len) + " bytes but " + std::to_string(bytes.size() - pos) +
-                     " follow");
+    throw CodecError("body declares " + std::to_string(body_len) + " bytes but " +
+                     std::to_string(bytes.size() - pos) + " follow");
   }
   e.body = Reader(std::vector<char>(bytes.begin() + static_cast<std::ptrdiff_t>(pos), bytes.end()));
   return e;

@@ -79,8 +79,8 @@ struct Envelope {
 };
 
 // "DTRP", version, handler name, caller name, body, and the number of tensors that travel beside it.
-std::vector<char> encode_envelope(const std::string& handler, const Writer& body, size_t num_tensors,
-                                  const std::string& caller = "");
+std::vector<char> encode_envelope(const std::string& handler, const Writer& body,
+                                  size_t num_tensors, const std::string& caller = "");
 // Checks magic, version, every length and the tensor count. Handler names are 1..256 bytes,
 // caller names 0..256.
 Envelope decode_envelope(const std::vector<char>& bytes, size_t num_tensors);

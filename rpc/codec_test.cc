@@ -41,8 +41,9 @@ TEST(CodecTest, CarriesTheCallersName) {
   EXPECT_EQ(e.caller, "trainer3");
   EXPECT_EQ(e.body.i64(), 5);
   EXPECT_EQ(decode_envelope(encode_envelope("h", w, 0), 0).caller, "");
-  EXPECT_THAT(error_of([&] { decode_envelope(encode_envelope("h", w, 0, std::string(257, 'c')), 0); }),
-              HasSubstr("caller name of 257 bytes"));
+  EXPECT_THAT(
+      error_of([&] { decode_envelope(encode_envelope("h", w, 0, std::string(257, 'c')), 0); }),
+      HasSubstr("caller name of 257 bytes"));
 }
 
 // Empty strings and lists: nothing is copied from or to a null data() (undefined behaviour that
@@ -74,7 +75,8 @@ TEST(CodecTest, BodyTruncationInsideAValueIsNamed) {
   std::vector<char> bytes = w.bytes();
   bytes.pop_back();
   Reader r(bytes);
-  EXPECT_THAT(error_of([&] { r.str(); }), HasSubstr("a string declares 5 elements (5 bytes) but only 4 bytes remain"));
+  EXPECT_THAT(error_of([&] { r.str(); }),
+              HasSubstr("a string declares 5 elements (5 bytes) but only 4 bytes remain"));
 }
 
 TEST(CodecTest, HugeDeclaredLengthsAllocateNothing) {
@@ -91,24 +93,29 @@ TEST(CodecTest, EnvelopeDefects) {
   Writer w;
   w.i64(1);
   std::vector<char> good = encode_envelope("h", w, 1);
-  EXPECT_THAT(error_of([&] { decode_envelope(good, 2); }), HasSubstr("declares 1 tensors but carries 2"));
+  EXPECT_THAT(error_of([&] { decode_envelope(good, 2); }),
+              HasSubstr("declares 1 tensors but carries 2"));
   std::vector<char> bad_magic = good;
   bad_magic[0] = 'X';
   EXPECT_THAT(error_of([&] { decode_envelope(bad_magic, 1); }), HasSubstr("bad magic"));
   std::vector<char> new_version = good;
   new_version[4] = 9;
-  EXPECT_THAT(error_of([&] { decode_envelope(new_version, 1); }), HasSubstr("unsupported message version 9"));
+  EXPECT_THAT(error_of([&] { decode_envelope(new_version, 1); }),
+              HasSubstr("unsupported message version 9"));
   std::vector<char> trailing = good;
   trailing.push_back(0);
-  EXPECT_THAT(error_of([&] { decode_envelope(trailing, 1); }), HasSubstr("body declares 9 bytes but 10 follow"));
-  EXPECT_THAT(error_of([&] { decode_envelope(encode_envelope("", w, 0), 0); }), HasSubstr("handler name of 0 bytes"));
+  EXPECT_THAT(error_of([&] { decode_envelope(trailing, 1); }),
+              HasSubstr("body declares 9 bytes but 10 follow"));
+  EXPECT_THAT(error_of([&] { decode_envelope(encode_envelope("", w, 0), 0); }),
+              HasSubstr("handler name of 0 bytes"));
 }
 
 TEST(CodecTest, TypeMismatchAndTrailingValues) {
   Writer w;
   w.f64(1.0).i64(3);
   Reader r(w.bytes());
-  EXPECT_THAT(error_of([&] { r.i64(); }), HasSubstr("expected an integer (tag 1) but found tag 2 at byte 0"));
+  EXPECT_THAT(error_of([&] { r.i64(); }),
+              HasSubstr("expected an integer (tag 1) but found tag 2 at byte 0"));
   Reader r2(w.bytes());
   r2.f64();
   EXPECT_THAT(error_of([&] { r2.expect_done(); }), HasSubstr("9 unexpected trailing bytes"));

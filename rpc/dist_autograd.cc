@@ -58,8 +58,8 @@ struct Pass {
 };
 
 absl::Status released_error(const char* what, int64_t id) {
-  return absl::FailedPreconditionError(
-      absl::StrCat(what, ": autograd context ", id, " was released; create a new dist_autograd::Context"));
+  return absl::FailedPreconditionError(absl::StrCat(
+      what, ": autograd context ", id, " was released; create a new dist_autograd::Context"));
 }
 
 }  // namespace
@@ -74,9 +74,10 @@ absl::StatusOr<at::Tensor> to_here(Context& ctx, const RemoteRef& ref) {
   absl::StatusOr<at::Tensor> value = rpc::to_here(ctx.agent(), ref);
   if (!value.ok()) return value.status();
   if (!value->is_floating_point() && !value->is_complex()) {
-    return absl::InvalidArgumentError(absl::StrCat("dist_autograd::to_here: the value ", ref.id, " on '", ref.owner,
-                                                   "' is ", std::string(value->dtype().name()),
-                                                   ", which cannot require grad; fetch it with rpc::to_here"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("dist_autograd::to_here: the value ", ref.id, " on '", ref.owner, "' is ",
+                     std::string(value->dtype().name()),
+                     ", which cannot require grad; fetch it with rpc::to_here"));
   }
   at::Tensor leaf = value->detach().requires_grad_(true);
   std::lock_guard<std::mutex> lock(ctx.mu_);
@@ -87,12 +88,14 @@ absl::StatusOr<at::Tensor> to_here(Context& ctx, const RemoteRef& ref) {
 absl::Status backward(Context& ctx, const std::vector<at::Tensor>& roots, bool retain_graph) {
   TORCH_CHECK(!roots.empty(), "dist_autograd::backward needs at least one root, e.g. {loss.sum()}");
   for (size_t i = 0; i < roots.size(); ++i) {
-    TORCH_CHECK(roots[i].defined() && roots[i].requires_grad() && roots[i].numel() == 1, "dist_autograd::backward: root ",
-                i, " must be a scalar that requires grad, got ",
-                roots[i].defined() ? absl::StrCat("a tensor of ", roots[i].numel(), " elements",
-                                                  roots[i].requires_grad() ? "" : " that does not require grad")
-                                   : std::string("an undefined tensor"),
-                "; reduce it first (loss.sum()) and compute it from values of dist_autograd::to_here");
+    TORCH_CHECK(
+        roots[i].defined() && roots[i].requires_grad() && roots[i].numel() == 1,
+        "dist_autograd::backward: root ", i, " must be a scalar that requires grad, got ",
+        roots[i].defined()
+            ? absl::StrCat("a tensor of ", roots[i].numel(), " elements",
+                           roots[i].requires_grad() ? "" : " that does not require grad")
+            : std::string("an undefined tensor"),
+        "; reduce it first (loss.sum()) and compute it from values of dist_autograd::to_here");
   }
   if (ctx.released()) return released_error("dist_autograd::backward", ctx.id());
   std::vector<std::pair<at::Tensor, RemoteRef>> leaves;
@@ -105,20 +108,22 @@ absl::Status backward(Context& ctx, const std::vector<at::Tensor>& roots, bool r
   std::vector<std::pair<at::Tensor, unsigned>> hooks;
   for (const auto& [leaf, ref] : leaves) {
     std::shared_ptr<Node> accumulator = torch::autograd::impl::try_get_grad_accumulator(leaf);
-    if (accumulator == nullptr || reached.count(accumulator.get()) == 0) continue;  // no gradient this time
+    if (accumulator == nullptr || reached.count(accumulator.get()) == 0)
+      continue;  // no gradient this time
     ++pass->batches[ref.owner].pending;
     // A leaf's hook sees its whole gradient, once per backward. The handle kept here stops
     // AccumulateGrad from taking this tensor over as .grad (it copies), so nothing changes it
     // while TensorPipe sends it.
-    hooks.emplace_back(leaf, leaf.register_hook([pass, owner = ref.owner, id = ref.id](const at::Tensor& grad) {
-      std::lock_guard<std::mutex> lock(pass->mu);
-      Batch& b = pass->batches[owner];
-      if (grad.defined()) {
-        b.ids.push_back(id);
-        b.grads.push_back(grad);
-      }
-      if (--b.pending == 0 && !b.sent) pass->send(owner, b);
-    }));
+    hooks.emplace_back(
+        leaf, leaf.register_hook([pass, owner = ref.owner, id = ref.id](const at::Tensor& grad) {
+          std::lock_guard<std::mutex> lock(pass->mu);
+          Batch& b = pass->batches[owner];
+          if (grad.defined()) {
+            b.ids.push_back(id);
+            b.grads.push_back(grad);
+          }
+          if (--b.pending == 0 && !b.sent) pass->send(owner, b);
+        }));
   }
   std::exception_ptr error;
   try {
@@ -140,8 +145,8 @@ absl::Status backward(Context& ctx, const std::vector<at::Tensor>& roots, bool r
     pass->calls.clear();
   }
   const absl::Status first = pushes.wait([&](const std::string& owner) {
-    return absl::StrCat("dist_autograd::backward: sending gradients of context ", ctx.id(), " to '", owner,
-                        "' failed: ");
+    return absl::StrCat("dist_autograd::backward: sending gradients of context ", ctx.id(), " to '",
+                        owner, "' failed: ");
   });
   if (error) std::rethrow_exception(error);
   return first;

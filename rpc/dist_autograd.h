@@ -53,7 +53,8 @@ absl::StatusOr<at::Tensor> to_here(Context& ctx, const RemoteRef& ref);
 // Errors: FailedPrecondition on a released context; the first owner's error, naming it (a
 // dead owner, a released context there). Exceptions from autograd propagate, after every
 // gradient already sent has been answered.
-absl::Status backward(Context& ctx, const std::vector<at::Tensor>& roots, bool retain_graph = false);
+absl::Status backward(Context& ctx, const std::vector<at::Tensor>& roots,
+                      bool retain_graph = false);
 
 class Context {
  public:
@@ -74,7 +75,8 @@ class Context {
 
  private:
   friend absl::StatusOr<at::Tensor> to_here(Context& ctx, const RemoteRef& ref);
-  friend absl::Status backward(Context& ctx, const std::vector<at::Tensor>& roots, bool retain_graph);
+  friend absl::Status backward(Context& ctx, const std::vector<at::Tensor>& roots,
+                               bool retain_graph);
   GradientContext grads_;
   mutable std::mutex mu_;  // leaves_
   std::vector<std::pair<at::Tensor, RemoteRef>> leaves_;

@@ -20,9 +20,9 @@
 namespace dtrain::rpc {
 namespace {
 
-using ::testing::HasSubstr;
 using rpc::testing::run_workers;
 using rpc::testing::Worker;
+using ::testing::HasSubstr;
 
 // Each worker's ParameterOwner, published for the trainer thread to inspect.
 struct Owners {
@@ -30,7 +30,8 @@ struct Owners {
   explicit Owners(size_t n) : by_rank(n) {}
   void publish(Worker& w) { by_rank[w.rank] = &w.owner; }
   ParameterOwner& wait(int rank) {
-    while (by_rank[rank].load() == nullptr) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    while (by_rank[rank].load() == nullptr)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     return *by_rank[rank].load();
   }
 };
@@ -43,14 +44,17 @@ TEST(DistAutogradTest, SeedExampleAsWritten) {
   run_workers({"worker0", "worker1"}, [&](Worker& w) {
     owners.publish(w);
     if (w.rank != 0) return;
-    dist_autograd::Context context(w.agent);                    // with dist_autograd.context() as context_id:
-    absl::StatusOr<RemoteRef> rref1 = remote(w.agent, "worker1", "torch.add", {torch::ones({2}), 3});
-    absl::StatusOr<RemoteRef> rref2 = remote(w.agent, "worker1", "torch.add", {torch::ones({2}), 1});
+    dist_autograd::Context context(w.agent);  // with dist_autograd.context() as context_id:
+    absl::StatusOr<RemoteRef> rref1 =
+        remote(w.agent, "worker1", "torch.add", {torch::ones({2}), 3});
+    absl::StatusOr<RemoteRef> rref2 =
+        remote(w.agent, "worker1", "torch.add", {torch::ones({2}), 1});
     ASSERT_TRUE(rref1.ok() && rref2.ok()) << rref1.status() << rref2.status();
-    torch::Tensor loss = *dist_autograd::to_here(context, *rref1) + *dist_autograd::to_here(context, *rref2);
+    torch::Tensor loss =
+        *dist_autograd::to_here(context, *rref1) + *dist_autograd::to_here(context, *rref2);
     ASSERT_TRUE(dist_autograd::backward(context, {loss.sum()}).ok());
-    auto dist_optim = DistributedOptimizer::create<torch::optim::SGD>(w.agent, torch::optim::SGDOptions(0.05),
-                                                                      {*rref1, *rref2});
+    auto dist_optim = DistributedOptimizer::create<torch::optim::SGD>(
+        w.agent, torch::optim::SGDOptions(0.05), {*rref1, *rref2});
     ASSERT_TRUE(dist_optim.ok()) << dist_optim.status();
     absl::Status s = (*dist_optim)->step(context.id());
     ASSERT_TRUE(s.ok()) << s;
@@ -66,7 +70,8 @@ TEST(DistAutogradTest, SeedExampleAsWritten) {
 
 TEST(DistAutogradTest, RemoteRunsRegisteredFunctionsWhereTheValueStays) {
   FunctionRegistry::global().register_function("test.scale", [](const std::vector<c10::IValue>& a) {
-    TORCH_CHECK(a.size() == 2 && a[0].isTensor() && a[1].isDouble(), "test.scale takes (tensor, double)");
+    TORCH_CHECK(a.size() == 2 && a[0].isTensor() && a[1].isDouble(),
+                "test.scale takes (tensor, double)");
     return a[0].toTensor() * a[1].toDouble();
   });
   Owners owners(2);
@@ -80,18 +85,22 @@ TEST(DistAutogradTest, RemoteRunsRegisteredFunctionsWhereTheValueStays) {
     EXPECT_TRUE(to_here(w.agent, sum)->equal(x * 1.5));
     EXPECT_TRUE(to_here(w.agent, *remote(w.agent, "ps1", "torch.sub", {x, 1}))->equal(x - 1));
     EXPECT_TRUE(to_here(w.agent, *remote(w.agent, "ps1", "torch.mul", {x, x}))->equal(x * x));
-    EXPECT_TRUE(to_here(w.agent, *remote(w.agent, "ps1", "torch.ones", {2, 3}))->equal(torch::ones({2, 3})));
+    EXPECT_TRUE(to_here(w.agent, *remote(w.agent, "ps1", "torch.ones", {2, 3}))
+                    ->equal(torch::ones({2, 3})));
+    EXPECT_TRUE(to_here(w.agent, *remote(w.agent, "ps1", "torch.zeros", {std::vector<int64_t>{4}}))
+                    ->equal(torch::zeros({4})));
     EXPECT_TRUE(
-        to_here(w.agent, *remote(w.agent, "ps1", "torch.zeros", {std::vector<int64_t>{4}}))->equal(torch::zeros({4})));
-    EXPECT_TRUE(to_here(w.agent, *remote(w.agent, "ps1", "torch.full", {std::vector<int64_t>{2}, 2.5}))
-                    ->equal(torch::full({2}, 2.5)));
+        to_here(w.agent, *remote(w.agent, "ps1", "torch.full", {std::vector<int64_t>{2}, 2.5}))
+            ->equal(torch::full({2}, 2.5)));
     EXPECT_TRUE(to_here(w.agent, *remote(w.agent, "ps1", "test.scale", {x, 2.0}))->equal(x * 2));
     // The owner keeps the value: the optimizer updates it in place there.
-    auto opt = DistributedOptimizer::create(w.agent, "SGD", [] {
-      optim::OptionsDict d = optim::new_options_dict();
-      d.insert("lr", 1.0);
-      return d;
-    }(), {sum});
+    auto opt = DistributedOptimizer::create(w.agent, "SGD",
+                                            [] {
+                                              optim::OptionsDict d = optim::new_options_dict();
+                                              d.insert("lr", 1.0);
+                                              return d;
+                                            }(),
+                                            {sum});
     ASSERT_TRUE(opt.ok()) << opt.status();
     GradientContext ctx(w.agent);
     ASSERT_TRUE(ctx.send({sum}, {torch::ones({2, 3}, torch::kDouble)}).ok());
@@ -102,9 +111,12 @@ TEST(DistAutogradTest, RemoteRunsRegisteredFunctionsWhereTheValueStays) {
     EXPECT_THAT(message(unknown), HasSubstr("worker 'ps1'"));
     EXPECT_THAT(message(unknown), HasSubstr("no function named 'torch.nope'"));
     EXPECT_THAT(message(unknown), HasSubstr("torch.add"));  // lists what is there
-    EXPECT_THAT(message(remote(w.agent, "ps1", "torch.add", {x, "three"}).status()),
-                HasSubstr("torch.add takes (tensor, tensor or number[, alpha number]), got (Tensor, String)"));
-    absl::Status cannot = remote(w.agent, "ps1", "torch.add", {x, c10::ivalue::Tuple::create({1.0})}).status();
+    EXPECT_THAT(
+        message(remote(w.agent, "ps1", "torch.add", {x, "three"}).status()),
+        HasSubstr(
+            "torch.add takes (tensor, tensor or number[, alpha number]), got (Tensor, String)"));
+    absl::Status cannot =
+        remote(w.agent, "ps1", "torch.add", {x, c10::ivalue::Tuple::create({1.0})}).status();
     EXPECT_EQ(cannot.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(message(cannot), HasSubstr("argument 1 has a type (Tuple) that cannot travel"));
   });
@@ -143,7 +155,8 @@ TEST(DistAutogradTest, BackwardSendsOneMessagePerOwnerAsSoonAsItsGradientsAreRea
     EXPECT_TRUE(ps2_had_it) << "ps2's gradient was not sent before autograd finished";
     EXPECT_EQ(ps1.num_gradient_messages(), 1);  // a1 and a2 together: one message
     EXPECT_EQ(ps2.num_gradient_messages(), 1);
-    EXPECT_TRUE(ps1.grad(ctx.id(), a.id)->equal(torch::full({3}, 3.0)));  // 2 + 1, accumulated on ps1
+    EXPECT_TRUE(
+        ps1.grad(ctx.id(), a.id)->equal(torch::full({3}, 3.0)));  // 2 + 1, accumulated on ps1
     EXPECT_TRUE(ps2.grad(ctx.id(), b.id)->equal(torch::full({2, 2}, 3.0)));
     EXPECT_FALSE(ps1.grad(ctx.id(), unused.id).has_value());  // not reached: not sent
 
@@ -158,12 +171,15 @@ TEST(DistAutogradTest, BackwardSendsOneMessagePerOwnerAsSoonAsItsGradientsAreRea
       (void)dist_autograd::backward(ctx, {a1 * 2});
       ADD_FAILURE() << "a non-scalar root was accepted";
     } catch (const c10::Error& e) {
-      EXPECT_THAT(e.what_without_backtrace(), HasSubstr("root 0 must be a scalar that requires grad"));
+      EXPECT_THAT(e.what_without_backtrace(),
+                  HasSubstr("root 0 must be a scalar that requires grad"));
     }
     ASSERT_TRUE(ctx.release().ok());
     EXPECT_EQ(ps1.num_contexts(), 0u);
-    EXPECT_EQ(dist_autograd::backward(ctx, {a1.sum()}).code(), absl::StatusCode::kFailedPrecondition);
-    EXPECT_EQ(dist_autograd::to_here(ctx, a).status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(dist_autograd::backward(ctx, {a1.sum()}).code(),
+              absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(dist_autograd::to_here(ctx, a).status().code(),
+              absl::StatusCode::kFailedPrecondition);
   });
 }
 
@@ -174,7 +190,8 @@ TEST(DistAutogradTest, StepOnAnUnknownOrReleasedContextIsAnErrorNamingIt) {
     if (w.rank != 0) return;
     ParameterOwner& ps1 = owners.wait(1);
     RemoteRef p = *remote(w.agent, "ps1", "torch.ones", {3});
-    auto opt = DistributedOptimizer::create<torch::optim::SGD>(w.agent, torch::optim::SGDOptions(0.5), {p});
+    auto opt = DistributedOptimizer::create<torch::optim::SGD>(w.agent,
+                                                               torch::optim::SGDOptions(0.5), {p});
     ASSERT_TRUE(opt.ok()) << opt.status();
 
     absl::Status never = (*opt)->step(123456789);
@@ -189,7 +206,8 @@ TEST(DistAutogradTest, StepOnAnUnknownOrReleasedContextIsAnErrorNamingIt) {
       ASSERT_TRUE(ctx.release().ok());
       absl::Status released = (*opt)->step(id);
       EXPECT_EQ(released.code(), absl::StatusCode::kNotFound) << released;
-      EXPECT_THAT(message(released), HasSubstr(absl::StrCat("autograd context ", id, " was released")));
+      EXPECT_THAT(message(released),
+                  HasSubstr(absl::StrCat("autograd context ", id, " was released")));
     }
     GradientContext gone(w.agent);
     (void)gone.release();
@@ -204,7 +222,6 @@ TEST(DistAutogradTest, StepOnAnUnknownOrReleasedContextIsAnErrorNamingIt) {
     EXPECT_TRUE(ps1.local(p.id).equal(torch::full({3}, 0.5)));
   });
 }
-
 
 // A user's LibTorch optimizer with no functional form: p -= lr * sign(grad).
 struct SignSGDOptions : torch::optim::OptimizerCloneableOptions<SignSGDOptions> {
@@ -251,16 +268,20 @@ TEST(DistAutogradTest, AnOptimizerWithNoFunctionalFormRunsOnTheOwner) {
     for (int step = 0; step < 2; ++step) {
       dist_autograd::Context ctx(w.agent);
       torch::Tensor x = *dist_autograd::to_here(ctx, p);
-      ASSERT_TRUE(dist_autograd::backward(ctx, {(x * torch::tensor({2.0f, -3.0f, 0.0f})).sum()}).ok());
+      ASSERT_TRUE(
+          dist_autograd::backward(ctx, {(x * torch::tensor({2.0f, -3.0f, 0.0f})).sum()}).ok());
       absl::Status s = (*opt)->step(ctx.id());
       ASSERT_TRUE(s.ok()) << s;
     }
-    EXPECT_TRUE(ps1.local(p.id).allclose(torch::tensor({0.8f, 1.2f, 1.0f})));  // 1 - 2 * 0.1 * sign(g)
+    EXPECT_TRUE(
+        ps1.local(p.id).allclose(torch::tensor({0.8f, 1.2f, 1.0f})));  // 1 - 2 * 0.1 * sign(g)
     EXPECT_FALSE(ps1.local(p.id).grad().defined());  // .grad is the context's only during the step
 
-    auto unregistered = DistributedOptimizer::create<Unregistered>(w.agent, SignSGDOptions(0.1), {p});
+    auto unregistered =
+        DistributedOptimizer::create<Unregistered>(w.agent, SignSGDOptions(0.1), {p});
     EXPECT_EQ(unregistered.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(message(unregistered.status()), HasSubstr("not registered with rpc::LocalOptimizerRegistry"));
+    EXPECT_THAT(message(unregistered.status()),
+                HasSubstr("not registered with rpc::LocalOptimizerRegistry"));
   });
 }
 

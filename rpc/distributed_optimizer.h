@@ -15,8 +15,8 @@
 #define DTRAIN_RPC_DISTRIBUTED_OPTIMIZER_H_
 
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,23 +35,27 @@ class DistributedOptimizer {
   // rpc::LocalOptimizerRegistry (TORCH_WARN: stepped through .grad under the owner's lock).
   // Errors name the owner and carry its message (an unknown optimizer name, invalid options, an
   // unknown parameter); optimizers already created on other owners are destroyed again.
-  static absl::StatusOr<std::unique_ptr<DistributedOptimizer>> create(Agent& agent, const std::string& optimizer,
-                                                                      const optim::OptionsDict& options,
-                                                                      std::vector<RemoteRef> params);
+  static absl::StatusOr<std::unique_ptr<DistributedOptimizer>> create(
+      Agent& agent, const std::string& optimizer, const optim::OptionsDict& options,
+      std::vector<RemoteRef> params);
   // From a LibTorch optimizer type and its options: create<torch::optim::Adam>(agent, AdamOptions(1e-3), params).
   // Its functional twin when it has one (optim/registry.h); otherwise the type as registered with
   // rpc::LocalOptimizerRegistry, run as it is on every owner, with a warning (TORCH_WARN) that
   // it is the slower path, as PyTorch warns. InvalidArgument when it is neither.
   template <typename TorchOptimizer, typename Options>
-  static absl::StatusOr<std::unique_ptr<DistributedOptimizer>> create(Agent& agent, const Options& options,
-                                                                      std::vector<RemoteRef> params) {
+  static absl::StatusOr<std::unique_ptr<DistributedOptimizer>> create(
+      Agent& agent, const Options& options, std::vector<RemoteRef> params) {
     const std::string name = optim::FunctionalRegistry::global().name_of<TorchOptimizer>();
-    if (!name.empty()) return create(agent, name, optim::options_from_torch(options), std::move(params));
-    std::optional<LocalOptimizerRegistry::TypeEntry> local = LocalOptimizerRegistry::global().find<TorchOptimizer>();
+    if (!name.empty())
+      return create(agent, name, optim::options_from_torch(options), std::move(params));
+    std::optional<LocalOptimizerRegistry::TypeEntry> local =
+        LocalOptimizerRegistry::global().find<TorchOptimizer>();
     if (!local.has_value()) {
       return absl::InvalidArgumentError(
-          std::string("DistributedOptimizer: the LibTorch optimizer type ") + typeid(TorchOptimizer).name() +
-          " has no functional twin and is not registered with rpc::LocalOptimizerRegistry; register a functional " +
+          std::string("DistributedOptimizer: the LibTorch optimizer type ") +
+          typeid(TorchOptimizer).name() +
+          " has no functional twin and is not registered with rpc::LocalOptimizerRegistry; "
+          "register a functional " +
           "twin (optim/registry.h) or the type itself (rpc/local_optimizers.h) on every worker");
     }
     return create_local(agent, *local, options, std::move(params));
@@ -72,8 +76,8 @@ class DistributedOptimizer {
   // create() for a type registered with LocalOptimizerRegistry: InvalidArgument when its
   // to_dict refuses `options`.
   static absl::StatusOr<std::unique_ptr<DistributedOptimizer>> create_local(
-      Agent& agent, const LocalOptimizerRegistry::TypeEntry& local, const torch::optim::OptimizerOptions& options,
-      std::vector<RemoteRef> params);
+      Agent& agent, const LocalOptimizerRegistry::TypeEntry& local,
+      const torch::optim::OptimizerOptions& options, std::vector<RemoteRef> params);
   Agent& agent_;
   std::string key_;
   std::vector<std::string> owners_;

@@ -9,7 +9,15 @@ namespace dtrain::rpc {
 namespace {
 
 // Argument kinds on the wire (an integer before each argument).
-enum Kind : int64_t { kTensor = 0, kDouble = 1, kInt = 2, kBool = 3, kString = 4, kIntList = 5, kDoubleList = 6 };
+enum Kind : int64_t {
+  kTensor = 0,
+  kDouble = 1,
+  kInt = 2,
+  kBool = 3,
+  kString = 4,
+  kIntList = 5,
+  kDoubleList = 6
+};
 constexpr int64_t kMaxArgs = 1024;
 
 std::string kinds(const std::vector<c10::IValue>& args) {
@@ -49,11 +57,12 @@ void register_builtins(FunctionRegistry& r) {
   r.register_function("torch.mul", [](const std::vector<c10::IValue>& a) {
     TORCH_CHECK(a.size() == 2 && a[0].isTensor() && (a[1].isTensor() || is_number(a[1])),
                 "torch.mul takes (tensor, tensor or number), got ", kinds(a));
-    return a[1].isTensor() ? at::mul(a[0].toTensor(), a[1].toTensor()) : at::mul(a[0].toTensor(), a[1].toScalar());
+    return a[1].isTensor() ? at::mul(a[0].toTensor(), a[1].toTensor())
+                           : at::mul(a[0].toTensor(), a[1].toScalar());
   });
   r.register_function("torch.matmul", [](const std::vector<c10::IValue>& a) {
-    TORCH_CHECK(a.size() == 2 && a[0].isTensor() && a[1].isTensor(), "torch.matmul takes (tensor, tensor), got ",
-                kinds(a));
+    TORCH_CHECK(a.size() == 2 && a[0].isTensor() && a[1].isTensor(),
+                "torch.matmul takes (tensor, tensor), got ", kinds(a));
     return at::matmul(a[0].toTensor(), a[1].toTensor());
   });
   r.register_function("torch.ones", [](const std::vector<c10::IValue>& a) {
@@ -98,22 +107,26 @@ std::vector<std::string> FunctionRegistry::names() const {
   return out;
 }
 
-at::Tensor FunctionRegistry::call(const std::string& name, const std::vector<c10::IValue>& args) const {
+at::Tensor FunctionRegistry::call(const std::string& name,
+                                  const std::vector<c10::IValue>& args) const {
   std::shared_ptr<const RemoteFunction> fn;
   {
     std::shared_lock<std::shared_mutex> lock(mu_);
     auto it = functions_.find(name);
     if (it != functions_.end()) fn = it->second;
   }
-  TORCH_CHECK(fn != nullptr, "no function named '", name, "' is registered on this worker (registered: ",
-              absl::StrJoin(names(), ", "), "); register it with FunctionRegistry::register_function on every worker");
+  TORCH_CHECK(fn != nullptr, "no function named '", name,
+              "' is registered on this worker (registered: ", absl::StrJoin(names(), ", "),
+              "); register it with FunctionRegistry::register_function on every worker");
   at::Tensor out = (*fn)(args);
-  TORCH_CHECK(out.defined(), "function '", name, "' returned an undefined tensor; it must return the value to keep");
+  TORCH_CHECK(out.defined(), "function '", name,
+              "' returned an undefined tensor; it must return the value to keep");
   return out;
 }
 
 void write_args(Writer& w, std::vector<at::Tensor>& tensors, const std::vector<c10::IValue>& args) {
-  TORCH_CHECK(static_cast<int64_t>(args.size()) <= kMaxArgs, "at most ", kMaxArgs, " arguments, got ", args.size());
+  TORCH_CHECK(static_cast<int64_t>(args.size()) <= kMaxArgs, "at most ", kMaxArgs,
+              " arguments, got ", args.size());
   w.i64(static_cast<int64_t>(args.size()));
   for (size_t i = 0; i < args.size(); ++i) {
     const c10::IValue& v = args[i];
@@ -134,36 +147,53 @@ void write_args(Writer& w, std::vector<at::Tensor>& tensors, const std::vector<c
     } else if (v.isDoubleList()) {
       w.i64(kDoubleList).f64_list(v.toDoubleVector());
     } else {
-      TORCH_CHECK(false, "argument ", i, " has a type (", v.tagKind(),
-                  ") that cannot travel: use tensors, numbers, booleans, strings or lists of numbers");
+      TORCH_CHECK(
+          false, "argument ", i, " has a type (", v.tagKind(),
+          ") that cannot travel: use tensors, numbers, booleans, strings or lists of numbers");
     }
   }
 }
 
 std::vector<c10::IValue> read_args(Reader& r, const std::vector<at::Tensor>& tensors) {
   const int64_t n = r.i64();
-  if (n < 0 || n > kMaxArgs) throw CodecError(absl::StrCat("argument count ", n, " out of range 0..", kMaxArgs));
+  if (n < 0 || n > kMaxArgs)
+    throw CodecError(absl::StrCat("argument count ", n, " out of range 0..", kMaxArgs));
   std::vector<c10::IValue> args;
   size_t next_tensor = 0;
   for (int64_t i = 0; i < n; ++i) {
     switch (r.i64()) {
       case kTensor:
         if (next_tensor >= tensors.size()) {
-          throw CodecError(absl::StrCat("argument ", i, " is a tensor but only ", tensors.size(), " travelled"));
+          throw CodecError(
+              absl::StrCat("argument ", i, " is a tensor but only ", tensors.size(), " travelled"));
         }
         args.emplace_back(tensors[next_tensor++]);
         break;
-      case kDouble: args.emplace_back(r.f64()); break;
-      case kInt: args.emplace_back(r.i64()); break;
-      case kBool: args.emplace_back(r.boolean()); break;
-      case kString: args.emplace_back(r.str()); break;
-      case kIntList: args.emplace_back(r.i64_list()); break;
-      case kDoubleList: args.emplace_back(r.f64_list()); break;
-      default: throw CodecError(absl::StrCat("argument ", i, " has an unknown kind"));
+      case kDouble:
+        args.emplace_back(r.f64());
+        break;
+      case kInt:
+        args.emplace_back(r.i64());
+        break;
+      case kBool:
+        args.emplace_back(r.boolean());
+        break;
+      case kString:
+        args.emplace_back(r.str());
+        break;
+      case kIntList:
+        args.emplace_back(r.i64_list());
+        break;
+      case kDoubleList:
+        args.emplace_back(r.f64_list());
+        break;
+      default:
+        throw CodecError(absl::StrCat("argument ", i, " has an unknown kind"));
     }
   }
   if (next_tensor != tensors.size()) {
-    throw CodecError(absl::StrCat(tensors.size(), " tensors travelled but the arguments use ", next_tensor));
+    throw CodecError(
+        absl::StrCat(tensors.size(), " tensors travelled but the arguments use ", next_tensor));
   }
   return args;
 }

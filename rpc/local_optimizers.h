@@ -35,7 +35,8 @@ namespace dtrain::rpc {
 
 using LocalOptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(
     std::vector<at::Tensor> params, const optim::OptionsDict& options)>;
-using OptionsToDict = std::function<optim::OptionsDict(const torch::optim::OptimizerOptions& options)>;
+using OptionsToDict =
+    std::function<optim::OptionsDict(const torch::optim::OptimizerOptions& options)>;
 
 class LocalOptimizerRegistry {
  public:
@@ -44,17 +45,21 @@ class LocalOptimizerRegistry {
   // Registers (or replaces) T under `name`: owners build T(params, from_dict(options)); a client's
   // DistributedOptimizer::create<T>(agent, options, params) sends to_dict(options).
   template <typename T, typename Options>
-  void register_optimizer(const std::string& name, std::function<optim::OptionsDict(const Options&)> to_dict,
+  void register_optimizer(const std::string& name,
+                          std::function<optim::OptionsDict(const Options&)> to_dict,
                           std::function<Options(const optim::OptionsDict&)> from_dict) {
-    TORCH_CHECK(to_dict && from_dict, "register_optimizer(", name, ") needs both to_dict and from_dict");
-    add(name, std::type_index(typeid(T)),
-        [from_dict](std::vector<at::Tensor> params, const optim::OptionsDict& d) -> std::unique_ptr<torch::optim::Optimizer> {
+    TORCH_CHECK(to_dict && from_dict, "register_optimizer(", name,
+                ") needs both to_dict and from_dict");
+    add(
+        name, std::type_index(typeid(T)),
+        [from_dict](std::vector<at::Tensor> params,
+                    const optim::OptionsDict& d) -> std::unique_ptr<torch::optim::Optimizer> {
           return std::make_unique<T>(std::move(params), from_dict(d));
         },
         [to_dict, name](const torch::optim::OptimizerOptions& o) {
           const auto* typed = dynamic_cast<const Options*>(&o);
-          TORCH_CHECK(typed != nullptr, name, " was registered with options of type ", typeid(Options).name(),
-                      " but got ", typeid(o).name());
+          TORCH_CHECK(typed != nullptr, name, " was registered with options of type ",
+                      typeid(Options).name(), " but got ", typeid(o).name());
           return to_dict(*typed);
         });
   }
@@ -62,7 +67,8 @@ class LocalOptimizerRegistry {
   bool contains(const std::string& name) const;
   std::vector<std::string> names() const;
   // TORCH_CHECK naming the registered ones when `name` is not.
-  std::unique_ptr<torch::optim::Optimizer> create(const std::string& name, std::vector<at::Tensor> params,
+  std::unique_ptr<torch::optim::Optimizer> create(const std::string& name,
+                                                  std::vector<at::Tensor> params,
                                                   const optim::OptionsDict& options) const;
 
   struct TypeEntry {
@@ -75,7 +81,8 @@ class LocalOptimizerRegistry {
   }
 
  private:
-  void add(const std::string& name, std::type_index type, LocalOptimizerFactory factory, OptionsToDict to_dict);
+  void add(const std::string& name, std::type_index type, LocalOptimizerFactory factory,
+           OptionsToDict to_dict);
   std::optional<TypeEntry> find(std::type_index type) const;
 
   mutable std::shared_mutex mu_;

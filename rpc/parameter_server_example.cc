@@ -60,8 +60,10 @@ torch::Tensor seeded(std::vector<int64_t> shape, uint64_t seed, double scale) {
 int run() {
   const std::vector<std::string> names = {"ps0", "ps1", "trainer0", "trainer1"};
   int rank = -1;
-  if (!absl::SimpleAtoi(std::getenv("RANK"), &rank) || rank < 0 || rank >= static_cast<int>(names.size())) {
-    die(std::string("RANK=") + std::getenv("RANK") + " is not a rank of this example: it needs RANK in 0..3 " +
+  if (!absl::SimpleAtoi(std::getenv("RANK"), &rank) || rank < 0 ||
+      rank >= static_cast<int>(names.size())) {
+    die(std::string("RANK=") + std::getenv("RANK") +
+        " is not a rank of this example: it needs RANK in 0..3 " +
         "(ps0, ps1, trainer0, trainer1) and WORLD_SIZE=4; run it without RANK to launch all four");
   }
   auto handlers = std::make_shared<Handlers>();
@@ -87,7 +89,8 @@ int run() {
     auto opt = DistributedOptimizer::create(**agent, "Adam", adam, refs);
     if (!opt.ok()) die(std::string(opt.status().message()));
     const torch::Tensor teacher = seeded({16, 4}, 99, 0.5);
-    const int steps = static_cast<int>(absl::GetFlag(FLAGS_steps));  // check_flags: at most kMaxSteps
+    const int steps =
+        static_cast<int>(absl::GetFlag(FLAGS_steps));  // check_flags: at most kMaxSteps
     double first = NAN, last = NAN;
     for (int step = 1; step <= steps; ++step) {
       std::vector<torch::Tensor> params;
@@ -98,7 +101,8 @@ int run() {
       }
       const torch::Tensor x = seeded({32, 16}, 1000 + step * 2 + rank, 1.0);
       const torch::Tensor y = torch::tanh(x.matmul(teacher));
-      torch::Tensor loss = torch::mse_loss(torch::relu(x.matmul(params[0]) + params[1]).matmul(params[2]) + params[3], y);
+      torch::Tensor loss = torch::mse_loss(
+          torch::relu(x.matmul(params[0]) + params[1]).matmul(params[2]) + params[3], y);
       loss.backward();
       GradientContext ctx(**agent);
       std::vector<torch::Tensor> grads;
@@ -111,7 +115,8 @@ int run() {
       if (step == 1) first = last;
       if (step % 20 == 0 || step == 1) std::printf("step %d loss %.5f\n", step, last);
     }
-    std::printf("%s: loss %.5f at step 1 -> %.5f at step %d\n", names[rank].c_str(), first, last, steps);
+    std::printf("%s: loss %.5f at step 1 -> %.5f at step %d\n", names[rank].c_str(), first, last,
+                steps);
     std::fflush(stdout);
   }
   absl::Status s = (*agent)->shutdown();  // servers wait here until the trainers are done

@@ -6,9 +6,9 @@
 #include <c10/core/GradMode.h>
 
 #include "absl/strings/str_cat.h"
+#include "comm/exception_status.h"
 #include "optim/registry.h"
 #include "rpc/functions.h"
-#include "comm/exception_status.h"
 #include "rpc/internal/protocol.h"
 #include "rpc/local_optimizers.h"
 
@@ -112,7 +112,9 @@ using State = ParameterOwner::State;
 // The handlers, one per message of rpc/internal/protocol.h. They run concurrently on the
 // agent's threads; errors are exceptions (TORCH_CHECK), which the agent replies with.
 
-pr::ParamCreate::Result param_create(State& s, pr::ParamCreate& m) { return {s.add(m.value.detach().clone())}; }
+pr::ParamCreate::Result param_create(State& s, pr::ParamCreate& m) {
+  return {s.add(m.value.detach().clone())};
+}
 
 pr::ParamFetch::Result param_fetch(State& s, pr::ParamFetch& m) {
   // A snapshot: the caller must not see a step half-applied.
@@ -125,9 +127,9 @@ pr::Done grad_push(State& s, pr::GradPush& m) {
   for (size_t i = 0; i < m.ids.size(); ++i) {
     params.push_back(s.param(m.ids[i]));
     const at::Tensor& g = m.grads[i];
-    TORCH_CHECK(g.sizes().equals(params[i].sizes()) && g.dtype() == params[i].dtype(), "gradient for parameter ",
-                m.ids[i], " has shape ", g.sizes(), " (", g.dtype(), ") but the parameter is ", params[i].sizes(),
-                " (", params[i].dtype(), ")");
+    TORCH_CHECK(g.sizes().equals(params[i].sizes()) && g.dtype() == params[i].dtype(),
+                "gradient for parameter ", m.ids[i], " has shape ", g.sizes(), " (", g.dtype(),
+                ") but the parameter is ", params[i].sizes(), " (", params[i].dtype(), ")");
   }
   std::lock_guard<std::mutex> lock(s.mu);
   check_not_released(s, m.context, pr::GradPush::kName);
@@ -172,7 +174,8 @@ pr::Done optim_create(State& s, pr::OptimCreate& m) {
   for (int64_t id : m.ids) params.push_back(s.param(id));
   if (!optim::FunctionalRegistry::global().contains(m.optimizer) &&
       LocalOptimizerRegistry::global().contains(m.optimizer)) {
-    local->torch_optimizer = LocalOptimizerRegistry::global().create(m.optimizer, params, m.options);
+    local->torch_optimizer =
+        LocalOptimizerRegistry::global().create(m.optimizer, params, m.options);
   } else {
     local->optimizer = optim::FunctionalRegistry::global().create(m.optimizer, params, m.options);
   }
@@ -191,7 +194,8 @@ pr::OptimStep::Result optim_step(State& s, pr::OptimStep& m) {
   {
     std::lock_guard<std::mutex> lock(s.mu);
     auto it = s.optimizers.find(m.key);
-    TORCH_CHECK(it != s.optimizers.end(), "no optimizer named ", m.key, " here (created? destroyed?)");
+    TORCH_CHECK(it != s.optimizers.end(), "no optimizer named ", m.key,
+                " here (created? destroyed?)");
     local = it->second;
     check_not_released(s, m.context, "DistributedOptimizer::step");
     auto ctx = s.contexts.find(m.context);
@@ -223,7 +227,8 @@ pr::Done optim_destroy(State& s, pr::OptimDestroy& m) {
 
 // Serves M with `fn` for as long as the ParameterOwner lives.
 template <typename M>
-void serve(Handlers& handlers, const std::weak_ptr<State>& weak, typename M::Result (*fn)(State&, M&)) {
+void serve(Handlers& handlers, const std::weak_ptr<State>& weak,
+           typename M::Result (*fn)(State&, M&)) {
   pr::serve<M>(handlers, [weak, fn](M& m) {
     std::shared_ptr<State> s = weak.lock();
     TORCH_CHECK(s != nullptr, M::kName, ": this worker's ParameterOwner is gone");
@@ -233,7 +238,8 @@ void serve(Handlers& handlers, const std::weak_ptr<State>& weak, typename M::Res
 
 }  // namespace
 
-ParameterOwner::ParameterOwner(std::shared_ptr<Handlers> handlers) : state_(std::make_shared<State>()) {
+ParameterOwner::ParameterOwner(std::shared_ptr<Handlers> handlers)
+    : state_(std::make_shared<State>()) {
   TORCH_CHECK(handlers != nullptr, "ParameterOwner needs the Handlers the agent will serve");
   Handlers& h = *handlers;
   serve<pr::ParamCreate>(h, state_, &param_create);
@@ -282,14 +288,17 @@ size_t ParameterOwner::num_optimizers() const {
   return state_->optimizers.size();
 }
 
-absl::StatusOr<RemoteRef> remote_parameter(Agent& agent, const std::string& owner, const at::Tensor& value) {
-  absl::StatusOr<pr::ParamCreate::Result> r = pr::call_sync(agent, owner, pr::ParamCreate{value.detach()});
+absl::StatusOr<RemoteRef> remote_parameter(Agent& agent, const std::string& owner,
+                                           const at::Tensor& value) {
+  absl::StatusOr<pr::ParamCreate::Result> r =
+      pr::call_sync(agent, owner, pr::ParamCreate{value.detach()});
   if (!r.ok()) return r.status();
   return RemoteRef{owner, r->id};
 }
 
 absl::StatusOr<at::Tensor> to_here(Agent& agent, const RemoteRef& ref) {
-  absl::StatusOr<pr::ParamFetch::Result> r = pr::call_sync(agent, ref.owner, pr::ParamFetch{ref.id});
+  absl::StatusOr<pr::ParamFetch::Result> r =
+      pr::call_sync(agent, ref.owner, pr::ParamFetch{ref.id});
   if (!r.ok()) return r.status();
   return std::move(r->value);
 }
@@ -301,7 +310,7 @@ absl::StatusOr<RemoteRef> remote(Agent& agent, const std::string& worker, const 
     call = pr::send(agent, worker, pr::FnRemote{fn, args});  // encoding refuses what cannot travel
   } catch (...) {
     return comm::current_exception_status(absl::StatusCode::kInvalidArgument,
-                                              absl::StrCat("remote(", worker, ", ", fn, ")"));
+                                          absl::StrCat("remote(", worker, ", ", fn, ")"));
   }
   absl::StatusOr<pr::FnRemote::Result> r = pr::result_of<pr::FnRemote>(*call);
   if (!r.ok()) return r.status();
@@ -336,14 +345,16 @@ CallFuture GradientContext::send_async(const std::string& owner, const std::vect
   return pr::send(agent_, owner, pr::GradPush{id_, ids, std::move(grads)});
 }
 
-absl::Status GradientContext::send(const std::vector<RemoteRef>& refs, const std::vector<at::Tensor>& grads) {
+absl::Status GradientContext::send(const std::vector<RemoteRef>& refs,
+                                   const std::vector<at::Tensor>& grads) {
   if (released()) {
-    return absl::FailedPreconditionError(absl::StrCat("GradientContext::send: context ", id_,
-                                                      " was released; create a new context for new gradients"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("GradientContext::send: context ", id_,
+                     " was released; create a new context for new gradients"));
   }
   if (refs.size() != grads.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("GradientContext::send: ", refs.size(), " parameters but ",
-                                                   grads.size(), " gradients"));
+    return absl::InvalidArgumentError(absl::StrCat("GradientContext::send: ", refs.size(),
+                                                   " parameters but ", grads.size(), " gradients"));
   }
   std::map<std::string, std::pair<std::vector<int64_t>, std::vector<at::Tensor>>> by_owner;
   for (size_t i = 0; i < refs.size(); ++i) {
@@ -353,7 +364,8 @@ absl::Status GradientContext::send(const std::vector<RemoteRef>& refs, const std
     tensors.push_back(grads[i].detach());
   }
   pr::FanOut<pr::GradPush> pushes(agent_);
-  for (auto& [owner, item] : by_owner) pushes.add(send_async(owner, item.first, std::move(item.second)));
+  for (auto& [owner, item] : by_owner)
+    pushes.add(send_async(owner, item.first, std::move(item.second)));
   return pushes.wait();
 }
 

@@ -72,7 +72,8 @@ class ParameterOwner {
 };
 
 // Asks `owner` to create a parameter initialised from `value` (copied there).
-absl::StatusOr<RemoteRef> remote_parameter(Agent& agent, const std::string& owner, const at::Tensor& value);
+absl::StatusOr<RemoteRef> remote_parameter(Agent& agent, const std::string& owner,
+                                           const at::Tensor& value);
 // The current value of a remote tensor.
 absl::StatusOr<at::Tensor> to_here(Agent& agent, const RemoteRef& ref);
 // PyTorch's rpc.remote(worker, fn, args): runs the function registered as `fn` on `worker`
@@ -103,7 +104,8 @@ class GradientContext {
   // FailedPrecondition after release().
   absl::Status send(const std::vector<RemoteRef>& refs, const std::vector<at::Tensor>& grads);
   // One message to `owner` with the gradients of its parameters `ids`, not waited for.
-  CallFuture send_async(const std::string& owner, const std::vector<int64_t>& ids, std::vector<at::Tensor> grads);
+  CallFuture send_async(const std::string& owner, const std::vector<int64_t>& ids,
+                        std::vector<at::Tensor> grads);
   // Drops this context's gradients on every owner it sent to. Final: the id is then unknown to
   // send() and DistributedOptimizer::step (an error naming it), as a released PyTorch context.
   absl::Status release();

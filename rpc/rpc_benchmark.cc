@@ -86,7 +86,14 @@ void BM_GradientPush(benchmark::State& state) {
   state.counters["GiBps"] = static_cast<double>(numel * 4) / (1 << 30) / (ms / 1e3);
   state.SetBytesProcessed(state.iterations() * numel * 4);
 }
-BENCHMARK(BM_GradientPush)->ArgName("MiB")->Arg(1)->Arg(4)->Arg(16)->Arg(64)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_GradientPush)
+    ->ArgName("MiB")
+    ->Arg(1)
+    ->Arg(4)
+    ->Arg(16)
+    ->Arg(64)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 void BM_DistributedOptimizerStep(benchmark::State& state) {
   Agent& a = *cluster().agents[0];

@@ -5,8 +5,8 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include "comm/test_harness.h"
 #include "optim/functional_optimizers.h"
@@ -32,7 +32,8 @@ TEST(RpcTest, StrayAddsToTheStoreCannotWedgeShutdown) {
   store->add("dtrain/rpc-shutdown/arrived", 1);
   store->add("dtrain/rpc-shutdown/arrived", 5);
   const auto start = std::chrono::steady_clock::now();
-  run_workers({"w0", "w1", "w2"}, [](Worker&) {}, std::chrono::seconds(5), nullptr, store);
+  run_workers(
+      {"w0", "w1", "w2"}, [](Worker&) {}, std::chrono::seconds(5), nullptr, store);
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 30);
 }
 
@@ -41,7 +42,8 @@ TEST(RpcTest, CallsErrorsAndMalformedMessages) {
       {"w0", "w1"},
       [](Worker& w) {
         if (w.rank != 0) return;
-        absl::StatusOr<Response> r = w.agent.rpc_sync("w1", "echo", Writer().str("hi").i64(3), {torch::ones({2})});
+        absl::StatusOr<Response> r =
+            w.agent.rpc_sync("w1", "echo", Writer().str("hi").i64(3), {torch::ones({2})});
         ASSERT_TRUE(r.ok()) << r.status();
         EXPECT_EQ(r->body.str(), "hi!");
         ASSERT_EQ(r->tensors.size(), 1u);
@@ -53,17 +55,22 @@ TEST(RpcTest, CallsErrorsAndMalformedMessages) {
 
         absl::StatusOr<Response> boom = w.agent.rpc_sync("w1", "boom", Writer());
         EXPECT_EQ(boom.status().code(), absl::StatusCode::kInternal);
-        EXPECT_THAT(std::string(boom.status().message()), HasSubstr("worker 'w1', handler 'boom': kaput"));
+        EXPECT_THAT(std::string(boom.status().message()),
+                    HasSubstr("worker 'w1', handler 'boom': kaput"));
         EXPECT_THAT(std::string(w.agent.rpc_sync("w1", "nope", Writer()).status().message()),
                     HasSubstr("no handler named 'nope' is registered"));
         EXPECT_THAT(std::string(w.agent.rpc_sync("w9", "echo", Writer()).status().message()),
                     HasSubstr("no worker named 'w9'"));
         // Tensors off the CPU are refused before the transport (a GPU's would be CUDA; meta here).
-        EXPECT_THAT(std::string(w.agent.rpc_sync("w1", "echo", Writer().str("x").i64(1),
-                                                 {torch::ones({2}), torch::ones({2}, torch::Device(torch::kMeta))})
-                                    .status()
-                                    .message()),
-                    HasSubstr("tensor 1 of this RPC message is on meta: dtrain's RPC sends CPU tensors only"));
+        EXPECT_THAT(
+            std::string(
+                w.agent
+                    .rpc_sync("w1", "echo", Writer().str("x").i64(1),
+                              {torch::ones({2}), torch::ones({2}, torch::Device(torch::kMeta))})
+                    .status()
+                    .message()),
+            HasSubstr(
+                "tensor 1 of this RPC message is on meta: dtrain's RPC sends CPU tensors only"));
         // A body of the wrong types reaches the handler's reader, which refuses it.
         EXPECT_THAT(std::string(w.agent.rpc_sync("w1", "echo", Writer().i64(1)).status().message()),
                     HasSubstr("expected a string (tag 4) but found tag 1"));
@@ -79,18 +86,22 @@ TEST(RpcTest, CallsErrorsAndMalformedMessages) {
                     HasSubstr("unsupported message version 7"));
         std::vector<char> huge = encode_envelope("echo", Writer().str("x"), 0);
         const uint32_t lie = 0x7FFFFFFF;
-        std::memcpy(huge.data() + huge.size() - 5, &lie, sizeof(lie));  // the string's declared length
+        std::memcpy(huge.data() + huge.size() - 5, &lie,
+                    sizeof(lie));  // the string's declared length
         EXPECT_THAT(std::string(w.agent.send_raw("w1", huge).get().status().message()),
                     HasSubstr("declares 2147483647 elements"));
         EXPECT_THAT(std::string(w.agent.send_raw("w1", {'a', 'b'}).get().status().message()),
                     HasSubstr("truncated message"));
-        EXPECT_THAT(std::string(w.agent.send_raw("w1", good, {torch::ones({1})}).get().status().message()),
-                    HasSubstr("declares 0 tensors but carries 1"));
-        absl::StatusOr<Response> again = w.agent.rpc_sync("w1", "echo", Writer().str("still").i64(1));
+        EXPECT_THAT(
+            std::string(w.agent.send_raw("w1", good, {torch::ones({1})}).get().status().message()),
+            HasSubstr("declares 0 tensors but carries 1"));
+        absl::StatusOr<Response> again =
+            w.agent.rpc_sync("w1", "echo", Writer().str("still").i64(1));
         ASSERT_TRUE(again.ok()) << again.status();
         EXPECT_EQ(again->body.str(), "still!");
       },
-      std::chrono::seconds(30), [](int rank, Handlers& h) {
+      std::chrono::seconds(30),
+      [](int rank, Handlers& h) {
         if (rank != 1) return;
         h.add("echo", [](Request& r) {
           Reply reply;
@@ -152,7 +163,9 @@ void check_parity(const std::string& name, optim::OptionsDict options) {
     }
     for (size_t i = 0; i < refs.size(); ++i) {
       torch::Tensor remote = *to_here(w.agent, refs[i]);
-      EXPECT_TRUE(remote.allclose(local[i], 1e-12, 1e-14)) << name << " param " << i << "\n" << remote << "\n" << local[i];
+      EXPECT_TRUE(remote.allclose(local[i], 1e-12, 1e-14)) << name << " param " << i << "\n"
+                                                           << remote << "\n"
+                                                           << local[i];
       EXPECT_FALSE(remote.equal(model.init[i])) << name << " param " << i << " never moved";
     }
   });
@@ -167,9 +180,12 @@ optim::OptionsDict dict(std::initializer_list<std::pair<const char*, c10::IValue
 TEST(RpcTest, DistributedOptimizerMatchesTheLocalOptimizer) {
   check_parity("Adagrad", dict({{"lr", 0.05}}));
   check_parity("Adam", dict({{"lr", 0.05}, {"amsgrad", true}}));
-  check_parity("AdamW", dict({{"lr", 0.05}, {"amsgrad", true}, {"betas", c10::ivalue::Tuple::create({0.8, 0.99})}}));
+  check_parity(
+      "AdamW",
+      dict({{"lr", 0.05}, {"amsgrad", true}, {"betas", c10::ivalue::Tuple::create({0.8, 0.99})}}));
   check_parity("SGD", dict({{"lr", 0.05}}));
-  check_parity("SGD", dict({{"lr", 0.05}, {"momentum", 0.9}, {"nesterov", true}, {"weight_decay", 0.01}}));
+  check_parity("SGD",
+               dict({{"lr", 0.05}, {"momentum", 0.9}, {"nesterov", true}, {"weight_decay", 0.01}}));
   check_parity("Adadelta", dict({{"lr", 0.5}}));
   check_parity("RMSprop", dict({{"lr", 0.01}}));
   check_parity("Adamax", dict({{"lr", 0.05}}));
@@ -184,9 +200,11 @@ TEST(RpcTest, ParametersWithoutGradientsAreUntouchedAndContextsAreReleased) {
     if (w.rank == 0) {
       Model model;
       std::vector<RemoteRef> refs;
-      for (size_t i = 0; i < model.init.size(); ++i) refs.push_back(*remote_parameter(w.agent, model.owners[i], model.init[i]));
+      for (size_t i = 0; i < model.init.size(); ++i)
+        refs.push_back(*remote_parameter(w.agent, model.owners[i], model.init[i]));
       // From the LibTorch optimizer type, through the registry's twin.
-      auto opt = DistributedOptimizer::create<torch::optim::Adam>(w.agent, torch::optim::AdamOptions(0.1), refs);
+      auto opt = DistributedOptimizer::create<torch::optim::Adam>(
+          w.agent, torch::optim::AdamOptions(0.1), refs);
       ASSERT_TRUE(opt.ok()) << opt.status();
       {
         GradientContext ctx(w.agent);
@@ -196,7 +214,9 @@ TEST(RpcTest, ParametersWithoutGradientsAreUntouchedAndContextsAreReleased) {
         EXPECT_TRUE(to_here(w.agent, refs[1])->equal(model.init[1]));
         EXPECT_TRUE(to_here(w.agent, refs[2])->equal(model.init[2]));
         // Gradients accumulate within a context: a second push adds.
-        ASSERT_TRUE(ctx.send({refs[1], refs[1]}, {torch::ones({3, 2}, torch::kDouble), torch::ones({3, 2}, torch::kDouble)}).ok());
+        ASSERT_TRUE(ctx.send({refs[1], refs[1]}, {torch::ones({3, 2}, torch::kDouble),
+                                                  torch::ones({3, 2}, torch::kDouble)})
+                        .ok());
         ASSERT_TRUE(ctx.release().ok());
       }
       // A shape that does not match the owner's parameter is the owner's error, named.
@@ -218,20 +238,26 @@ class FailingOptimizer : public optim::FunctionalSGD {
 
  protected:
   void update(size_t, const at::Tensor&) override { TORCH_CHECK(false, "Failing.step exploded"); }
-  void update_all(const std::vector<at::Tensor>&) override { TORCH_CHECK(false, "Failing.step exploded"); }
+  void update_all(const std::vector<at::Tensor>&) override {
+    TORCH_CHECK(false, "Failing.step exploded");
+  }
 };
 
 TEST(RpcTest, ErrorsFromConstructionAndStepReachTheCaller) {
-  optim::FunctionalRegistry::global().register_optimizer("Failing", [](std::vector<at::Tensor> p, const optim::OptionsDict& o) {
-    return std::unique_ptr<optim::FunctionalOptimizer>(std::make_unique<FailingOptimizer>(std::move(p), o));
-  });
+  optim::FunctionalRegistry::global().register_optimizer(
+      "Failing", [](std::vector<at::Tensor> p, const optim::OptionsDict& o) {
+        return std::unique_ptr<optim::FunctionalOptimizer>(
+            std::make_unique<FailingOptimizer>(std::move(p), o));
+      });
   run_workers({"trainer", "ps1", "ps2"}, [](Worker& w) {
     if (w.rank != 0) return;
     Model model;
     std::vector<RemoteRef> refs;
-    for (size_t i = 0; i < model.init.size(); ++i) refs.push_back(*remote_parameter(w.agent, model.owners[i], model.init[i]));
+    for (size_t i = 0; i < model.init.size(); ++i)
+      refs.push_back(*remote_parameter(w.agent, model.owners[i], model.init[i]));
     auto unknown = DistributedOptimizer::create(w.agent, "NoSuchOptimizer", dict({}), refs);
-    EXPECT_THAT(std::string(unknown.status().message()), HasSubstr("creating NoSuchOptimizer on 'ps1' failed"));
+    EXPECT_THAT(std::string(unknown.status().message()),
+                HasSubstr("creating NoSuchOptimizer on 'ps1' failed"));
     EXPECT_THAT(std::string(unknown.status().message()), HasSubstr("NoSuchOptimizer"));
     auto negative = DistributedOptimizer::create(w.agent, "Adam", dict({{"lr", -1.0}}), refs);
     EXPECT_THAT(std::string(negative.status().message()), HasSubstr("Invalid learning rate: -1"));
@@ -251,18 +277,22 @@ TEST(RpcTest, ErrorsFromConstructionAndStepReachTheCaller) {
 class ScaledSGD : public optim::FunctionalSGD {
  public:
   ScaledSGD(std::vector<at::Tensor> params, const optim::OptionsDict& o)
-      : optim::FunctionalSGD(std::move(params), optim::SGDOptions(o.at("lr").toDouble() * o.at("scale").toDouble())) {}
+      : optim::FunctionalSGD(std::move(params),
+                             optim::SGDOptions(o.at("lr").toDouble() * o.at("scale").toDouble())) {}
   std::string name() const override { return "ScaledSGD"; }
 };
 
 TEST(RpcTest, UserRegisteredOptimizerWorksRemotely) {
-  optim::FunctionalRegistry::global().register_optimizer("ScaledSGD", [](std::vector<at::Tensor> p, const optim::OptionsDict& o) {
-    return std::unique_ptr<optim::FunctionalOptimizer>(std::make_unique<ScaledSGD>(std::move(p), o));
-  });
+  optim::FunctionalRegistry::global().register_optimizer(
+      "ScaledSGD", [](std::vector<at::Tensor> p, const optim::OptionsDict& o) {
+        return std::unique_ptr<optim::FunctionalOptimizer>(
+            std::make_unique<ScaledSGD>(std::move(p), o));
+      });
   run_workers({"trainer", "ps1"}, [](Worker& w) {
     if (w.rank != 0) return;
     RemoteRef p = *remote_parameter(w.agent, "ps1", torch::ones({3}));
-    auto opt = DistributedOptimizer::create(w.agent, "ScaledSGD", dict({{"lr", 0.5}, {"scale", 4.0}}), {p});
+    auto opt = DistributedOptimizer::create(w.agent, "ScaledSGD",
+                                            dict({{"lr", 0.5}, {"scale", 4.0}}), {p});
     ASSERT_TRUE(opt.ok()) << opt.status();
     GradientContext ctx(w.agent);
     ASSERT_TRUE(ctx.send({p}, {torch::full({3}, 0.25)}).ok());
@@ -290,12 +320,14 @@ TEST(RpcTest, ConcurrentClientsGiveTheResultOfSomeSerialOrder) {
         created = true;
         while (ready.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
-        EXPECT_TRUE(w.owner.local(shared[0].id).allclose(ab, 1e-12) || w.owner.local(shared[0].id).allclose(ba, 1e-12))
+        EXPECT_TRUE(w.owner.local(shared[0].id).allclose(ab, 1e-12) ||
+                    w.owner.local(shared[0].id).allclose(ba, 1e-12))
             << "round " << round;
         return;
       }
       while (!created) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      auto opt = DistributedOptimizer::create(w.agent, "SGD", dict({{"lr", lr}, {"weight_decay", wd}}), shared);
+      auto opt = DistributedOptimizer::create(w.agent, "SGD",
+                                              dict({{"lr", lr}, {"weight_decay", wd}}), shared);
       ASSERT_TRUE(opt.ok()) << opt.status();
       GradientContext ctx(w.agent);
       ASSERT_TRUE(ctx.send(shared, {w.rank == 1 ? ga : gb}).ok());
@@ -308,14 +340,18 @@ TEST(RpcTest, ConcurrentClientsGiveTheResultOfSomeSerialOrder) {
 }
 
 TEST(RpcTest, AnOwnerThatDoesNotAnswerFailsTheStepWithinTheTimeout) {
-  optim::FunctionalRegistry::global().register_optimizer("Sleepy", [](std::vector<at::Tensor> p, const optim::OptionsDict&) {
-    struct Sleepy : optim::FunctionalSGD {
-      explicit Sleepy(std::vector<at::Tensor> p) : optim::FunctionalSGD(std::move(p), optim::SGDOptions(0.1)) {}
-      std::string name() const override { return "Sleepy"; }
-      void update_all(const std::vector<at::Tensor>&) override { std::this_thread::sleep_for(std::chrono::seconds(4)); }
-    };
-    return std::unique_ptr<optim::FunctionalOptimizer>(std::make_unique<Sleepy>(std::move(p)));
-  });
+  optim::FunctionalRegistry::global().register_optimizer(
+      "Sleepy", [](std::vector<at::Tensor> p, const optim::OptionsDict&) {
+        struct Sleepy : optim::FunctionalSGD {
+          explicit Sleepy(std::vector<at::Tensor> p)
+              : optim::FunctionalSGD(std::move(p), optim::SGDOptions(0.1)) {}
+          std::string name() const override { return "Sleepy"; }
+          void update_all(const std::vector<at::Tensor>&) override {
+            std::this_thread::sleep_for(std::chrono::seconds(4));
+          }
+        };
+        return std::unique_ptr<optim::FunctionalOptimizer>(std::make_unique<Sleepy>(std::move(p)));
+      });
   run_workers(
       {"trainer", "ps1"},
       [](Worker& w) {
@@ -327,11 +363,13 @@ TEST(RpcTest, AnOwnerThatDoesNotAnswerFailsTheStepWithinTheTimeout) {
         ASSERT_TRUE(ctx.send({p}, {torch::ones({3})}).ok());
         const auto t0 = std::chrono::steady_clock::now();
         absl::Status s = (*opt)->step(ctx.id());
-        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const double seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
         EXPECT_THAT(std::string(s.message()), HasSubstr("'ps1'"));
         EXPECT_LT(seconds, 3.0);
-        std::this_thread::sleep_for(std::chrono::seconds(3));  // let the owner finish before shutdown
+        std::this_thread::sleep_for(
+            std::chrono::seconds(3));  // let the owner finish before shutdown
       },
       std::chrono::seconds(1));
 }
@@ -365,7 +403,8 @@ TEST(RpcTest, ADeadOwnerFailsTheStepWithinTheTimeout) {
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
     const auto t0 = std::chrono::steady_clock::now();
     absl::Status s = (*opt)->step(ctx.id());
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     EXPECT_FALSE(s.ok());
     EXPECT_THAT(std::string(s.message()), HasSubstr("'ps1'"));
     EXPECT_LT(seconds, 6.0);

@@ -69,21 +69,25 @@ int run(int rank) {
     // Forward pass.
     rref1 = check(remote(*agent, "worker1", "torch.add", {torch::ones({2}), 3}));
     rref2 = check(remote(*agent, "worker1", "torch.add", {torch::ones({2}), 1}));
-    torch::Tensor loss = check(dist_autograd::to_here(context, rref1)) + check(dist_autograd::to_here(context, rref2));
+    torch::Tensor loss = check(dist_autograd::to_here(context, rref1)) +
+                         check(dist_autograd::to_here(context, rref2));
     // Backward pass.
     check(dist_autograd::backward(context, {loss.sum()}));
     // Optimizer.
     std::unique_ptr<DistributedOptimizer> dist_optim =
-        check(DistributedOptimizer::create<torch::optim::SGD>(*agent, torch::optim::SGDOptions(0.05), {rref1, rref2}));
+        check(DistributedOptimizer::create<torch::optim::SGD>(
+            *agent, torch::optim::SGDOptions(0.05), {rref1, rref2}));
     check(dist_optim->step(context.id()));
     std::printf("worker0: rref1.to_here() = %s, rref2.to_here() = %s after the step\n",
-                values(check(to_here(*agent, rref1))).c_str(), values(check(to_here(*agent, rref2))).c_str());
+                values(check(to_here(*agent, rref1))).c_str(),
+                values(check(to_here(*agent, rref2))).c_str());
     std::fflush(stdout);
   }
   check(agent->shutdown());  // worker1 waits here until worker0 is done
   if (rank == 1) {
     // The values rpc.remote created here, in creation order (ids 1 and 2).
-    std::printf("worker1: rref1 = %s, rref2 = %s\n", values(owner.local(1)).c_str(), values(owner.local(2)).c_str());
+    std::printf("worker1: rref1 = %s, rref2 = %s\n", values(owner.local(1)).c_str(),
+                values(owner.local(2)).c_str());
     std::fflush(stdout);
   }
   return 0;
@@ -94,7 +98,8 @@ int run(int rank) {
 int main(int argc, char** argv) {
   const char* rank_env = std::getenv("RANK");
   if (rank_env == nullptr) {
-    ::setenv("GLOG_minloglevel", "2", /*overwrite=*/0);  // TensorPipe's per-connection shutdown warnings
+    ::setenv("GLOG_minloglevel", "2",
+             /*overwrite=*/0);  // TensorPipe's per-connection shutdown warnings
     dtrain::comm::LaunchOptions o;
     o.nproc_per_node = 2;
     std::vector<std::string> args = {"/proc/self/exe"};
@@ -103,9 +108,11 @@ int main(int argc, char** argv) {
   }
   int rank = -1;
   const char* world = std::getenv("WORLD_SIZE");
-  if (!absl::SimpleAtoi(rank_env, &rank) || rank < 0 || rank > 1 || world == nullptr || std::string(world) != "2") {
+  if (!absl::SimpleAtoi(rank_env, &rank) || rank < 0 || rank > 1 || world == nullptr ||
+      std::string(world) != "2") {
     die(std::string("RANK=") + rank_env + " WORLD_SIZE=" + (world ? world : "(unset)") +
-        " is not a rank of this example: it needs RANK 0 (worker0) or 1 (worker1) and WORLD_SIZE=2; run it "
+        " is not a rank of this example: it needs RANK 0 (worker0) or 1 (worker1) and "
+        "WORLD_SIZE=2; run it "
         "without RANK to launch both");
   }
   return run(rank);

@@ -30,10 +30,11 @@ struct Worker {
 
 // Runs one thread per name, each with its own agent, a ParameterOwner and `extra` handlers; fn
 // runs between creation and the collective shutdown.
-inline void run_workers(const std::vector<std::string>& names, const std::function<void(Worker&)>& fn,
-                        std::chrono::milliseconds timeout = std::chrono::seconds(30),
-                        const std::function<void(int, Handlers&)>& extra = nullptr,
-                        c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::HashStore>()) {
+inline void run_workers(
+    const std::vector<std::string>& names, const std::function<void(Worker&)>& fn,
+    std::chrono::milliseconds timeout = std::chrono::seconds(30),
+    const std::function<void(int, Handlers&)>& extra = nullptr,
+    c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::HashStore>()) {
   std::vector<std::thread> threads;
   for (int rank = 0; rank < static_cast<int>(names.size()); ++rank) {
     threads.emplace_back([&, rank] {

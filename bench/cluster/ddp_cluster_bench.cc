@@ -54,7 +54,8 @@ int64_t tx_bytes() {
   std::string line;
   while (std::getline(dev, line)) {
     const auto colon = line.find(':');
-    if (colon == std::string::npos || line.substr(0, colon).find("eth0") == std::string::npos) continue;
+    if (colon == std::string::npos || line.substr(0, colon).find("eth0") == std::string::npos)
+      continue;
     std::istringstream fields(line.substr(colon + 1));
     int64_t v = 0;
     for (int i = 0; i < 9 && (fields >> v); ++i) {
@@ -77,7 +78,8 @@ Row timed(const comm::Group& g, int iters, F&& iteration) {
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < iters; ++i) iteration();
   g->barrier()->wait();  // every rank done: the slowest rank's time
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   return {ms / iters, (tx_bytes() - tx0) / iters};
 }
 
@@ -103,7 +105,9 @@ Row run_mode(const std::string& mode, const comm::Group& g, int iters, int batch
   if (mode == "allreduce") {
     std::vector<torch::Tensor> grads;
     for (const auto& p : mlp->parameters()) grads.push_back(torch::randn_like(p));
-    return timed(g, iters, [&] { comm::all_reduce_coalesced(g, grads, c10d::ReduceOp::SUM, 25 << 20).wait(); });
+    return timed(g, iters, [&] {
+      comm::all_reduce_coalesced(g, grads, c10d::ReduceOp::SUM, 25 << 20).wait();
+    });
   }
   const bool zero1 = mode == "zero1", zero2 = mode == "zero2";
   ddp_hooks::DDPOptions o;
@@ -122,7 +126,8 @@ Row run_mode(const std::string& mode, const comm::Group& g, int iters, int batch
   zo.parameters_as_bucket_view = true;
   zo.shard_gradients = zero2;
   optim::ZeroRedundancyOptimizer zero(
-      mlp->parameters(), optim::local_optimizer<optim::FunctionalOptimizerAdapter>("Adam", {{"lr", 1e-4}}), zo);
+      mlp->parameters(),
+      optim::local_optimizer<optim::FunctionalOptimizerAdapter>("Adam", {{"lr", 1e-4}}), zo);
   if (zero2) ddp.register_comm_hook(ddp_hooks::hook_with_zero2(ddp, zero));
   return timed(g, iters, [&] {
     zero.zero_grad();
@@ -141,11 +146,14 @@ int main_impl(int argc, char** argv) {
     std::fprintf(stderr, "ddp_cluster_bench: %s\n", std::string(g.status().message()).c_str());
     return 1;
   }
-  for (const std::string& mode : absl::StrSplit(absl::GetFlag(FLAGS_modes), ',', absl::SkipEmpty())) {
+  for (const std::string& mode :
+       absl::StrSplit(absl::GetFlag(FLAGS_modes), ',', absl::SkipEmpty())) {
     const Row r = run_mode(mode, *g, absl::GetFlag(FLAGS_iters), absl::GetFlag(FLAGS_batch));
     if (g->rank() == 0) {
-      std::printf("{\"impl\": \"dtrain\", \"mode\": \"%s\", \"world\": %d, \"ms\": %.2f, \"tx_bytes\": %lld}\n",
-                  mode.c_str(), g->size(), r.ms, static_cast<long long>(r.tx));
+      std::printf(
+          "{\"impl\": \"dtrain\", \"mode\": \"%s\", \"world\": %d, \"ms\": %.2f, \"tx_bytes\": "
+          "%lld}\n",
+          mode.c_str(), g->size(), r.ms, static_cast<long long>(r.tx));
       std::fflush(stdout);
     }
   }

@@ -25,11 +25,15 @@ int main() {
   dtrain::optim::ZeroOptions options;
   options.group = *world;
   dtrain::optim::ZeroRedundancyOptimizer opt(
-      std::vector<at::Tensor>{p}, dtrain::optim::local_optimizer<dtrain::optim::FunctionalOptimizerAdapter>("Adam", {{"lr", 0.1}}),
+      std::vector<at::Tensor>{p},
+      dtrain::optim::local_optimizer<dtrain::optim::FunctionalOptimizerAdapter>("Adam",
+                                                                                {{"lr", 0.1}}),
       options);
   p.mutable_grad() = at::full({4, 3}, 2.0);
   opt.step();
   const double change = (at::ones({4, 3}) - p.detach()).abs().max().item<double>();
-  std::printf("dtrain as a module: ZeRO(Adam) moved the parameter by %.6f (Adam's first step: lr = 0.1)\n", change);
+  std::printf(
+      "dtrain as a module: ZeRO(Adam) moved the parameter by %.6f (Adam's first step: lr = 0.1)\n",
+      change);
   return std::abs(change - 0.1) < 1e-5 ? 0 : 1;
 }

@@ -53,8 +53,8 @@ struct DescriptorDefaults {
   // Checks, before any update, that a parameter's existing state has what the options (and the
   // parameter, for Adafactor) need.
   template <typename Options>
-  static void require_state(const std::string& optimizer, const ParamState&, const at::Tensor& param, size_t index,
-                            const Options&) {}
+  static void require_state(const std::string& optimizer, const ParamState&,
+                            const at::Tensor& param, size_t index, const Options&) {}
   // Whether the update is elementwise and has a fused kernel; false: aten() for every parameter.
   static constexpr bool kFused = true;
   // Slots that are 0-dim scalars (created float32 on the CPU, as PyTorch's), not elementwise state:
@@ -91,18 +91,21 @@ struct CudaBatch {
   at::ScalarType dtype = at::kFloat;
   bool first = false;  // kCudaBatchByFirst: every parameter's state is new
   std::vector<at::Tensor> params, grads;
-  std::array<std::vector<at::Tensor>, 4> slots;  // the kernel's slots (cuda_slots), each parallel to params
-  std::vector<at::Tensor> steps;                 // each parameter's ParamState::device_step
-  std::vector<int64_t> step_counts;              // each parameter's step, host side (foreach paths' scalars)
-  std::vector<at::Tensor> stale_steps;           // device steps one behind: incremented before the call
+  std::array<std::vector<at::Tensor>, 4>
+      slots;                            // the kernel's slots (cuda_slots), each parallel to params
+  std::vector<at::Tensor> steps;        // each parameter's ParamState::device_step
+  std::vector<int64_t> step_counts;     // each parameter's step, host side (foreach paths' scalars)
+  std::vector<at::Tensor> stale_steps;  // device steps one behind: incremented before the call
 };
 
 // Makes s.device_step hold s.step, which prepare() has just counted: a step tensor one behind is
 // queued in `stale` for the batch's increment (PyTorch's _foreach_add_(state_steps, 1)); any other
 // (none yet, loaded state, an ATen-path step in between) is rebuilt from the host counter, without
 // reading the device.
-inline const at::Tensor& device_step(ParamState& s, const at::Tensor& p, std::vector<at::Tensor>& stale) {
-  if (s.device_step.defined() && s.device_step.device() == p.device() && s.device_step_value == s.step - 1) {
+inline const at::Tensor& device_step(ParamState& s, const at::Tensor& p,
+                                     std::vector<at::Tensor>& stale) {
+  if (s.device_step.defined() && s.device_step.device() == p.device() &&
+      s.device_step_value == s.step - 1) {
     stale.push_back(s.device_step);
   } else {
     s.device_step = at::scalar_tensor(static_cast<double>(s.step), p.options().dtype(at::kFloat));
@@ -111,7 +114,9 @@ inline const at::Tensor& device_step(ParamState& s, const at::Tensor& p, std::ve
   return s.device_step;
 }
 
-inline at::Tensor zeros_like_param(const at::Tensor& p) { return at::zeros_like(p, at::MemoryFormat::Preserve); }
+inline at::Tensor zeros_like_param(const at::Tensor& p) {
+  return at::zeros_like(p, at::MemoryFormat::Preserve);
+}
 
 // Lazy state, as PyTorch's: on a parameter's first update, step 0 and the slots marked in
 // `zeroed` filled with zeros; then step += 1. Returns whether this was the first update.
@@ -137,20 +142,22 @@ inline T lerp(T start, T end, T w) {
 
 // PyTorch reads state[key] unconditionally once a parameter has state, so switching `option` on
 // after the first step raises KeyError there; the same, as a message that says what to do.
-inline void require_slot(const ParamState& s, size_t slot, size_t index, const std::string& optimizer,
-                         const char* option, const char* key) {
-  TORCH_CHECK(!s.initialized || s.slots[slot].defined(), optimizer, ": ", option, " needs the state '", key,
-              "', which parameter ", index, " does not have: ", option, " was switched on after its first step "
-              "(or the loaded state dict has no '", key, "'). PyTorch raises KeyError: '", key,
-              "' here too; set ", option, " before the first step");
+inline void require_slot(const ParamState& s, size_t slot, size_t index,
+                         const std::string& optimizer, const char* option, const char* key) {
+  TORCH_CHECK(!s.initialized || s.slots[slot].defined(), optimizer, ": ", option,
+              " needs the state '", key, "', which parameter ", index, " does not have: ", option,
+              " was switched on after its first step "
+              "(or the loaded state dict has no '",
+              key, "'). PyTorch raises KeyError: '", key, "' here too; set ", option,
+              " before the first step");
 }
 
 // The same kernel compiled for AVX2 (chosen at run time on CPUs that have it): every call inside is
 // inlined into this function, so the loops are vectorised 8 floats wide instead of SSE2's 4. No FMA
 // (a multiply-add stays two roundings), so results are bit-identical to the baseline kernel's.
 template <typename Traits, typename T, typename Options>
-__attribute__((target("avx2"), flatten)) void kernel_avx2(const FusedTensor<T>& t, int64_t lo, int64_t hi,
-                                                          const Options& o) {
+__attribute__((target("avx2"), flatten)) void kernel_avx2(const FusedTensor<T>& t, int64_t lo,
+                                                          int64_t hi, const Options& o) {
   Traits::template kernel<T>(t, lo, hi, o);
 }
 
@@ -291,13 +298,16 @@ void drive(const std::string& name, std::vector<at::Tensor>& params, std::vector
 namespace dtrain::optim {
 
 template <typename Options>
-TypedFunctionalOptimizer<Options>::TypedFunctionalOptimizer(std::vector<at::Tensor> params, Options options,
+TypedFunctionalOptimizer<Options>::TypedFunctionalOptimizer(std::vector<at::Tensor> params,
+                                                            Options options,
                                                             bool allow_empty_param_list)
     : FunctionalOptimizer(std::move(params)), options_(std::move(options)) {
   option_table().validate(options_);
-  TORCH_CHECK(!params_.empty() || allow_empty_param_list, name(), ": optimizer got an empty parameter list "
-              "(pass allow_empty_param_list = true, PyTorch's _allow_empty_param_list=True, where an empty "
-              "list is expected, e.g. a ZeroRedundancyOptimizer rank that owns no parameter)");
+  TORCH_CHECK(
+      !params_.empty() || allow_empty_param_list, name(),
+      ": optimizer got an empty parameter list "
+      "(pass allow_empty_param_list = true, PyTorch's _allow_empty_param_list=True, where an empty "
+      "list is expected, e.g. a ZeroRedundancyOptimizer rank that owns no parameter)");
   using D = internal::Descriptor<Options>;
   D::check_params(name(), params_);
   if constexpr (D::kStateAtConstruction) {
@@ -307,7 +317,8 @@ TypedFunctionalOptimizer<Options>::TypedFunctionalOptimizer(std::vector<at::Tens
 
 template <typename Options>
 const OptionTable<Options>& TypedFunctionalOptimizer<Options>::option_table() {
-  static const OptionTable<Options>* table = new OptionTable<Options>(internal::Descriptor<Options>::options());
+  static const OptionTable<Options>* table =
+      new OptionTable<Options>(internal::Descriptor<Options>::options());
   return *table;
 }
 
@@ -318,7 +329,8 @@ bool TypedFunctionalOptimizer<Options>::needs_whole_parameters() {
 
 template <typename Options>
 void TypedFunctionalOptimizer<Options>::update(size_t index, const at::Tensor& grad) {
-  internal::drive<internal::Descriptor<Options>>(name(), params_, state_, options_, {{index, grad}});
+  internal::drive<internal::Descriptor<Options>>(name(), params_, state_, options_,
+                                                 {{index, grad}});
 }
 
 template <typename Options>
@@ -346,7 +358,8 @@ bool TypedFunctionalOptimizer<Options>::none_for_undefined_slots() const {
 }
 
 template <typename Options>
-std::vector<int64_t> TypedFunctionalOptimizer<Options>::slot_shape(size_t slot, const at::Tensor& param) const {
+std::vector<int64_t> TypedFunctionalOptimizer<Options>::slot_shape(size_t slot,
+                                                                   const at::Tensor& param) const {
   using D = internal::Descriptor<Options>;
   return D::template slot_shape_of<D>(slot, param);
 }

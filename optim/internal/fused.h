@@ -60,13 +60,15 @@ constexpr int64_t kFusedGrain = int64_t{1} << 16;
 
 // True when the fused path can run on `param` with `grad` and the (defined) slots: CPU, float or
 // double, everything contiguous.
-bool fusable(const at::Tensor& param, const at::Tensor& grad, const std::array<at::Tensor, 4>& slots);
+bool fusable(const at::Tensor& param, const at::Tensor& grad,
+             const std::array<at::Tensor, 4>& slots);
 
 // True when ATen's fused CUDA kernels can take `param` with `grad` and the (defined) slots: a
 // non-empty CUDA parameter of a dtype they dispatch (float, double, half, bfloat16), every tensor
 // strided, non-overlapping and dense, with the parameter's dtype, device, sizes and strides (the
 // kernels' check_fast_path_restrictions, which they enforce with an error).
-bool cuda_fusable(const at::Tensor& param, const at::Tensor& grad, const std::array<at::Tensor, 4>& slots);
+bool cuda_fusable(const at::Tensor& param, const at::Tensor& grad,
+                  const std::array<at::Tensor, 4>& slots);
 
 // Calls kernel(tensor, begin, end) over [begin, end) element ranges that together cover every
 // element of every tensor exactly once, in parallel (at::parallel_for).
@@ -76,7 +78,9 @@ void for_each_range(const std::vector<FusedTensor<T>>& tensors, const Kernel& ke
   std::vector<int64_t> start(tensors.size() + 1, 0);
   for (size_t i = 0; i < tensors.size(); ++i) start[i + 1] = start[i] + tensors[i].n;
   at::parallel_for(0, start.back(), kFusedGrain, [&](int64_t begin, int64_t end) {
-    size_t t = static_cast<size_t>(std::upper_bound(start.begin(), start.end(), begin) - start.begin()) - 1;
+    size_t t =
+        static_cast<size_t>(std::upper_bound(start.begin(), start.end(), begin) - start.begin()) -
+        1;
     for (; t < tensors.size() && start[t] < end; ++t) {
       const int64_t lo = std::max(begin, start[t]) - start[t];
       const int64_t hi = std::min(end, start[t + 1]) - start[t];

@@ -7,7 +7,8 @@
 
 namespace dtrain::optim::internal {
 
-FlatLayout::FlatLayout(const std::vector<std::vector<at::Tensor>>& groups, comm::Group group, int64_t alignment)
+FlatLayout::FlatLayout(const std::vector<std::vector<at::Tensor>>& groups, comm::Group group,
+                       int64_t alignment)
     : ZeroLayout(groups, std::move(group)) {
   std::vector<int64_t> numels;
   std::vector<size_t> group_of;
@@ -15,13 +16,15 @@ FlatLayout::FlatLayout(const std::vector<std::vector<at::Tensor>>& groups, comm:
     numels.insert(numels.end(), group_sizes_[g].begin(), group_sizes_[g].end());
     group_of.insert(group_of.end(), group_sizes_[g].size(), g);
   }
-  absl::StatusOr<partition::FlatPartition> fp = partition::flat_partition(numels, world_size(), alignment);
+  absl::StatusOr<partition::FlatPartition> fp =
+      partition::flat_partition(numels, world_size(), alignment);
   TORCH_CHECK(fp.ok(), "ZeroRedundancyOptimizer: ", fp.status().message());
   ranges_ = fp->ranges;
   // The whole-parameter view, for introspection: a parameter belongs to the rank holding its
   // first element.
   partition_.world_size = world_size();
-  partition_.params_per_rank.assign(world_size(), std::vector<std::vector<int64_t>>(group_sizes_.size()));
+  partition_.params_per_rank.assign(world_size(),
+                                    std::vector<std::vector<int64_t>>(group_sizes_.size()));
   partition_.owner.assign(numels.size(), -1);
   partition_.numel_per_rank.assign(world_size(), 0);
   for (int r = 0; r < world_size(); ++r) partition_.numel_per_rank[r] = ranges_[r].size();
@@ -36,10 +39,12 @@ FlatLayout::FlatLayout(const std::vector<std::vector<at::Tensor>>& groups, comm:
   // This rank's pieces, grouped by parameter group (flat order within a group).
   std::vector<std::pair<LocalEntry, int64_t>> pieces;
   for (const auto& s : fp->slices[rank()]) {
-    pieces.push_back({LocalEntry{s.param_index, {s.begin, s.end}, group_of[s.param_index], /*slice=*/true},
-                      s.flat_offset});
+    pieces.push_back(
+        {LocalEntry{s.param_index, {s.begin, s.end}, group_of[s.param_index], /*slice=*/true},
+         s.flat_offset});
   }
-  std::stable_sort(pieces.begin(), pieces.end(), [](const auto& a, const auto& b) { return a.first.group < b.first.group; });
+  std::stable_sort(pieces.begin(), pieces.end(),
+                   [](const auto& a, const auto& b) { return a.first.group < b.first.group; });
   // Every parameter becomes a view of one buffer.
   int64_t total = 0;
   for (const auto& p : params_) {
@@ -68,7 +73,8 @@ std::vector<at::Tensor> FlatLayout::local_tensors(size_t group) const {
   return out;
 }
 
-at::Tensor FlatLayout::step_and_sync(torch::optim::Optimizer& local, torch::optim::Optimizer::LossClosure closure) {
+at::Tensor FlatLayout::step_and_sync(torch::optim::Optimizer& local,
+                                     torch::optim::Optimizer::LossClosure closure) {
   at::Tensor loss = evaluate_closure(closure);
   // Each piece's gradient is the matching slice of its parameter's gradient (a view when the
   // gradient is contiguous); frozen or unused parameters leave their pieces without one.
@@ -94,8 +100,11 @@ at::Tensor FlatLayout::step_and_sync(torch::optim::Optimizer& local, torch::opti
 }
 
 void FlatLayout::check_can_add_group() const {
-  TORCH_CHECK(false, "add_param_group is not supported with PartitionStrategy::kFlat yet (the flat buffer and every "
-              "rank's range would move); create the optimizer with all groups, or use kSortedGreedy");
+  TORCH_CHECK(
+      false,
+      "add_param_group is not supported with PartitionStrategy::kFlat yet (the flat buffer and "
+      "every "
+      "rank's range would move); create the optimizer with all groups, or use kSortedGreedy");
 }
 
 void FlatLayout::add_group(const std::vector<at::Tensor>&) { check_can_add_group(); }

@@ -7,11 +7,15 @@
 
 namespace dtrain::optim::internal {
 
-GradShardLayout::GradShardLayout(const std::vector<std::vector<at::Tensor>>& groups, comm::Group group,
-                                 const std::vector<std::vector<int64_t>>& buckets, int64_t alignment)
+GradShardLayout::GradShardLayout(const std::vector<std::vector<at::Tensor>>& groups,
+                                 comm::Group group,
+                                 const std::vector<std::vector<int64_t>>& buckets,
+                                 int64_t alignment)
     : ZeroLayout(groups, std::move(group)) {
-  TORCH_CHECK(group_sizes_.size() == 1, "ZeroRedundancyOptimizer with shard_gradients supports a single parameter "
-              "group, got ", group_sizes_.size());
+  TORCH_CHECK(group_sizes_.size() == 1,
+              "ZeroRedundancyOptimizer with shard_gradients supports a single parameter "
+              "group, got ",
+              group_sizes_.size());
   TORCH_CHECK(alignment >= 1, "flat_alignment must be at least 1 element, got ", alignment);
   const int n = world_size();
   const auto count = static_cast<int64_t>(params_.size());
@@ -25,8 +29,10 @@ GradShardLayout::GradShardLayout(const std::vector<std::vector<at::Tensor>>& gro
     Segment seg;
     std::vector<int64_t> numels;
     for (int64_t i : bucket) {
-      TORCH_CHECK(i >= 0 && i < count, "ZeRO-2 buckets: parameter index ", i, " out of range [0, ", count, ")");
-      TORCH_CHECK(offsets_[static_cast<size_t>(i)] < 0, "ZeRO-2 buckets: parameter ", i, " is in two buckets");
+      TORCH_CHECK(i >= 0 && i < count, "ZeRO-2 buckets: parameter index ", i, " out of range [0, ",
+                  count, ")");
+      TORCH_CHECK(offsets_[static_cast<size_t>(i)] < 0, "ZeRO-2 buckets: parameter ", i,
+                  " is in two buckets");
       offsets_[static_cast<size_t>(i)] = offset + seg.numel;
       seg.numel += params_[static_cast<size_t>(i)].numel();
       numels.push_back(params_[static_cast<size_t>(i)].numel());
@@ -36,7 +42,8 @@ GradShardLayout::GradShardLayout(const std::vector<std::vector<at::Tensor>>& gro
     seg.chunk = (seg.chunk + alignment - 1) / alignment * alignment;
     seg.shard_offset = shard;
     for (int r = 0; r < n; ++r) {
-      const partition::Range range{std::min(seg.numel, r * seg.chunk), std::min(seg.numel, (r + 1) * seg.chunk)};
+      const partition::Range range{std::min(seg.numel, r * seg.chunk),
+                                   std::min(seg.numel, (r + 1) * seg.chunk)};
       partition_.numel_per_rank[r] += range.size();
       for (const partition::ParamSlice& s : partition::slices_in_range(numels, range)) {
         const int64_t param = bucket[static_cast<size_t>(s.param_index)];
@@ -55,7 +62,8 @@ GradShardLayout::GradShardLayout(const std::vector<std::vector<at::Tensor>>& gro
     segments_.push_back(std::move(seg));
   }
   for (size_t i = 0; i < params_.size(); ++i) {
-    TORCH_CHECK(offsets_[i] >= 0, "ZeRO-2 buckets: parameter ", i, " is in no bucket; DDP must reduce every "
+    TORCH_CHECK(offsets_[i] >= 0, "ZeRO-2 buckets: parameter ", i,
+                " is in no bucket; DDP must reduce every "
                 "parameter of the optimizer");
   }
   // Every parameter becomes a view of its bucket's segment; padding stays zero.
@@ -96,7 +104,8 @@ at::Tensor GradShardLayout::step_and_sync(torch::optim::Optimizer& local,
                                           torch::optim::Optimizer::LossClosure closure) {
   at::Tensor loss = evaluate_closure(closure);
   auto* adapter = dynamic_cast<FunctionalOptimizerAdapter*>(&local);
-  TORCH_CHECK(adapter != nullptr, "ZeroRedundancyOptimizer with shard_gradients needs a functional local optimizer");
+  TORCH_CHECK(adapter != nullptr,
+              "ZeroRedundancyOptimizer with shard_gradients needs a functional local optimizer");
   c10::NoGradGuard no_grad;
   comm::C10dGroup& pg = *group_.pg();
   Works works;
@@ -121,8 +130,11 @@ at::Tensor GradShardLayout::step_and_sync(torch::optim::Optimizer& local,
 }
 
 void GradShardLayout::check_can_add_group() const {
-  TORCH_CHECK(false, "add_param_group is not supported with shard_gradients (ZeRO-2): its ranges follow DDP's "
-              "buckets, which cover every parameter DDP reduces; create the optimizer over DDP's parameters");
+  TORCH_CHECK(
+      false,
+      "add_param_group is not supported with shard_gradients (ZeRO-2): its ranges follow DDP's "
+      "buckets, which cover every parameter DDP reduces; create the optimizer over DDP's "
+      "parameters");
 }
 
 c10::IValue GradShardLayout::consolidation_part(const c10::IValue& local_state_dict) const {

@@ -43,7 +43,8 @@ int64_t ZeroLayout::gradient_bytes() const {
 }
 
 at::Tensor ZeroLayout::clip_grad_norm_(double max_norm, double norm_type, bool error_if_nonfinite) {
-  TORCH_CHECK(norm_type > 0, "clip_grad_norm_: norm_type must be positive or infinity, got ", norm_type);
+  TORCH_CHECK(norm_type > 0, "clip_grad_norm_: norm_type must be positive or infinity, got ",
+              norm_type);
   const bool inf = std::isinf(norm_type);
   const std::vector<at::Tensor> grads = gradients();
   c10::NoGradGuard no_grad;
@@ -52,7 +53,8 @@ at::Tensor ZeroLayout::clip_grad_norm_(double max_norm, double norm_type, bool e
   const c10::Device device = grads.empty() ? params().at(0).device() : grads.front().device();
   at::Tensor local = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device));
   for (const at::Tensor& g : grads) {
-    at::Tensor norm = at::linalg_vector_norm(g, norm_type, c10::nullopt, false, at::kDouble).to(device);
+    at::Tensor norm =
+        at::linalg_vector_norm(g, norm_type, c10::nullopt, false, at::kDouble).to(device);
     local = inf ? at::maximum(local, norm.reshape({1})) : local + norm.pow(norm_type).reshape({1});
   }
   if (gradients_sharded() && world_size() > 1) {
@@ -66,8 +68,10 @@ at::Tensor ZeroLayout::clip_grad_norm_(double max_norm, double norm_type, bool e
   const at::ScalarType dtype = params().at(0).scalar_type();
   at::Tensor total = (inf ? local : local.pow(1.0 / norm_type)).reshape({}).to(dtype);
   // The host reads the norm only to refuse a non-finite one (PyTorch's check syncs there too).
-  TORCH_CHECK(!error_if_nonfinite || std::isfinite(total.item<double>()), "The total norm of order ", norm_type,
-              " for gradients from `parameters` is non-finite, so it cannot be clipped. To disable this error and "
+  TORCH_CHECK(!error_if_nonfinite || std::isfinite(total.item<double>()),
+              "The total norm of order ", norm_type,
+              " for gradients from `parameters` is non-finite, so it cannot be clipped. To disable "
+              "this error and "
               "scale the gradients by the non-finite norm anyway, set `error_if_nonfinite=False`");
   at::Tensor coef = at::clamp(max_norm / (total + 1e-6), c10::nullopt, 1.0);
   for (const at::Tensor& g : grads) g.mul_(coef);

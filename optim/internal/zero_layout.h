@@ -58,7 +58,8 @@ class ZeroLayout {
   virtual std::vector<at::Tensor> local_tensors(size_t group) const = 0;
   // Collective: this rank's local step (the closure evaluated there), then every rank's updated
   // entries broadcast from their owners and waited for. Returns the closure's loss.
-  virtual at::Tensor step_and_sync(torch::optim::Optimizer& local, torch::optim::Optimizer::LossClosure closure) = 0;
+  virtual at::Tensor step_and_sync(torch::optim::Optimizer& local,
+                                   torch::optim::Optimizer::LossClosure closure) = 0;
   // Throws (c10::Error) when this layout cannot take another parameter group.
   virtual void check_can_add_group() const = 0;
   // Appends a parameter group (REQUIRES check_can_add_group): earlier groups keep their owners.
@@ -98,12 +99,14 @@ class WholeParamLayout final : public ZeroLayout {
   // `params_per_rank` empty: PyTorch's sorted-greedy partition; else that manual partition
   // (global indices per rank, one group). Errors (c10::Error): an invalid manual partition.
   WholeParamLayout(const std::vector<std::vector<at::Tensor>>& groups, comm::Group group,
-                   const std::vector<std::vector<int64_t>>& params_per_rank, bool bucket_view, int64_t chunk_bytes);
+                   const std::vector<std::vector<int64_t>>& params_per_rank, bool bucket_view,
+                   int64_t chunk_bytes);
 
   std::vector<at::Tensor> local_tensors(size_t group) const override;
   // With a functional local optimizer, the step runs in chunks and each chunk's broadcasts start
   // as soon as it is updated; otherwise the local optimizer steps, then everything is broadcast.
-  at::Tensor step_and_sync(torch::optim::Optimizer& local, torch::optim::Optimizer::LossClosure closure) override;
+  at::Tensor step_and_sync(torch::optim::Optimizer& local,
+                           torch::optim::Optimizer::LossClosure closure) override;
   void check_can_add_group() const override {}
   void add_group(const std::vector<at::Tensor>& params) override;
   c10::IValue consolidation_part(const c10::IValue& local_state_dict) const override;
@@ -111,7 +114,9 @@ class WholeParamLayout final : public ZeroLayout {
   const char* sharded_kind() const override { return "zero_whole_parameters"; }
 
   // Parameter `param`'s local index, -1 when another rank (or none) owns it.
-  int64_t local_index(int64_t param) const { return global_to_local_.at(static_cast<size_t>(param)); }
+  int64_t local_index(int64_t param) const {
+    return global_to_local_.at(static_cast<size_t>(param));
+  }
   // Whether some parameter's requires_grad differs from when the buckets were last built.
   bool trainability_changed() const;
   // Collective, in call order: starts the broadcasts of `params` (global indices, each owner's in
@@ -139,11 +144,13 @@ class WholeParamLayout final : public ZeroLayout {
 class FlatLayout final : public ZeroLayout {
  public:
   // Errors (c10::Error): flat_partition's (e.g. alignment < 1).
-  FlatLayout(const std::vector<std::vector<at::Tensor>>& groups, comm::Group group, int64_t alignment);
+  FlatLayout(const std::vector<std::vector<at::Tensor>>& groups, comm::Group group,
+             int64_t alignment);
 
   std::vector<at::Tensor> local_tensors(size_t group) const override;
   // Each piece's gradient is the matching slice of its parameter's; one broadcast per rank range.
-  at::Tensor step_and_sync(torch::optim::Optimizer& local, torch::optim::Optimizer::LossClosure closure) override;
+  at::Tensor step_and_sync(torch::optim::Optimizer& local,
+                           torch::optim::Optimizer::LossClosure closure) override;
   void check_can_add_group() const override;
   void add_group(const std::vector<at::Tensor>& params) override;
   // Pieces are keyed by their flat offset (unique across ranks); groups carry global indices.
@@ -153,9 +160,9 @@ class FlatLayout final : public ZeroLayout {
 
  private:
   at::Tensor buffer_;
-  std::vector<int64_t> offsets_;          // per parameter: where it starts in the buffer
-  std::vector<partition::Range> ranges_;  // per rank
-  std::vector<int64_t> piece_offsets_;    // per entry: where it starts in the buffer
+  std::vector<int64_t> offsets_;           // per parameter: where it starts in the buffer
+  std::vector<partition::Range> ranges_;   // per rank
+  std::vector<int64_t> piece_offsets_;     // per entry: where it starts in the buffer
   std::vector<at::Tensor> piece_tensors_;  // per entry: its view of the buffer
 };
 
@@ -172,9 +179,13 @@ class GradShardLayout final : public ZeroLayout {
   std::vector<at::Tensor> local_tensors(size_t group) const override;
   // Per bucket: this rank's pieces stepped with their reduced gradient slices (none before the
   // first reduction), then the bucket's ranges all-gathered; every all-gather waited at the end.
-  at::Tensor step_and_sync(torch::optim::Optimizer& local, torch::optim::Optimizer::LossClosure closure) override;
+  at::Tensor step_and_sync(torch::optim::Optimizer& local,
+                           torch::optim::Optimizer::LossClosure closure) override;
   void check_can_add_group() const override;
-  void add_group(const std::vector<at::Tensor>& params) override { (void)params; check_can_add_group(); }
+  void add_group(const std::vector<at::Tensor>& params) override {
+    (void)params;
+    check_can_add_group();
+  }
   c10::IValue consolidation_part(const c10::IValue& local_state_dict) const override;
   c10::IValue assemble_consolidated(const c10::IValue& merged) const override;
   const char* sharded_kind() const override { return "zero_grad_shards"; }
@@ -190,20 +201,22 @@ class GradShardLayout final : public ZeroLayout {
   // The reduce-scatters of a backward pass completed: the slices hold gradients from now on.
   void mark_reduced() { reduced_ = true; }
   // Bytes of this rank's gradient slices, padding included.
-  int64_t gradient_bytes() const override { return grad_shard_.numel() * grad_shard_.element_size(); }
+  int64_t gradient_bytes() const override {
+    return grad_shard_.numel() * grad_shard_.element_size();
+  }
 
  private:
   struct Segment {
-    int64_t numel = 0;         // the bucket's elements
-    int64_t offset = 0;        // where its segment starts in param_buffer_
-    int64_t chunk = 0;         // elements per rank
-    int64_t shard_offset = 0;  // where this rank's chunk starts in grad_shard_
+    int64_t numel = 0;            // the bucket's elements
+    int64_t offset = 0;           // where its segment starts in param_buffer_
+    int64_t chunk = 0;            // elements per rank
+    int64_t shard_offset = 0;     // where this rank's chunk starts in grad_shard_
     std::vector<size_t> entries;  // this rank's entries in the bucket
   };
   std::vector<Segment> segments_;
-  at::Tensor param_buffer_;            // every parameter's data, bucket segments back to back
-  at::Tensor grad_shard_;              // this rank's reduced gradient chunks, bucket by bucket
-  std::vector<int64_t> offsets_;       // per parameter: where it starts in param_buffer_
+  at::Tensor param_buffer_;             // every parameter's data, bucket segments back to back
+  at::Tensor grad_shard_;               // this rank's reduced gradient chunks, bucket by bucket
+  std::vector<int64_t> offsets_;        // per parameter: where it starts in param_buffer_
   std::vector<int64_t> piece_offsets_;  // per entry: where it starts in param_buffer_
   std::vector<at::Tensor> piece_tensors_, piece_grads_;  // per entry
   bool reduced_ = false;

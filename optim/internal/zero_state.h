@@ -32,9 +32,9 @@ namespace dtrain::optim::internal {
 
 // Local index k of the local optimizer: (a piece of) a parameter.
 struct LocalEntry {
-  int64_t param = 0;               // global parameter index
+  int64_t param = 0;       // global parameter index
   partition::Range range;  // elements of the flattened parameter it covers
-  size_t group = 0;                // parameter group
+  size_t group = 0;        // parameter group
   // The local tensor is a 1-D slice of the parameter (kFlat), not the parameter itself: its
   // state tensors are 1-D slices too, even when the range is the whole parameter.
   bool slice = false;
@@ -48,7 +48,8 @@ using IndexedState = std::map<int64_t, checkpoint::StateEntry>;
 std::vector<std::vector<int64_t>> all_group_params(const std::vector<size_t>& group_counts);
 // A local state dict re-keyed for consolidation: entry k's state under keys[k], group g's
 // parameters group_params[g]. Errors (c10::Error): a dict not in PyTorch's format.
-c10::IValue rekeyed_state_dict(const c10::IValue& local_state_dict, const std::vector<int64_t>& keys,
+c10::IValue rekeyed_state_dict(const c10::IValue& local_state_dict,
+                               const std::vector<int64_t>& keys,
                                const std::vector<std::vector<int64_t>>& group_params);
 // Consolidated pieces keyed by flat offset -> PyTorch's global format: each parameter's pieces
 // concatenated in offset order, shaped like the parameter. flat_offsets[i]: where parameter i
@@ -59,30 +60,34 @@ c10::IValue assemble_pieces(const c10::IValue& merged, const std::vector<int64_t
 // Global -> local: the global state's entries for this rank's entries (slices cut out and
 // checked against the parameter's shape), keyed by local index. Parameters without state are
 // left out.
-IndexedState local_state_from_global(const IndexedState& state, const std::vector<LocalEntry>& entries,
-                                    const std::vector<at::Tensor>& params);
+IndexedState local_state_from_global(const IndexedState& state,
+                                     const std::vector<LocalEntry>& entries,
+                                     const std::vector<at::Tensor>& params);
 // Global param groups -> the local optimizer's: same options, parameters renumbered to local
 // indices. Errors (c10::Error): group count or a group's parameter count differs from
 // `group_counts`.
-std::vector<checkpoint::ParamGroup> local_param_groups(const std::vector<checkpoint::ParamGroup>& groups,
-                                                       const std::vector<LocalEntry>& entries,
-                                                       const std::vector<size_t>& group_counts);
+std::vector<checkpoint::ParamGroup> local_param_groups(
+    const std::vector<checkpoint::ParamGroup>& groups, const std::vector<LocalEntry>& entries,
+    const std::vector<size_t>& group_counts);
 
 // The pieces this rank owns (global index -> element range), empty ranges left out.
 std::map<int64_t, partition::Range> owned_ranges(const std::vector<LocalEntry>& entries);
 // Local -> sharded: a whole parameter's state full-shaped, a slice's 1-D; global param groups.
-checkpoint::ShardedState sharded_from_local(const c10::IValue& local_state_dict, const std::vector<LocalEntry>& entries,
+checkpoint::ShardedState sharded_from_local(const c10::IValue& local_state_dict,
+                                            const std::vector<LocalEntry>& entries,
                                             const std::vector<at::Tensor>& params,
                                             const std::vector<size_t>& group_counts);
 // Sharded -> local state (keyed by local index). Errors (c10::Error): a piece whose range or
 // shape is not the one `rank` owns, or whose tensors do not hold its range.
-IndexedState local_state_from_sharded(const checkpoint::ShardedState& state, const std::vector<LocalEntry>& entries,
-                                     const std::vector<at::Tensor>& params, int rank);
+IndexedState local_state_from_sharded(const checkpoint::ShardedState& state,
+                                      const std::vector<LocalEntry>& entries,
+                                      const std::vector<at::Tensor>& params, int rank);
 // A sharded checkpoint's metadata against this optimizer: every saved parameter exists here with
 // the same shape, and the groups agree (their number, and each one's parameter count against
 // `group_counts`). InvalidArgument naming the difference.
 absl::Status check_sharded_info(const checkpoint::ShardedInfo& info, const std::string& dir,
-                                const std::vector<at::Tensor>& params, const std::vector<size_t>& group_counts);
+                                const std::vector<at::Tensor>& params,
+                                const std::vector<size_t>& group_counts);
 
 }  // namespace dtrain::optim::internal
 

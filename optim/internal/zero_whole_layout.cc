@@ -17,9 +17,10 @@ std::vector<bool> trainable_mask(const std::vector<at::Tensor>& params) {
 
 }  // namespace
 
-WholeParamLayout::WholeParamLayout(const std::vector<std::vector<at::Tensor>>& groups, comm::Group group,
-                                   const std::vector<std::vector<int64_t>>& params_per_rank, bool bucket_view,
-                                   int64_t chunk_bytes)
+WholeParamLayout::WholeParamLayout(const std::vector<std::vector<at::Tensor>>& groups,
+                                   comm::Group group,
+                                   const std::vector<std::vector<int64_t>>& params_per_rank,
+                                   bool bucket_view, int64_t chunk_bytes)
     : ZeroLayout(groups, std::move(group)), bucket_view_(bucket_view), chunk_bytes_(chunk_bytes) {
   assign(params_per_rank);
   build_buckets();
@@ -27,8 +28,9 @@ WholeParamLayout::WholeParamLayout(const std::vector<std::vector<at::Tensor>>& g
 
 void WholeParamLayout::assign(const std::vector<std::vector<int64_t>>& params_per_rank) {
   absl::StatusOr<partition::ParamPartition> p =
-      params_per_rank.empty() ? partition::sorted_greedy_partition(group_sizes_, world_size())
-                              : partition::manual_partition(group_sizes_, params_per_rank, world_size());
+      params_per_rank.empty()
+          ? partition::sorted_greedy_partition(group_sizes_, world_size())
+          : partition::manual_partition(group_sizes_, params_per_rank, world_size());
   TORCH_CHECK(p.ok(), "ZeroRedundancyOptimizer: ", p.status().message());
   partition_ = *std::move(p);
   entries_.clear();
@@ -37,7 +39,8 @@ void WholeParamLayout::assign(const std::vector<std::vector<int64_t>>& params_pe
   for (size_t g = 0; g < mine.size(); ++g) {
     for (int64_t i : mine[g]) {
       global_to_local_[static_cast<size_t>(i)] = static_cast<int64_t>(entries_.size());
-      entries_.push_back(LocalEntry{i, {0, params_[static_cast<size_t>(i)].numel()}, g, /*slice=*/false});
+      entries_.push_back(
+          LocalEntry{i, {0, params_[static_cast<size_t>(i)].numel()}, g, /*slice=*/false});
     }
   }
 }
@@ -56,7 +59,8 @@ void WholeParamLayout::add_group(const std::vector<at::Tensor>& params) {
 
 std::vector<at::Tensor> WholeParamLayout::local_tensors(size_t group) const {
   std::vector<at::Tensor> out;
-  for (int64_t i : partition_.params_per_rank[rank()][group]) out.push_back(params_[static_cast<size_t>(i)]);
+  for (int64_t i : partition_.params_per_rank[rank()][group])
+    out.push_back(params_[static_cast<size_t>(i)]);
   return out;
 }
 
@@ -97,7 +101,9 @@ void WholeParamLayout::build_buckets() {
 void WholeParamLayout::broadcast(const std::vector<int64_t>& params, Works& works) const {
   comm::C10dGroup& pg = *group_.pg();
   c10::NoGradGuard no_grad;
-  auto outside_bucket = [&](int64_t i) { return bucket_view_ && bucket_offset_[static_cast<size_t>(i)] < 0; };
+  auto outside_bucket = [&](int64_t i) {
+    return bucket_view_ && bucket_offset_[static_cast<size_t>(i)] < 0;
+  };
   size_t k = 0;
   while (k < params.size()) {
     const int64_t first = params[k++];
@@ -109,7 +115,8 @@ void WholeParamLayout::broadcast(const std::vector<int64_t>& params, Works& work
     if (bucket_view_) {
       const int64_t lo = bucket_offset_[static_cast<size_t>(first)];
       int64_t hi = lo + params_[static_cast<size_t>(first)].numel();
-      for (; k < params.size() && partition_.owner.at(static_cast<size_t>(params[k])) == owner; ++k) {
+      for (; k < params.size() && partition_.owner.at(static_cast<size_t>(params[k])) == owner;
+           ++k) {
         if (outside_bucket(params[k])) continue;
         if (bucket_offset_[static_cast<size_t>(params[k])] != hi) break;
         hi += params_[static_cast<size_t>(params[k])].numel();
@@ -120,14 +127,18 @@ void WholeParamLayout::broadcast(const std::vector<int64_t>& params, Works& work
   }
 }
 
-bool WholeParamLayout::trainability_changed() const { return trainable_mask(params_) != trainable_; }
+bool WholeParamLayout::trainability_changed() const {
+  return trainable_mask(params_) != trainable_;
+}
 
 at::Tensor WholeParamLayout::step_and_sync(torch::optim::Optimizer& local,
                                            torch::optim::Optimizer::LossClosure closure) {
   std::vector<bool> mask = trainable_mask(params_);
   if (mask != trainable_) {
-    TORCH_WARN("ZeroRedundancyOptimizer detected that the trainable parameters changed; rebuilding the parameter "
-               "buckets if enabled");
+    TORCH_WARN(
+        "ZeroRedundancyOptimizer detected that the trainable parameters changed; rebuilding the "
+        "parameter "
+        "buckets if enabled");
     build_buckets();
   }
   if (auto* adapter = dynamic_cast<FunctionalOptimizerAdapter*>(&local)) {
@@ -151,9 +162,12 @@ std::vector<std::vector<std::vector<int64_t>>> WholeParamLayout::sync_chunks() c
   const int64_t kChunkBytes = std::max<int64_t>(1, chunk_bytes_);
   constexpr int64_t kMaxChunks = 8;
   const int64_t elem = static_cast<int64_t>(params_[0].element_size());
-  const int64_t largest = *std::max_element(partition_.numel_per_rank.begin(), partition_.numel_per_rank.end());
-  const int64_t chunks = std::clamp<int64_t>((largest * elem + kChunkBytes - 1) / kChunkBytes, 1, kMaxChunks);
-  std::vector<std::vector<std::vector<int64_t>>> out(world_size(), std::vector<std::vector<int64_t>>(chunks));
+  const int64_t largest =
+      *std::max_element(partition_.numel_per_rank.begin(), partition_.numel_per_rank.end());
+  const int64_t chunks =
+      std::clamp<int64_t>((largest * elem + kChunkBytes - 1) / kChunkBytes, 1, kMaxChunks);
+  std::vector<std::vector<std::vector<int64_t>>> out(world_size(),
+                                                     std::vector<std::vector<int64_t>>(chunks));
   for (int r = 0; r < world_size(); ++r) {
     const int64_t total = partition_.numel_per_rank[r];
     int64_t before = 0;

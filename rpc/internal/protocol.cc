@@ -1,7 +1,7 @@
 #include "rpc/internal/protocol.h"
 
-#include "rpc/functions.h"
 #include "comm/exception_status.h"
+#include "rpc/functions.h"
 
 namespace dtrain::rpc::protocol {
 namespace {
@@ -41,7 +41,8 @@ Encoded ParamCreate::encode() const { return Encoded{Writer(), {value}}; }
 absl::StatusOr<ParamCreate> ParamCreate::decode(Request& r) {
   return decoding<ParamCreate>(kRequest, [&] {
     r.body.expect_done();
-    if (r.tensors.size() != 1) throw CodecError(absl::StrCat(kName, " takes one tensor, got ", r.tensors.size()));
+    if (r.tensors.size() != 1)
+      throw CodecError(absl::StrCat(kName, " takes one tensor, got ", r.tensors.size()));
     return ParamCreate{std::move(r.tensors[0])};
   });
 }
@@ -87,7 +88,8 @@ absl::StatusOr<GradPush> GradPush::decode(Request& r) {
     m.ids = r.body.i64_list();
     r.body.expect_done();
     if (m.ids.size() != r.tensors.size()) {
-      throw CodecError(absl::StrCat(kName, ": ", m.ids.size(), " parameter ids but ", r.tensors.size(), " gradients"));
+      throw CodecError(absl::StrCat(kName, ": ", m.ids.size(), " parameter ids but ",
+                                    r.tensors.size(), " gradients"));
     }
     m.grads = std::move(r.tensors);
     return m;
@@ -213,17 +215,26 @@ optim::OptionsDict read_options(Reader& r) {
   for (int64_t i = 0; i < n; ++i) {
     const std::string key = r.str();
     switch (r.peek_tag()) {
-      case Reader::kF64: d.insert(key, r.f64()); break;
-      case Reader::kBool: d.insert(key, r.boolean()); break;
-      case Reader::kI64: d.insert(key, r.i64()); break;
-      case Reader::kStr: d.insert(key, r.str()); break;
+      case Reader::kF64:
+        d.insert(key, r.f64());
+        break;
+      case Reader::kBool:
+        d.insert(key, r.boolean());
+        break;
+      case Reader::kI64:
+        d.insert(key, r.i64());
+        break;
+      case Reader::kStr:
+        d.insert(key, r.str());
+        break;
       case Reader::kF64List: {
         std::vector<c10::IValue> xs;
         for (double x : r.f64_list()) xs.emplace_back(x);
         d.insert(key, c10::ivalue::Tuple::create(std::move(xs)));
         break;
       }
-      default: throw CodecError(absl::StrCat("option '", key, "' has an unsupported value tag"));
+      default:
+        throw CodecError(absl::StrCat("option '", key, "' has an unsupported value tag"));
     }
   }
   return d;

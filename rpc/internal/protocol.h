@@ -164,14 +164,15 @@ absl::StatusOr<typename M::Result> result_of(CallFuture& call) {
   if (!r.ok()) return r.status();
   absl::StatusOr<typename M::Result> result = M::Result::decode(*r);
   if (!result.ok()) {
-    return absl::DataLossError(
-        absl::StrCat("malformed ", M::kName, " reply from '", call.to(), "': ", result.status().message()));
+    return absl::DataLossError(absl::StrCat("malformed ", M::kName, " reply from '", call.to(),
+                                            "': ", result.status().message()));
   }
   return result;
 }
 
 template <typename M>
-absl::StatusOr<typename M::Result> call_sync(Agent& agent, const std::string& to, const M& request) {
+absl::StatusOr<typename M::Result> call_sync(Agent& agent, const std::string& to,
+                                             const M& request) {
   CallFuture call = send(agent, to, request);
   return result_of<M>(call);
 }
@@ -199,7 +200,9 @@ class FanOut {
   using OnResult = std::function<void(const std::string& worker, typename M::Result& result)>;
 
   explicit FanOut(Agent& agent) : agent_(agent) {}
-  void send(const std::string& to, const M& request) { calls_.push_back(protocol::send(agent_, to, request)); }
+  void send(const std::string& to, const M& request) {
+    calls_.push_back(protocol::send(agent_, to, request));
+  }
   // A call of M sent already (e.g. GradientContext::send_async).
   void add(CallFuture call) { calls_.push_back(std::move(call)); }
 
@@ -213,7 +216,8 @@ class FanOut {
       if (r.ok()) {
         if (on_result) on_result(c.to(), *r);
       } else if (first.ok()) {
-        first = context ? absl::Status(r.status().code(), absl::StrCat(context(c.to()), r.status().message()))
+        first = context ? absl::Status(r.status().code(),
+                                       absl::StrCat(context(c.to()), r.status().message()))
                         : r.status();
       }
     }
