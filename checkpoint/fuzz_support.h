@@ -1,5 +1,5 @@
 // Test-only helpers shared by the checkpoint readers' fuzzers and mutation tests
-// (checkpoint:torch_file_fuzz, checkpoint:state_file_mutation_test, examples:
+// (fuzz:torch_file_fuzzer, checkpoint:state_file_mutation_test, examples:
 // powersgd_state_mutation_test, the libFuzzer targets in //fuzz): seed files, a walk that reads
 // every tensor byte, and a deep comparison of loaded values.
 //

@@ -28,6 +28,11 @@ namespace dtrain::fuzz {
 // Valid inputs the mutations start from (each should reach deep into the code under test).
 std::vector<std::string> seeds();
 
+// Optional: tokens of the input's format (opcodes, magic numbers, names) that the mutation
+// driver inserts as whole pieces. A target without one gets an empty dictionary (a weak default
+// in mutation_driver.cc); libFuzzer finds such tokens itself from comparisons.
+std::vector<std::string> dictionary();
+
 }  // namespace dtrain::fuzz
 
 // Aborts with a message when `cond` is false: a broken guarantee, reported as a crash.

@@ -1,6 +1,6 @@
 // A main() for any fuzz target (fuzz/fuzz_target.h) that needs no libFuzzer: runs every seed,
-// then random mutations of them (bit flips, extreme values, cuts, insertions, deletions,
-// duplications, splices of another seed) until the time is up. Input i is a pure function of
+// then random mutations of them (bit flips, extreme values, cuts, insertions -- of the target's
+// dictionary tokens too --, deletions, duplications, splices of another seed) until the time is up. Input i is a pure function of
 // (seed, i), so a crash is replayed exactly with the command it prints.
 //
 //   NAME_test                         DTRAIN_FUZZ_SECONDS (default 10), DTRAIN_FUZZ_SEED (default 1)
@@ -22,7 +22,15 @@
 
 #include "fuzz/fuzz_target.h"
 
+// The weak default of fuzz_target.h's dictionary(): a target that defines one replaces it.
+__attribute__((weak)) std::vector<std::string> dtrain::fuzz::dictionary() { return {}; }
+
 namespace {
+
+const std::vector<std::string>& tokens() {
+  static const std::vector<std::string> kTokens = dtrain::fuzz::dictionary();
+  return kTokens;
+}
 
 std::string mutate(std::string b, const std::vector<std::string>& all, std::mt19937_64& rng) {
   auto pos = [&](size_t size) { return static_cast<size_t>(rng() % (size + 1)); };
@@ -44,7 +52,11 @@ std::string mutate(std::string b, const std::vector<std::string>& all, std::mt19
         b.erase(pos(b.size()), rng() % 64);
         break;
       case 4:
-        b.insert(pos(b.size()), std::string(1 + rng() % 16, static_cast<char>(rng())));
+        if (!tokens().empty() && rng() % 2 == 0) {  // a token of the format, whole
+          b.insert(pos(b.size()), tokens()[rng() % tokens().size()]);
+        } else {
+          b.insert(pos(b.size()), std::string(1 + rng() % 16, static_cast<char>(rng())));
+        }
         break;
       case 5: {
         const std::string& other = all[rng() % all.size()];
