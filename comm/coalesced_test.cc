@@ -51,35 +51,44 @@ TEST(CoalescedTest, MixedDtypeFlattenIsAnError) {
   }
 }
 
-TEST(CoalescedTest, BroadcastAllReduceAllGather) {
-  run_ranks_as_threads(3, [](Group& g) {
+// Swept over world sizes 1-8 (gloo's collective tests sweep theirs the same way).
+class CoalescedWorldTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(CoalescedWorldTest, BroadcastAllReduceAllGather) {
+  const int world = GetParam();
+  run_ranks_as_threads(world, [world](Group& g) {
     const double r = g.rank();
-    // Broadcast from rank 2 with a small cap: several buckets.
+    const int src = world - 1;
+    // Broadcast from the last rank with a small cap: several buckets.
     auto ts = mixed_tensors(r * 10);
-    CoalescedWork w = broadcast_coalesced(g, ts, /*src=*/2, /*bucket_cap_bytes=*/50);
+    CoalescedWork w = broadcast_coalesced(g, ts, src, /*bucket_cap_bytes=*/50);
     EXPECT_EQ(w.num_buckets(), 4u);
     w.wait();
-    auto expected = mixed_tensors(20);
+    auto expected = mixed_tensors(src * 10);
     for (size_t i = 0; i < ts.size(); ++i) EXPECT_TRUE(ts[i].equal(expected[i])) << i;
 
     auto red = mixed_tensors(r);
     all_reduce_coalesced(g, red).wait();
-    // sum over ranks of (r + k) = 3k + 3
-    for (size_t k = 0; k < red.size(); ++k)
-      EXPECT_TRUE(red[k].eq(3.0 * k + 3).all().item<bool>()) << k;
+    // sum over ranks of (r + k) = world * k + world (world - 1) / 2
+    for (size_t k = 0; k < red.size(); ++k) {
+      const double want = world * static_cast<double>(k) + world * (world - 1) / 2.0;
+      EXPECT_TRUE(red[k].eq(want).all().item<bool>()) << k;
+    }
 
     auto in = mixed_tensors(r);
-    std::vector<std::vector<at::Tensor>> out(3);
+    std::vector<std::vector<at::Tensor>> out(world);
     for (auto& o : out)
       for (auto& t : in) o.push_back(at::empty_like(t));
     all_gather_coalesced(g, in, out, 64).wait();
-    for (int src = 0; src < 3; ++src) {
-      auto want = mixed_tensors(src);
+    for (int from = 0; from < world; ++from) {
+      auto want = mixed_tensors(from);
       for (size_t i = 0; i < in.size(); ++i)
-        EXPECT_TRUE(out[src][i].equal(want[i])) << src << "," << i;
+        EXPECT_TRUE(out[from][i].equal(want[i])) << from << "," << i;
     }
   });
 }
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, CoalescedWorldTest, ::testing::Range(1, 9));
 
 TEST(CoalescedTest, NonContiguousTensorsReceiveResults) {
   run_ranks_as_threads(2, [](Group& g) {

@@ -31,35 +31,45 @@ void expect_object_of(const c10::IValue& v, int rank) {
   EXPECT_TRUE(d.at("tensor").toTensor().equal(at::arange(rank + 3, at::kFloat)));
 }
 
-TEST(ObjectCollectivesTest, Broadcast) {
-  run_ranks_as_threads(3, [](Group& g) {
-    c10::IValue obj = g.rank() == 1 ? object_of(1) : c10::IValue(std::string("stale"));
-    ASSERT_TRUE(broadcast_object(g, obj, 1).ok());
-    expect_object_of(obj, 1);
+// Swept over world sizes 1-8; the root is the last rank.
+class ObjectCollectivesWorldTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(ObjectCollectivesWorldTest, Broadcast) {
+  const int world = GetParam();
+  run_ranks_as_threads(world, [world](Group& g) {
+    const int root = world - 1;
+    c10::IValue obj = g.rank() == root ? object_of(root) : c10::IValue(std::string("stale"));
+    ASSERT_TRUE(broadcast_object(g, obj, root).ok());
+    expect_object_of(obj, root);
   });
 }
 
-TEST(ObjectCollectivesTest, AllGatherKeepsRankOrder) {
-  run_ranks_as_threads(3, [](Group& g) {
+TEST_P(ObjectCollectivesWorldTest, AllGatherKeepsRankOrder) {
+  const int world = GetParam();
+  run_ranks_as_threads(world, [world](Group& g) {
     auto all = all_gather_object(g, object_of(g.rank()));
     ASSERT_TRUE(all.ok()) << all.status();
-    ASSERT_EQ(all->size(), 3u);
-    for (int r = 0; r < 3; ++r) expect_object_of((*all)[r], r);
+    ASSERT_EQ(all->size(), static_cast<size_t>(world));
+    for (int r = 0; r < world; ++r) expect_object_of((*all)[r], r);
   });
 }
 
-TEST(ObjectCollectivesTest, GatherOnlyOnDestination) {
-  run_ranks_as_threads(3, [](Group& g) {
-    auto got = gather_object(g, object_of(g.rank()), /*dst=*/2);
+TEST_P(ObjectCollectivesWorldTest, GatherOnlyOnDestination) {
+  const int world = GetParam();
+  run_ranks_as_threads(world, [world](Group& g) {
+    const int dst = world - 1;
+    auto got = gather_object(g, object_of(g.rank()), dst);
     ASSERT_TRUE(got.ok()) << got.status();
-    if (g.rank() != 2) {
+    if (g.rank() != dst) {
       EXPECT_TRUE(got->empty());
       return;
     }
-    ASSERT_EQ(got->size(), 3u);
-    for (int r = 0; r < 3; ++r) expect_object_of((*got)[r], r);
+    ASSERT_EQ(got->size(), static_cast<size_t>(world));
+    for (int r = 0; r < world; ++r) expect_object_of((*got)[r], r);
   });
 }
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, ObjectCollectivesWorldTest, ::testing::Range(1, 9));
 
 TEST(ObjectCollectivesTest, BadRootIsAnError) {
   run_ranks_as_threads(2, [](Group& g) {

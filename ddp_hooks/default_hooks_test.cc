@@ -60,6 +60,33 @@ TEST(DefaultHooksTest, CompressHooks) {
   });
 }
 
+// Swept over world sizes 1-8: allreduce, fp16 and bf16 average every rank's gradient (the
+// compressed ones within their precision, summed over up to 8 ranks).
+class HooksWorldTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(HooksWorldTest, EveryHookAveragesOverTheWorld) {
+  const int world = GetParam();
+  at::Tensor want = at::zeros({27});
+  for (int r = 0; r < world; ++r) want += values_for(r);
+  want /= world;
+  run_ranks_as_threads(world, [&](comm::Group& g) {
+    AllReduceHook allreduce(g);
+    OneBucket a(values_for(g.rank()));
+    EXPECT_TRUE(a.run(allreduce).allclose(want, 1e-6, 1e-6)) << "allreduce, rank " << g.rank();
+    for (at::ScalarType dtype : {at::kHalf, at::kBFloat16}) {
+      CompressHook hook(g, dtype);
+      OneBucket b(values_for(g.rank()));
+      const at::Tensor out = b.run(hook);
+      EXPECT_EQ(out.scalar_type(), at::kFloat);
+      EXPECT_TRUE(out.allclose(want, 0, dtype == at::kHalf ? 3e-3 : 3e-2))
+          << dtype << ", rank " << g.rank() << ": off by "
+          << (out - want).abs().max().item<double>();
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, HooksWorldTest, ::testing::Range(1, 9));
+
 TEST(DefaultHooksTest, CompressHookReusesItsBufferAndGivesAFreshHooksValues) {
   // Three iterations on two buckets with new gradients each time: bit for bit what a new hook
   // gives, and one compressed buffer per bucket, not one per call. A call while the same

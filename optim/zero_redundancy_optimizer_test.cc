@@ -139,6 +139,29 @@ TEST(ZeroRedundancyOptimizerTest, FlatStrategyMatchesUnsharded) {
   }
 }
 
+// Swept over world sizes 1-8 under both partitions: every rank's ZeRO(Adam) equals plain Adam
+// (ranks that own no parameter at the larger sizes included).
+class ZeroWorldTest : public ::testing::TestWithParam<std::tuple<int, PartitionStrategy>> {};
+
+TEST_P(ZeroWorldTest, MatchesUnshardedAdam) {
+  const auto [world, strategy] = GetParam();
+  parity(
+      world, /*bucket_view=*/true,
+      [](std::vector<at::Tensor>& ref) {
+        OptionsDict o = new_options_dict();
+        o.insert("lr", 0.01);
+        return std::make_pair(
+            local_optimizer<FunctionalOptimizerAdapter>("Adam", o),
+            std::make_unique<torch::optim::Adam>(ref, torch::optim::AdamOptions(0.01)));
+      },
+      int64_t{8} << 20, strategy);
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, ZeroWorldTest,
+                         ::testing::Combine(::testing::Range(1, 9),
+                                            ::testing::Values(PartitionStrategy::kSortedGreedy,
+                                                              PartitionStrategy::kFlat)));
+
 TEST(ZeroRedundancyOptimizerTest, FlatStrategyBalanceWithADominantParameter) {
   run_ranks_as_threads(3, [](comm::Group& g) {
     // One parameter holds ~95% of the elements: sorted-greedy cannot balance it, flat can.
