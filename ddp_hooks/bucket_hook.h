@@ -9,6 +9,9 @@
 //
 // A hook's future may complete with the reduced bucket as a tensor or as a list of tensors (what a
 // process group's work future carries); parseHookResult returns the tensor, or the list's first.
+// Why not c10d's CppCommHookInterface<T>: it holds its state by value, where dtrain's hooks share
+// theirs with the caller (StatefulHook: a shared_ptr, and a name for messages); DDP calls the same
+// c10d::CommHookInterface either way.
 #ifndef DTRAIN_DDP_HOOKS_BUCKET_HOOK_H_
 #define DTRAIN_DDP_HOOKS_BUCKET_HOOK_H_
 

@@ -20,10 +20,7 @@
 // gradient and state for all parameters at once; other layouts and dtypes, and those three, run
 // PyTorch's sequence of ATen operations.
 //
-// Adding an optimizer: functional_<name>.{h,cc} (copy functional_adamax.*), its name in
-// optim/BUILD.bazel's _BUILTIN_OPTIMIZERS, an include here, and one line in registry.cc; its
-// cases in testdata/make_reference.py, the regenerated .ref, and the file's name in
-// _REFERENCE_NAMES (BUILD) and kFiles (functional_optimizers_test.cc).
+// Adding an optimizer: docs/ARCHITECTURE.md, "Where does my change go", item 1 (the one recipe).
 #ifndef DTRAIN_OPTIM_FUNCTIONAL_OPTIMIZERS_H_
 #define DTRAIN_OPTIM_FUNCTIONAL_OPTIMIZERS_H_
 
