@@ -15,6 +15,7 @@
 #include "checkpoint/torch_file_writer.h"
 #include "comm/gpu_testing.h"
 #include "comm/test_harness.h"
+#include "testing/test_util.h"
 
 namespace dtrain::checkpoint {
 namespace {
@@ -23,7 +24,7 @@ using Dict = c10::impl::GenericDict;
 
 const at::Device kGpu(at::kCUDA, 0);
 
-Dict str_dict() { return Dict(c10::StringType::get(), c10::AnyType::get()); }
+using test_util::str_dict;
 
 std::string temp_dir() {
   char dir[] = "/tmp/dtrain_checkpoint_gpu_XXXXXX";

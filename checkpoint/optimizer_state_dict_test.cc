@@ -1,4 +1,5 @@
 #include "checkpoint/optimizer_state_dict.h"
+#include "testing/test_util.h"
 
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
@@ -10,7 +11,7 @@ namespace {
 using ::testing::HasSubstr;
 using Dict = c10::impl::GenericDict;
 
-Dict str_dict() { return Dict(c10::StringType::get(), c10::AnyType::get()); }
+using test_util::str_dict;
 
 // What PyTorch's Adam.state_dict() returns for two groups: {0: ..., 2: ...} of state.
 c10::IValue adam_like() {

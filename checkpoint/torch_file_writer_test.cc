@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "testing/test_util.h"
 
 namespace dtrain::checkpoint {
 namespace {
@@ -25,7 +26,7 @@ namespace {
 using Dict = c10::impl::GenericDict;
 using List = c10::impl::GenericList;
 
-Dict str_dict() { return Dict(c10::StringType::get(), c10::AnyType::get()); }
+using test_util::str_dict;
 List any_list() { return List(c10::AnyType::get()); }
 c10::IValue tuple(std::vector<c10::IValue> xs) { return c10::ivalue::Tuple::create(std::move(xs)); }
 

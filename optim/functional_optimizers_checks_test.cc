@@ -13,6 +13,7 @@
 #include "optim/libtorch_compat.h"
 #include "optim/reference_testing.h"
 #include "optim/registry.h"
+#include "testing/test_util.h"
 
 namespace dtrain::optim {
 namespace {
@@ -75,14 +76,7 @@ TEST(FunctionalOptimizersTest, LengthMismatchNamesBothLengths) {
   }
 }
 
-void expect_error(const std::function<void()>& f, const std::string& message) {
-  try {
-    f();
-    ADD_FAILURE() << "expected: " << message;
-  } catch (const c10::Error& e) {
-    EXPECT_THAT(e.what_without_backtrace(), HasSubstr(message));
-  }
-}
+using test_util::expect_error;
 
 TEST(FunctionalOptimizersTest, RejectsInvalidHyperParametersWithPyTorchMessages) {
   std::vector<at::Tensor> p = {at::zeros({1})};

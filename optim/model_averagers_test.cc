@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "comm/test_harness.h"
+#include "testing/test_util.h"
 
 namespace dtrain::optim {
 namespace {
@@ -62,14 +63,7 @@ TEST(ModelAveragersTest, HierarchicalPicksTheHighestDividingLevel) {
   });
 }
 
-void expect_error(const std::function<void()>& f, const std::string& message) {
-  try {
-    f();
-    ADD_FAILURE() << "expected: " << message;
-  } catch (const c10::Error& e) {
-    EXPECT_THAT(e.what_without_backtrace(), HasSubstr(message));
-  }
-}
+using test_util::expect_error;
 
 TEST(ModelAveragersTest, ArgumentErrors) {
   run_ranks_as_threads(2, [](comm::Group& g) {

@@ -13,6 +13,7 @@
 #include "optim/functional_optimizers.h"
 #include "optim/qhm_for_testing.h"
 #include "optim/reference_testing.h"
+#include "testing/test_util.h"
 
 namespace dtrain::optim {
 namespace {
@@ -85,10 +86,7 @@ TEST(RegistryTest, AdamaxFromTheRegistryHasTheFunctionalDefaultLr) {
   EXPECT_EQ(FunctionalRegistry::global().create("Adamax", p, o)->lr(), 0.5);
 }
 
-// f() throws c10::Error whose message has `message`.
-void expect_error(const std::function<void()>& f, const std::string& message) {
-  EXPECT_THAT(f, ::testing::ThrowsMessage<c10::Error>(HasSubstr(message)));
-}
+using test_util::expect_error;
 
 // PyTorch's functional optimizers refuse an empty parameter list unless _allow_empty_param_list.
 TEST(RegistryTest, EmptyParameterListNeedsAllowEmptyParamList) {

@@ -17,6 +17,7 @@
 #include "comm/coalesced.h"
 #include "comm/process_group.h"
 #include "optim/zero_redundancy_optimizer.h"
+#include "testing/test_util.h"
 
 namespace dtrain::optim::testing {
 
@@ -66,14 +67,7 @@ inline ZeroOptions zero_options(comm::Group& g, bool bucket_view) {
 
 inline const std::vector<int64_t> kSizes = {9, 7, 5, 3, 40, 12, 1};
 
-inline void expect_error(const std::function<void()>& f, const std::string& message) {
-  try {
-    f();
-    ADD_FAILURE() << "expected: " << message;
-  } catch (const c10::Error& e) {
-    EXPECT_THAT(e.what_without_backtrace(), ::testing::HasSubstr(message));
-  }
-}
+using test_util::expect_error;  // testing/test_util.h
 
 }  // namespace dtrain::optim::testing
 
