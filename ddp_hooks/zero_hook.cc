@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include "optim/zero_grad_shards.h"
 #include "optim/zero_overlap.h"
 #include "partition/bucket_assignment.h"
 

@@ -9,13 +9,7 @@
 //   overlap.step(bucket_params, bucket_grads);
 //   for (auto& w : overlap.broadcast(bucket_params)) pending.push_back(w);   // wait before the next forward
 //
-// And the side of ZeroOptions::shard_gradients (ZeRO-2) for ddp_hooks' hook_with_zero2:
-//
-//   dtrain::optim::ZeroGradShards shards(zero);
-//   shards.set_buckets(bucket_params);                  // before the first step
-//   // per DDP bucket b: reduce-scatter its gradients (padded to shards.padded_numel(b)) into
-//   // shards.grad_chunk(b); at the end of backward, once all are done:
-//   shards.mark_reduced();
+// ZeRO-2's side (ZeroOptions::shard_gradients) is optim/zero_grad_shards.h.
 #ifndef DTRAIN_OPTIM_ZERO_OVERLAP_H_
 #define DTRAIN_OPTIM_ZERO_OVERLAP_H_
 
@@ -30,7 +24,6 @@
 namespace dtrain::optim {
 
 namespace internal {
-class GradShardLayout;
 class WholeParamLayout;
 }  // namespace internal
 
@@ -55,30 +48,6 @@ class ZeroOverlap {
 
  private:
   internal::WholeParamLayout& layout();
-
-  ZeroRedundancyOptimizer& zero_;
-};
-
-class ZeroGradShards {
- public:
-  // `zero` must outlive this object. Errors (c10::Error): not built with shard_gradients.
-  explicit ZeroGradShards(ZeroRedundancyOptimizer& zero);
-
-  // Lays the parameters out by DDP bucket (global indices per bucket, reduction order) and
-  // rebuilds the local optimizer over this rank's ranges. Not collective, but every rank must
-  // pass the same buckets. Errors: a step already taken or state already loaded (it belongs to
-  // the old layout); buckets that do not cover every parameter exactly once.
-  void set_buckets(std::vector<std::vector<int64_t>> bucket_params);
-  // REQUIRES set_buckets. Bucket b: its gradient elements, padded to world * chunk, and this
-  // rank's chunk of the reduced gradient (where the reduce-scatter writes the average).
-  int64_t bucket_numel(size_t b) const;
-  int64_t padded_numel(size_t b) const;
-  at::Tensor grad_chunk(size_t b) const;
-  // Every bucket of a backward pass has been reduced: step() uses the chunks from now on.
-  void mark_reduced();
-
- private:
-  internal::GradShardLayout& layout() const;
 
   ZeroRedundancyOptimizer& zero_;
 };

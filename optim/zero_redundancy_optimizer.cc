@@ -381,9 +381,9 @@ absl::StatusOr<c10::IValue> ZeroRedundancyOptimizer::load_sharded(const std::str
   return state->extra;
 }
 
-class ZeroJoinHook : public comm::JoinHook {
+class ZeroRedundancyOptimizer::JoinStep : public comm::JoinHook {
  public:
-  explicit ZeroJoinHook(ZeroRedundancyOptimizer* zero) : zero_(zero) {}
+  explicit JoinStep(ZeroRedundancyOptimizer* zero) : zero_(zero) {}
   // Shadows one step of the ranks still training: update and broadcast this rank's shard.
   void main_hook() override {
     zero_->in_join_hook_ = true;
@@ -406,7 +406,7 @@ std::unique_ptr<comm::JoinHook> ZeroRedundancyOptimizer::join_hook(const comm::J
               "in the DDP hook, which a joined rank would run with zero gradients; give every rank "
               "the same number "
               "of inputs, or build it without overlap_with_ddp");
-  return std::make_unique<ZeroJoinHook>(this);
+  return std::make_unique<JoinStep>(this);
 }
 
 c10::Device ZeroRedundancyOptimizer::join_device() const {

@@ -52,6 +52,7 @@
 namespace dtrain::optim {
 
 namespace internal {
+class ZeroAccess;
 class ZeroLayout;
 }  // namespace internal
 
@@ -185,7 +186,7 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public comm::Joi
   // Every parameter, in global order (groups concatenated).
   const std::vector<at::Tensor>& parameters() const;
   // PyTorch's overlap_with_ddp: the steps run in ddp_hooks' ZeRO overlap hook, through
-  // optim/zero_overlap.h (visible to ddp_hooks only).
+  // optim/zero_overlap.h (visible to ddp_hooks only); ZeRO-2's through optim/zero_grad_shards.h.
   bool overlap_with_ddp() const { return options_.overlap_with_ddp; }
 
   // Introspection. With kFlat, partition().numel_per_rank holds each rank's range size and
@@ -199,9 +200,9 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public comm::Joi
   int64_t local_state_bytes();
 
  private:
-  friend class ZeroOverlap;
-  friend class ZeroGradShards;
-  friend class ZeroJoinHook;
+  // The one door for its extensions (zero_overlap.h, zero_grad_shards.h): internal/zero_access.h.
+  friend class internal::ZeroAccess;
+  class JoinStep;  // join_hook()'s hook: shadows the steps of the ranks still training
   // step() without its error translation.
   at::Tensor step_unchecked(LossClosure closure);
   void init(std::vector<torch::optim::OptimizerParamGroup> param_groups);
