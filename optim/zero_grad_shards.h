@@ -1,22 +1,16 @@
 // ZeRO-2 (ZeroOptions::shard_gradients): ZeroRedundancyOptimizer's side of ddp_hooks'
-// hook_with_zero2 (ddp_hooks/zero_hook.h), visible to ddp_hooks only. The flow of one iteration:
+// hook_with_zero2 (ddp_hooks/zero_hook.h), visible to ddp_hooks only. One iteration:
 //
-//   hook_with_zero2 (ddp_hooks/zero_hook.cc)         ZeroGradShards (here)      the layout
-//   -------------------------------------------      ---------------------      ----------------
-//   registered: DDP's buckets (param indices)  --->  set_buckets(buckets)  ---> GradShardLayout
-//                                                                                (internal/zero_layout.h:
-//                                                                                 per bucket, a padded
-//                                                                                 flat range; this rank
-//                                                                                 owns chunk `rank` of
-//                                                                                 each, and the local
-//                                                                                 optimizer steps views
-//                                                                                 of those chunks)
-//   backward, per bucket b: reduce-scatter the       padded_numel(b),
-//     bucket (padded) into grad_chunk(b); .grad      grad_chunk(b)
-//     stays empty, the bucket is freed
-//   end of backward, all reduce-scatters done  --->  mark_reduced()
-//   zero.step() (optim/zero_redundancy_optimizer.h): the local optimizer steps this rank's chunks,
-//     then each bucket's parameters are all-gathered from their owners
+//   1. registration: hook_with_zero2 passes DDP's buckets (global parameter indices) to
+//      set_buckets(), which lays them out as a GradShardLayout (internal/zero_layout.h): per
+//      bucket a flat range padded to world x chunk; this rank owns chunk `rank` of every bucket,
+//      and the local optimizer is rebuilt over those chunks.
+//   2. backward, per bucket b (ddp_hooks/zero_hook.cc): the bucket's gradients, padded to
+//      padded_numel(b), are reduce-scattered into grad_chunk(b); .grad stays empty and the
+//      bucket is freed.
+//   3. end of backward, once every reduce-scatter is done: mark_reduced().
+//   4. zero.step(): the local optimizer steps this rank's chunks, then each bucket's parameters
+//      are all-gathered from their owners (zero_redundancy_optimizer.h).
 //
 //   dtrain::optim::ZeroGradShards shards(zero);
 //   shards.set_buckets(bucket_params);                  // before the first step
