@@ -44,7 +44,7 @@ def launch(cluster, host, port, extra, out):
 
 def listening_addresses(cluster, host, port):
     """Local addresses of host's TCP listeners on port (from its /proc/net/tcp)."""
-    out = subprocess.run(["ip", "netns", "exec", cluster.ns(host), "cat", "/proc/net/tcp"],
+    out = subprocess.run(netns_cluster.in_ns(cluster.ns(host), ["cat", "/proc/net/tcp"]),
                          stdout=subprocess.PIPE, text=True).stdout
     found = []
     for line in out.splitlines()[1:]:

@@ -27,7 +27,7 @@ As a library (bench/cluster/run, comm/testing/netns_cluster_test):
         p = c.popen(0, ["bazel-bin/examples/train", ...], env={...})
         c.set_rate(1, "1mbit"); c.cut(1); c.restore(1)
 
-Needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN) and iproute2; without them it prints one line saying
+Needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN), iproute2 and nsenter (util-linux); without them it prints one line saying
 so and exits with code 77 (CannotMakeCluster in the library).
 """
 import argparse
@@ -57,6 +57,15 @@ def rate_bits(rate):
     if bits < 8e3:
         raise ValueError("rate %r is below 8kbit, too slow for tbf" % rate)
     return bits
+
+
+NETNS_DIR = "/run/netns"  # where `ip netns add` puts a namespace's handle
+
+
+def in_ns(ns, argv):
+    """argv run inside namespace ns. nsenter switches only the network namespace; `ip netns exec`
+    and `ip -n` also remount /sys, which fails in a chroot (Bazel's sandbox in ./bazelw's root)."""
+    return ["nsenter", "--net=%s/%s" % (NETNS_DIR, ns)] + list(argv)
 
 
 def _run(argv, check=True):
@@ -130,7 +139,7 @@ class Cluster:
         except (OSError, RuntimeError):
             raise CannotMakeCluster("netns_cluster: `ip` (iproute2) is not installed; install iproute2")
         self._add_ns(self.switch)
-        sw = ["ip", "-n", self.switch]
+        sw = in_ns(self.switch, ["ip"])
         _run(sw + ["link", "set", "lo", "up"])
         bridges = ["br%d" % n for n in range(self.nodes or 1)]
         for br in bridges:
@@ -151,7 +160,7 @@ class Cluster:
             self._add_ns(ns)
             _run(sw + ["link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", ns])
             _run(sw + ["link", "set", port, "master", bridges[self.node_of(h)], "up"])
-            hn = ["ip", "-n", ns]
+            hn = in_ns(ns, ["ip"])
             _run(hn + ["addr", "add", self.addr(h) + "/24", "dev", "eth0"])
             _run(hn + ["link", "set", "eth0", "up"])
             _run(hn + ["link", "set", "lo", "up"])
@@ -177,7 +186,7 @@ class Cluster:
                 "  except ConnectionRefusedError: sys.exit(0)\n"
                 "  except OSError: time.sleep(0.1)\n"
                 "sys.exit(1)\n") % (timeout, addr)
-        if _run(["ip", "netns", "exec", self.ns(host), sys.executable, "-c", code], check=False).returncode != 0:
+        if _run(in_ns(self.ns(host), [sys.executable, "-c", code]), check=False).returncode != 0:
             raise RuntimeError("netns_cluster: %s cannot reach %s after %.0f s" % (self.ns(host), addr, timeout))
 
     @staticmethod
@@ -186,8 +195,8 @@ class Cluster:
         return max(32 * 1024, int(rate_bits(rate) / 8 * 0.004))
 
     def _shape(self, ns, dev, rate, verb="add"):
-        _run(["ip", "netns", "exec", ns, "tc", "qdisc", verb, "dev", dev, "root", "tbf", "rate", rate,
-              "burst", str(self._burst_bytes(rate)), "latency", "100ms"])
+        _run(in_ns(ns, ["tc", "qdisc", verb, "dev", dev, "root", "tbf", "rate", rate,
+                        "burst", str(self._burst_bytes(rate)), "latency", "100ms"]))
 
     def close(self):
         """Kills what the cluster started and deletes what it made; safe to call twice."""
@@ -230,7 +239,7 @@ class Cluster:
 
     def popen(self, host, argv, env=None, **kwargs):
         """Starts argv (placeholders expanded) in host's namespace, in a process group of its own."""
-        p = subprocess.Popen(["ip", "netns", "exec", self.ns(host)] + self.expand(host, argv),
+        p = subprocess.Popen(in_ns(self.ns(host), self.expand(host, argv)),
                              env=self.env(host, env), start_new_session=True, **kwargs)
         self.procs.append(p)
         return p
@@ -242,16 +251,16 @@ class Cluster:
 
     def cut(self, host):
         """Takes host's link down (both ends): packets are dropped, as when a cable is pulled."""
-        _run(["ip", "-n", self.switch, "link", "set", "p%d" % host, "down"])
-        _run(["ip", "-n", self.ns(host), "link", "set", "eth0", "down"])
+        _run(in_ns(self.switch, ["ip", "link", "set", "p%d" % host, "down"]))
+        _run(in_ns(self.ns(host), ["ip", "link", "set", "eth0", "down"]))
 
     def restore(self, host):
-        _run(["ip", "-n", self.ns(host), "link", "set", "eth0", "up"])
-        _run(["ip", "-n", self.switch, "link", "set", "p%d" % host, "up"])
+        _run(in_ns(self.ns(host), ["ip", "link", "set", "eth0", "up"]))
+        _run(in_ns(self.switch, ["ip", "link", "set", "p%d" % host, "up"]))
 
     def tx_bytes(self, host):
         """Bytes host has sent on its link so far."""
-        out = _run(["ip", "-n", self.ns(host), "-s", "-j", "link", "show", "eth0"]).stdout
+        out = _run(in_ns(self.ns(host), ["ip", "-s", "-j", "link", "show", "eth0"])).stdout
         import json
         return json.loads(out)[0]["stats64"]["tx"]["bytes"]
 

@@ -89,6 +89,8 @@ def main():
         time.sleep(1.0)
         if blocked.poll() is not None:
             fail("a connection to a cut host finished (exit %s)" % blocked.returncode)
+        blocked.kill()  # it would connect to the next probe's receiver once the link is back
+        blocked.wait()
         c.restore(1)
         expect_rate("host 0 -> host 1 restored", mbits(c, 0, 1, 4), 200)
         sleeper = c.popen(2, ["sleep", "600"])
