@@ -120,7 +120,7 @@ def link_cut():
         print("host 0's last lines:\n" + "\n".join(text[0].splitlines()[-4:]), flush=True)
     check_gone(c, procs)
     # The committed step is intact: a resumed run on one host continues from it.
-    out = subprocess.run([TRAIN, "--resume", "--steps=0", "--hidden=64", "--checkpoint_dir=" + ckpt],
+    out = subprocess.run([TRAIN, "--resume", "--steps=1", "--hidden=64", "--checkpoint_dir=" + ckpt],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if "resumed from step" not in out.stdout:
         fail("no resume from the committed step after the cut (exit %d):\n%s" % (out.returncode, out.stdout[-2000:]))

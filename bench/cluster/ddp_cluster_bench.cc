@@ -22,6 +22,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <absl/flags/flag.h>
 #include <absl/flags/parse.h>
@@ -146,8 +147,9 @@ int main_impl(int argc, char** argv) {
     std::fprintf(stderr, "ddp_cluster_bench: %s\n", std::string(g.status().message()).c_str());
     return 1;
   }
-  for (const std::string& mode :
-       absl::StrSplit(absl::GetFlag(FLAGS_modes), ',', absl::SkipEmpty())) {
+  const std::vector<std::string> modes =
+      absl::StrSplit(absl::GetFlag(FLAGS_modes), ',', absl::SkipEmpty());
+  for (const std::string& mode : modes) {
     const Row r = run_mode(mode, *g, absl::GetFlag(FLAGS_iters), absl::GetFlag(FLAGS_batch));
     if (g->rank() == 0) {
       std::printf(
