@@ -3,6 +3,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
+#include <set>
 
 #include <torch/csrc/distributed/rpc/message.h>
 #include <torch/csrc/distributed/rpc/request_callback.h>
@@ -10,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "comm/exception_status.h"
 #include "comm/process_group.h"
 
@@ -21,6 +23,22 @@ struct Agent::InFlight {
   std::condition_variable cv;
   int64_t calls = 0;
 };
+
+// The shutdown barrier's state: per phase (0: arrived, 1: leaving), the ranks whose message
+// reached this worker.
+struct Agent::Arrivals {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::set<int64_t> ranks[2];
+};
+
+namespace {
+// Worker W serves "dtrain.rpc.shutdown_arrived/W" (the prefix is reserved: Handlers' comment); its
+// name in the handler keeps agents that share one Handlers object (threads of a test) apart.
+std::string arrived_handler(const std::string& worker) {
+  return absl::StrCat("dtrain.rpc.shutdown_arrived/", worker);
+}
+}  // namespace
 
 void Handlers::add(const std::string& name, Handler handler) {
   std::unique_lock<std::shared_mutex> lock(mu_);
@@ -164,8 +182,21 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::create(AgentOptions options) {
   std::unique_ptr<Agent> agent(new Agent());
   agent->rank_ = rv->rank;
   agent->world_size_ = rv->world_size;
-  agent->store_ = c10::make_intrusive<c10d::PrefixStore>("dtrain/rpc-shutdown", rv->store);
   agent->in_flight_ = std::make_shared<InFlight>();
+  // The shutdown barrier runs over RPC itself, not over the rendezvous store: a store that a
+  // stray client wedges (or that stops with rank 0's host) cannot hold the job's end.
+  agent->arrivals_ = std::make_shared<Arrivals>();
+  if (!options.handlers) options.handlers = std::make_shared<Handlers>();
+  options.handlers->add(arrived_handler(options.name), [arrivals = agent->arrivals_](Request& req) {
+    const int64_t phase = req.body.i64(), rank = req.body.i64();
+    req.body.expect_done();
+    if (phase == 0 || phase == 1) {
+      std::lock_guard<std::mutex> lock(arrivals->mu);
+      arrivals->ranks[phase].insert(rank);
+    }
+    arrivals->cv.notify_all();
+    return Reply{};
+  });
   try {
     auto store = c10::make_intrusive<c10d::PrefixStore>("dtrain/rpc", rv->store);
     // uv (TCP) and the basic channel: no shared memory or ptrace permissions needed.
@@ -251,19 +282,54 @@ absl::Status Agent::shutdown() {
       std::unique_lock<std::mutex> lock(in_flight_->mu);
       in_flight_->cv.wait(lock, [&] { return in_flight_->calls == 0; });
     }
-    // ... then every worker's: nobody stops serving while a peer may still call it.
-    // One key per worker, not a shared counter: a stray ADD cannot push a count past its target
-    // and wedge shutdown.
-    store_->set(absl::StrCat("arrived/", rank_), std::vector<uint8_t>{1});
-    std::vector<std::string> everyone;
-    for (int r = 0; r < world_size_; ++r) everyone.push_back(absl::StrCat("arrived/", r));
-    store_->wait(everyone, options_.timeout + std::chrono::seconds(60));
+    // ... then every worker's: nobody stops serving while a peer may still call it. Each worker
+    // tells every other one it has arrived and waits for their replies (so every peer has heard
+    // it), then waits until every peer's arrival reached it: after that no peer calls again.
+    if (absl::Status s = barrier_over_rpc(); !s.ok()) return s;
     agent_->shutdown();
   } catch (...) {
     return comm::current_exception_status(absl::StatusCode::kUnavailable,
                                           absl::StrCat("RPC shutdown of '", name(), "'"));
   }
   shut_down_ = true;
+  return absl::OkStatus();
+}
+
+// Two phases. 0, "arrived": told to every peer, every reply awaited, every peer's heard. 1,
+// "leaving": the same, but a failed reply is fine -- a peer shuts down only once it heard every
+// worker's "leaving", this one's included, so its reply may be cut off by its own shutdown. No
+// worker leaves phase 1 before every worker finished phase 0, so no phase-0 reply is cut off.
+absl::Status Agent::barrier_over_rpc() {
+  const auto deadline =
+      std::chrono::steady_clock::now() + options_.timeout + std::chrono::seconds(60);
+  for (int64_t phase : {0, 1}) {
+    std::vector<CallFuture> told;
+    for (const std::string& peer : worker_names()) {
+      if (peer == name()) continue;
+      told.push_back(rpc_async(peer, arrived_handler(peer), Writer().i64(phase).i64(rank_), {},
+                               options_.timeout));
+    }
+    for (CallFuture& f : told) {
+      absl::StatusOr<Response> r = f.get();
+      if (!r.ok() && phase == 0) {
+        return absl::Status(r.status().code(),
+                            absl::StrCat("RPC shutdown of '", name(), "': telling worker '", f.to(),
+                                         "' it arrived failed: ", r.status().message()));
+      }
+    }
+    std::unique_lock<std::mutex> lock(arrivals_->mu);
+    const std::set<int64_t>& heard = arrivals_->ranks[phase];
+    if (!arrivals_->cv.wait_until(
+            lock, deadline, [&] { return static_cast<int>(heard.size()) >= world_size_ - 1; })) {
+      std::vector<std::string> missing;
+      for (int r = 0; r < world_size_; ++r) {
+        if (r != rank_ && heard.count(r) == 0) missing.push_back(absl::StrCat(r));
+      }
+      return absl::DeadlineExceededError(
+          absl::StrCat("RPC shutdown of '", name(), "': rank(s) ", absl::StrJoin(missing, ", "),
+                       " did not reach the shutdown barrier in time; are they still running?"));
+    }
+  }
   return absl::OkStatus();
 }
 

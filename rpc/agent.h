@@ -62,7 +62,8 @@ struct Response {
 
 using Handler = std::function<Reply(Request&)>;
 
-// Name -> handler. Thread-safe; handlers may be added while the agent serves.
+// Name -> handler. Thread-safe; handlers may be added while the agent serves. Names starting with
+// "dtrain.rpc." are the agent's own (its shutdown barrier).
 class Handlers {
  public:
   void add(const std::string& name, Handler handler);
@@ -125,7 +126,9 @@ class Agent {
                       std::vector<at::Tensor> tensors = {},
                       std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
 
-  // Collective: waits until no worker has calls in flight, then stops serving.
+  // Collective: waits until no worker has calls in flight, then stops serving. The barrier runs
+  // over RPC (not the rendezvous store, which may be wedged or gone by then); DeadlineExceeded
+  // naming the ranks that did not arrive within AgentOptions::timeout + 60 s.
   absl::Status shutdown();
 
   const std::string& name() const { return options_.name; }
@@ -139,7 +142,10 @@ class Agent {
   AgentOptions options_;
   int rank_ = 0, world_size_ = 0;
   std::shared_ptr<torch::distributed::rpc::TensorPipeAgent> agent_;
-  c10::intrusive_ptr<c10d::Store> store_;  // rendezvous store, for the shutdown barrier
+  // shutdown()'s barrier: tell every peer, hear from every peer.
+  absl::Status barrier_over_rpc();
+  struct Arrivals;
+  std::shared_ptr<Arrivals> arrivals_;  // the ranks whose arrival reached this worker
   struct InFlight;
   std::shared_ptr<InFlight> in_flight_;  // calls sent and not yet answered
   bool shut_down_ = false;

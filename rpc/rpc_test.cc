@@ -301,6 +301,58 @@ TEST(RpcTest, UserRegisteredOptimizerWorksRemotely) {
   });
 }
 
+// A rendezvous store that stops answering once the job runs: a stray client wedging c10d's store
+// server, or rank 0's host gone ("Socket Timeout" in issue 29's campaign).
+class WedgeableStore : public c10d::HashStore {
+ public:
+  std::atomic<bool> wedged{false};
+  void set(const std::string& k, const std::vector<uint8_t>& v) override {
+    check_wedged();
+    HashStore::set(k, v);
+  }
+  std::vector<uint8_t> get(const std::string& k) override {
+    check_wedged();
+    return HashStore::get(k);
+  }
+  int64_t add(const std::string& k, int64_t v) override {
+    check_wedged();
+    return HashStore::add(k, v);
+  }
+  bool check(const std::vector<std::string>& keys) override {
+    check_wedged();
+    return HashStore::check(keys);
+  }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& t) override {
+    check_wedged();
+    HashStore::wait(keys, t);
+  }
+
+ private:
+  void check_wedged() { TORCH_CHECK(!wedged, "Socket Timeout (the store is wedged)"); }
+};
+
+// shutdown()'s barrier runs over RPC: with the store wedged after startup, calls still work and
+// every worker shuts down cleanly (run_workers checks shutdown's Status), promptly.
+TEST(RpcTest, ShutdownDoesNotNeedTheRendezvousStore) {
+  auto store = c10::make_intrusive<WedgeableStore>();
+  std::atomic<int> running{0};
+  const auto start = std::chrono::steady_clock::now();
+  run_workers(
+      {"w0", "w1", "w2"},
+      [&](Worker& w) {
+        ++running;
+        while (running.load() < 3) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        store->wedged = true;
+        const std::string next = "w" + std::to_string((w.rank + 1) % 3);
+        absl::StatusOr<Response> r =
+            w.agent.rpc_sync(next, "dtrain.test.nothing_registered", Writer().i64(1));
+        EXPECT_FALSE(r.ok());  // an error reply: the peer is reachable without the store
+        EXPECT_THAT(std::string(r.status().message()), HasSubstr("dtrain.test.nothing_registered"));
+      },
+      std::chrono::seconds(10), nullptr, store);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+}
+
 TEST(RpcTest, ConcurrentClientsGiveTheResultOfSomeSerialOrder) {
   // SGD with weight decay: the update depends on the parameter, so the two orders differ and a
   // torn (interleaved) update would match neither.
