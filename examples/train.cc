@@ -185,6 +185,10 @@ int launch_locally(const Config& config, int argc, char** argv) {
   }
   comm::LaunchOptions o;
   o.nproc_per_node = nproc;
+  o.nnodes = config.nnodes;
+  o.node_rank = config.node_rank;
+  o.master_addr = config.master_addr;
+  o.master_port = config.master_port;
   o.rank0_owns_terminal = true;
   o.max_restarts = config.max_restarts;
   o.rdzv_id = config.rdzv_id;

@@ -2,11 +2,11 @@
 """//examples:train_cluster_test: examples:train on a 2-host cluster (comm/testing/netns_cluster.py)
 over a shaped link, and across a cut link.
 
-1. Two hosts (network namespaces, 200 Mbit/s links), one rank each, started by //comm:launch with
+1. Two hosts (network namespaces, 200 Mbit/s links), one rank each, started by examples:train's own
    --nnodes=2 --node_rank --master_addr --master_port as on two machines: //examples:train ends at
    the same loss as the same job on one host over loopback, and rank 0's store listens on its
    host's address only (not every interface).
-2. A link cut mid-run (host 1's cable pulled): both hosts end within the timeout's bound with an
+2. Started by //comm:launch with the same flags, a link cut mid-run (host 1's cable pulled): both hosts end within the timeout's bound with an
    error, never a hang; the committed checkpoint stays loadable (a resumed run continues from it).
 3. After each cluster: no namespace with the cluster's prefix and none of its processes remain.
 Where namespaces cannot be made (not root, no iproute2, a sandbox) it prints why and passes as
@@ -69,7 +69,10 @@ def two_host_training(reference):
     port = 29000 + os.getpid() % 1000
     with netns_cluster.Cluster(hosts=2, rate="200mbit", id="dtct%d" % os.getpid()) as c:
         logs = [open(os.path.join(TMP, "host%d.log" % h), "w+") for h in range(2)]
-        procs = [launch(c, h, port, TRAIN_ARGS + ["--checkpoint_dir=" + ckpt], logs[h]) for h in range(2)]
+        # train's own multi-node flags (torchrun's), as a user types them on each machine.
+        argv = [TRAIN, "--nnodes=2", "--node_rank={host}", "--nproc_per_node=1", "--master_addr={master_addr}",
+                "--master_port=%d" % port, "--checkpoint_dir=" + ckpt] + TRAIN_ARGS
+        procs = [c.popen(h, argv, stdout=logs[h], stderr=subprocess.STDOUT) for h in range(2)]
         listeners = []
         for _ in range(300):  # the store is up once rank 0 rendezvoused
             listeners = listening_addresses(c, 0, port)

@@ -15,6 +15,15 @@
 
 ABSL_FLAG(int, nproc_per_node, 2,
           "Ranks to launch on this machine (ignored when RANK/WORLD_SIZE are set).");
+ABSL_FLAG(int, nnodes, 1,
+          "Nodes in the job (torchrun's flag); nnodes x nproc_per_node ranks in all.");
+ABSL_FLAG(int, node_rank, 0, "This node's index in [0, nnodes) (torchrun's flag).");
+ABSL_FLAG(std::string, master_addr, "127.0.0.1",
+          "Address of node 0, where rank 0 and the rendezvous store run (torchrun's flag); the "
+          "store listens on this address only.");
+ABSL_FLAG(int, master_port, 0,
+          "Port of the rendezvous store (torchrun's flag); 0: a free port on one node, 29500 on "
+          "several.");
 ABSL_FLAG(int, steps, 300, "Total optimizer steps (a resumed run continues up to this step).");
 ABSL_FLAG(std::string, hook, "allreduce",
           "DDP communication hook: allreduce|fp16|bf16|powersgd|post_local_sgd|noop.");
@@ -151,6 +160,34 @@ absl::Status check_values(const TrainConfig& c, const std::string& backend) {
   return absl::OkStatus();
 }
 
+// The multi-node flags, bounded (their product too) before any rank starts.
+absl::Status check_nodes(const TrainConfig& c) {
+  if (c.nnodes < 1 || c.nnodes > comm::kMaxWorldSize) {
+    return usage(
+        absl::StrCat("--nnodes must be in [1, ", comm::kMaxWorldSize, "], got ", c.nnodes));
+  }
+  if (c.node_rank < 0 || c.node_rank >= c.nnodes) {
+    return usage(absl::StrCat("--node_rank must be in [0, ", c.nnodes - 1,
+                              "] (below --nnodes=", c.nnodes, "), got ", c.node_rank));
+  }
+  if (static_cast<int64_t>(c.nnodes) * c.nproc_per_node > comm::kMaxWorldSize) {
+    return usage(absl::StrCat(
+        "--nnodes x --nproc_per_node = ", static_cast<int64_t>(c.nnodes) * c.nproc_per_node,
+        " ranks; at most ", comm::kMaxWorldSize));
+  }
+  if (c.master_port < 0 || c.master_port > 65535) {
+    return usage(absl::StrCat("--master_port must be in [0, 65535], got ", c.master_port));
+  }
+  if (c.master_addr.empty())
+    return usage("--master_addr must name node 0 (an address or host name)");
+  if (c.nnodes > 1 && c.max_restarts > 0) {
+    return usage(
+        "--max_restarts restarts one node's ranks, which would leave the other nodes in another "
+        "attempt; with --nnodes > 1 restart the job on every node from outside, or drop it");
+  }
+  return absl::OkStatus();
+}
+
 // --device=cuda: CUDA in this build, and a GPU this process can see.
 absl::Status check_cuda() {
   if (!comm::nccl_available()) {
@@ -175,6 +212,10 @@ absl::Status check_cuda() {
 absl::StatusOr<TrainConfig> read_flags() {
   TrainConfig c;
   c.nproc_per_node = absl::GetFlag(FLAGS_nproc_per_node);
+  c.nnodes = absl::GetFlag(FLAGS_nnodes);
+  c.node_rank = absl::GetFlag(FLAGS_node_rank);
+  c.master_addr = absl::GetFlag(FLAGS_master_addr);
+  c.master_port = absl::GetFlag(FLAGS_master_port);
   c.steps = absl::GetFlag(FLAGS_steps);
   c.hook = absl::GetFlag(FLAGS_hook);
   c.zero = absl::GetFlag(FLAGS_zero);
@@ -199,6 +240,7 @@ absl::StatusOr<TrainConfig> read_flags() {
   c.powersgd_start_iter = absl::GetFlag(FLAGS_powersgd_start_iter);
   const std::string backend = absl::GetFlag(FLAGS_backend);
   if (absl::Status s = check_values(c, backend); !s.ok()) return s;
+  if (absl::Status s = check_nodes(c); !s.ok()) return s;
   if (c.cuda()) {
     if (absl::Status s = check_cuda(); !s.ok()) return s;
   }

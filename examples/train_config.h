@@ -18,6 +18,13 @@ namespace dtrain::examples {
 // One field per flag, under the flag's name (see train_config.cc for each flag's help text).
 struct TrainConfig {
   int nproc_per_node = 2;  // checked by the launching process only (ignored inside a job)
+  // torchrun's multi-node flags: this launch starts node `node_rank`'s ranks of an
+  // nnodes x nproc_per_node job whose store runs at master_addr:master_port (0: a free port on
+  // one node, 29500 on several).
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;
   int steps = 300;
   std::string hook = "allreduce";      // allreduce|fp16|bf16|powersgd|post_local_sgd|noop
   std::string zero = "sorted_greedy";  // off|sorted_greedy|flat|stage2
