@@ -103,6 +103,16 @@ def main():
     for mode in args.modes.split(","):
         if mode == "zero2":
             continue
+        if mode in ("fp16", "bf16"):
+            # Some Gloo builds (Debian's 2.14) cannot all-reduce half types: PyTorch's compression
+            # hooks then fail ("Invalid scalar type"); every rank finds out alike, before sending.
+            try:
+                dist.all_reduce(torch.zeros(1, dtype=torch.float16 if mode == "fp16" else torch.bfloat16))
+            except RuntimeError as e:
+                if dist.get_rank() == 0:
+                    print(json.dumps({"impl": "pytorch", "mode": mode, "world": dist.get_world_size(),
+                                      "error": str(e).splitlines()[0][:80]}), flush=True)
+                continue
         ms, tx = run_mode(mode, args.iters, args.batch)
         if dist.get_rank() == 0:
             print(json.dumps({"impl": "pytorch", "mode": mode, "world": dist.get_world_size(), "ms": round(ms, 2),
