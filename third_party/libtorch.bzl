@@ -62,6 +62,10 @@ def _libtorch_repository_impl(ctx):
 
     defines = ["USE_C10D_GLOO", "DTRAIN_HAS_NCCL=%d" % (1 if has_cuda else 0)]
     libs = ["-ltorch", "-ltorch_cpu", "-lc10"]
+    if ctx.path(libdir + "/libtorch_cuda.so").exists and not has_cuda:
+        # DTRAIN_LIBTORCH_CPU_ONLY with a CUDA LibTorch: its libtorch.so is a shim that needs
+        # libtorch_cuda.so (and that cuFile, cuDNN...); the CPU libraries alone are enough.
+        libs = ["-ltorch_cpu", "-lc10"]
     if has_cuda:
         defines.append("USE_C10D_NCCL")
         # --no-as-needed: nothing of dtrain's calls into libtorch_cuda directly, yet it must be
