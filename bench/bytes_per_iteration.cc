@@ -19,13 +19,13 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 
-#include "comm/counting_group.h"
-#include "comm/test_harness.h"
+#include "comm/testing/counting_group.h"
+#include "comm/testing/test_harness.h"
 #include "ddp_hooks/benchmark_mlp.h"
 #include "ddp_hooks/distributed_data_parallel.h"
 #include "ddp_hooks/zero_hook.h"
-#include "optim/functional_adapter.h"
-#include "optim/zero_redundancy_optimizer.h"
+#include "optim/functional/adapter.h"
+#include "optim/zero/zero_redundancy_optimizer.h"
 
 namespace {
 

@@ -22,11 +22,11 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
-#include "comm/test_harness.h"
+#include "comm/testing/test_harness.h"
 #include "ddp_hooks/distributed_data_parallel.h"
 #include "ddp_hooks/zero_hook.h"
-#include "optim/functional_adapter.h"
-#include "optim/zero_redundancy_optimizer.h"
+#include "optim/functional/adapter.h"
+#include "optim/zero/zero_redundancy_optimizer.h"
 
 namespace {
 

@@ -28,7 +28,7 @@
 #include "checkpoint/sharded.h"
 #include "checkpoint/state_file.h"
 #include "checkpoint/stored_zip.h"
-#include "comm/thread_world.h"
+#include "comm/testing/thread_world.h"
 #include "torch/version.h"
 
 namespace dtrain::checkpoint {

@@ -1,4 +1,4 @@
-// checkpoint/ with CUDA tensors (tags = ["gpu"]; comm/gpu_testing.h: each case skips without a
+// checkpoint/ with CUDA tensors (tags = ["gpu"]; comm/testing/gpu_testing.h: each case skips without a
 // GPU, fails instead under DTRAIN_REQUIRE_GPU=1): state files written from the GPU are the files
 // the same tensors on the CPU give (views of one CUDA storage stay one storage), load back onto
 // the CPU or, with map_location, the GPU with their storages shared; consolidation and sharded
@@ -13,8 +13,8 @@
 #include "checkpoint/sharded.h"
 #include "checkpoint/state_file.h"
 #include "checkpoint/torch_file_writer.h"
-#include "comm/gpu_testing.h"
-#include "comm/test_harness.h"
+#include "comm/testing/gpu_testing.h"
+#include "comm/testing/test_harness.h"
 #include "testing/test_util.h"
 
 namespace dtrain::checkpoint {

@@ -54,7 +54,7 @@ struct OptimizerStateDict {
 // An empty StateEntry / options dict (string keys, any values).
 StateEntry new_state_entry();
 
-// Parses PyTorch's format (from dtrain, LibTorch via optim/torch_state.h, or Python's torch.load:
+// Parses PyTorch's format (from dtrain, LibTorch via optim/functional/torch_state.h, or Python's torch.load:
 // typed or Any-keyed dicts and lists alike). `what` names the dict in errors. InvalidArgument
 // "<what> is not a dict (got Int)", "<what> needs keys 'state' and 'param_groups'", or
 // "<what>: " + the part that is wrong ("state keys must be integer parameter indices",

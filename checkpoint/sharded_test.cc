@@ -14,7 +14,7 @@
 #include "checkpoint/stored_zip.h"
 #include "checkpoint/test_zip.h"
 #include "checkpoint/torch_file_writer.h"
-#include "comm/test_harness.h"
+#include "comm/testing/test_harness.h"
 #include "partition/flat_partition.h"
 #include "partition/sorted_greedy.h"
 

@@ -12,7 +12,7 @@
 #include <benchmark/benchmark.h>
 
 #include "comm/process_group.h"
-#include "comm/thread_world.h"
+#include "comm/testing/thread_world.h"
 
 namespace dtrain::comm {
 namespace {

@@ -1,4 +1,4 @@
-// comm/ on a GPU (tags = ["gpu"]; comm/gpu_testing.h): NCCL at world size 1 through every
+// comm/ on a GPU (tags = ["gpu"]; comm/testing/gpu_testing.h): NCCL at world size 1 through every
 // collective path dtrain uses, Gloo with CUDA tensors on two ranks sharing the GPU, and stream
 // order: a collective issued right after a long kernel still sees that kernel's result.
 #include <string>
@@ -9,11 +9,11 @@
 
 #include "comm/agreement.h"
 #include "comm/coalesced.h"
-#include "comm/gpu_testing.h"
 #include "comm/object_collectives.h"
 #include "comm/process_group.h"
 #include "comm/reduce_scatter.h"
-#include "comm/test_harness.h"
+#include "comm/testing/gpu_testing.h"
+#include "comm/testing/test_harness.h"
 
 namespace dtrain::comm {
 namespace {

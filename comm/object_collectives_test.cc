@@ -4,7 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "comm/test_harness.h"
+#include "comm/testing/test_harness.h"
 
 namespace dtrain::comm {
 namespace {

@@ -24,7 +24,7 @@
 
 namespace dtrain::comm {
 
-class ByteCounter;  // comm/counting_group.h
+class ByteCounter;  // comm/testing/counting_group.h
 
 // True when this build has the NCCL backend (the LibTorch found at build time ships CUDA).
 bool nccl_available();

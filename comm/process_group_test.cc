@@ -16,7 +16,7 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
-#include "comm/test_harness.h"
+#include "comm/testing/test_harness.h"
 
 namespace dtrain::comm {
 namespace {

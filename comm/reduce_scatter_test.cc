@@ -8,7 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "comm/libtorch_compat.h"
-#include "comm/test_harness.h"
+#include "comm/testing/test_harness.h"
 
 namespace dtrain::comm {
 namespace {

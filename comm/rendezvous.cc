@@ -102,7 +102,7 @@ absl::Status port_in_use_error(const std::string& master, const std::string& det
   return absl::UnavailableError(absl::StrCat(
       "cannot listen on ", master,
       ": port in use (by another job, or a program that still holds it); pick "
-      "another MASTER_PORT (//comm:launch picks a free one when --master_port is left unset)",
+      "another MASTER_PORT (//launcher:launch picks a free one when --master_port is left unset)",
       detail));
 }
 
@@ -112,7 +112,7 @@ absl::StatusOr<int> env_int(const char* name, int lo, int hi) {
   if (value == nullptr) {
     return absl::NotFoundError(absl::StrCat(
         "env:// rendezvous: environment variable ", name,
-        " expected, but not set; launch with //comm:launch or torchrun, or export it"));
+        " expected, but not set; launch with //launcher:launch or torchrun, or export it"));
   }
   return parse_int(absl::StrCat("environment variable ", name), value, lo, hi);
 }
@@ -205,7 +205,7 @@ absl::StatusOr<Rendezvous> rendezvous(const InitOptions& o) {
     if (addr == nullptr || *addr == '\0') {
       return absl::NotFoundError(
           "env:// rendezvous: environment variable MASTER_ADDR expected, but not set; set it to "
-          "rank 0's address (//comm:launch and torchrun do)");
+          "rank 0's address (//launcher:launch and torchrun do)");
     }
     host = addr;
     auto p = env_int("MASTER_PORT", 1, 65535);

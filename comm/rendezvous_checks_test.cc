@@ -21,7 +21,7 @@
 #include "absl/strings/ascii.h"
 #include "comm/libtorch_compat.h"
 #include "comm/process_group.h"
-#include "comm/test_harness.h"
+#include "comm/testing/test_harness.h"
 
 namespace dtrain::comm {
 namespace {

@@ -37,12 +37,12 @@
 #include <torch/torch.h>
 
 #include "comm/coalesced.h"
-#include "comm/thread_world.h"
+#include "comm/testing/thread_world.h"
 #include "ddp_hooks/benchmark_mlp.h"
 #include "ddp_hooks/default_hooks.h"
 #include "ddp_hooks/distributed_data_parallel.h"
 #include "ddp_hooks/zero_hook.h"
-#include "optim/zero_redundancy_optimizer.h"
+#include "optim/zero/zero_redundancy_optimizer.h"
 
 namespace dtrain::ddp_hooks {
 namespace {

@@ -33,8 +33,8 @@
 #include "ddp_hooks/default_hooks.h"
 #include "ddp_hooks/distributed_data_parallel.h"
 #include "ddp_hooks/zero_hook.h"
-#include "optim/functional_adapter.h"
-#include "optim/zero_redundancy_optimizer.h"
+#include "optim/functional/adapter.h"
+#include "optim/zero/zero_redundancy_optimizer.h"
 
 namespace dtrain::ddp_hooks {
 namespace {

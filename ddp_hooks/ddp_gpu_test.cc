@@ -1,5 +1,5 @@
 // DDP, every hook, ZeRO-1/2 (overlap too) and PostLocalSGD with CUDA parameters (tags = ["gpu"];
-// comm/gpu_testing.h): two ranks over Gloo sharing the one GPU, each run against the same run on
+// comm/testing/gpu_testing.h): two ranks over Gloo sharing the one GPU, each run against the same run on
 // the CPU (which the CPU suites hold to PyTorch's numerics). One GPU cannot host two NCCL ranks;
 // NCCL's paths are in comm:collectives_gpu_test at world size 1 and in the NCCL case here.
 #include <functional>
@@ -9,8 +9,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "comm/gpu_testing.h"
-#include "comm/test_harness.h"
+#include "comm/testing/gpu_testing.h"
+#include "comm/testing/test_harness.h"
 #include "ddp_hooks/default_hooks.h"
 #include "ddp_hooks/powersgd_hook.h"
 #include "ddp_hooks/zero_hook.h"

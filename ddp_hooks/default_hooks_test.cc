@@ -6,7 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "comm/test_harness.h"
+#include "comm/testing/test_harness.h"
 #include "ddp_hooks/libtorch_compat.h"
 #include "ddp_hooks/powersgd_hook.h"
 

@@ -9,7 +9,7 @@
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
 
-#include "comm/thread_world.h"
+#include "comm/testing/thread_world.h"
 #include "ddp_hooks/default_hooks.h"
 #include "ddp_hooks/libtorch_compat.h"
 #include "ddp_hooks/powersgd_hook.h"

@@ -6,9 +6,9 @@
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
-#include "comm/gpu_testing.h"
 #include "comm/object_collectives.h"
-#include "comm/test_harness.h"
+#include "comm/testing/gpu_testing.h"
+#include "comm/testing/test_harness.h"
 #include "ddp_hooks/default_hooks.h"
 #include "ddp_hooks/powersgd_hook.h"
 #include "ddp_hooks/zero_hook.h"

@@ -11,7 +11,7 @@
 #include <torch/optim/sgd.h>
 
 #include "comm/process_group.h"
-#include "comm/test_harness.h"
+#include "comm/testing/test_harness.h"
 #include "ddp_hooks/default_hooks.h"
 #include "ddp_hooks/distributed_data_parallel.h"
 #include "optim/model_averagers.h"

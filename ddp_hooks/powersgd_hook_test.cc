@@ -12,7 +12,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "comm/test_harness.h"
+#include "comm/testing/test_harness.h"
 #include "ddp_hooks/libtorch_compat.h"
 
 namespace dtrain::ddp_hooks {

@@ -7,10 +7,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "comm/counting_group.h"
 #include "comm/join.h"
 #include "comm/object_collectives.h"
-#include "comm/test_harness.h"
+#include "comm/testing/counting_group.h"
+#include "comm/testing/test_harness.h"
 #include "ddp_hooks/zero_hook.h"
 
 namespace dtrain::ddp_hooks {

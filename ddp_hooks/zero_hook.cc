@@ -4,8 +4,8 @@
 
 #include <ATen/ATen.h>
 
-#include "optim/zero_grad_shards.h"
-#include "optim/zero_overlap.h"
+#include "optim/zero/grad_shards.h"
+#include "optim/zero/overlap.h"
 #include "partition/bucket_assignment.h"
 
 namespace dtrain::ddp_hooks {

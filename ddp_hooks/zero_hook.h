@@ -59,7 +59,7 @@
 #include "comm/reduce_scatter.h"
 #include "ddp_hooks/bucket_hook.h"
 #include "ddp_hooks/distributed_data_parallel.h"
-#include "optim/zero_redundancy_optimizer.h"
+#include "optim/zero/zero_redundancy_optimizer.h"
 
 namespace dtrain::ddp_hooks {
 

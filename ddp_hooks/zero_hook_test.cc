@@ -6,7 +6,7 @@
 
 #include "comm/join.h"
 #include "comm/object_collectives.h"
-#include "comm/test_harness.h"
+#include "comm/testing/test_harness.h"
 #include "ddp_hooks/default_hooks.h"
 
 namespace dtrain::ddp_hooks {

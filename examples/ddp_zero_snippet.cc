@@ -1,5 +1,5 @@
 // The README's "DDP + ZeRO around your LibTorch model" snippet, compiled so it stays true.
-// Run it under a launcher: ./bazelw run //comm:launch -- --nproc_per_node=2 -- examples/ddp_zero_snippet
+// Run it under a launcher: ./bazelw run //launcher:launch -- --nproc_per_node=2 -- examples/ddp_zero_snippet
 #include <cstdio>
 #include <utility>
 #include <vector>
@@ -9,7 +9,7 @@
 #include "comm/process_group.h"
 #include "ddp_hooks/default_hooks.h"
 #include "ddp_hooks/distributed_data_parallel.h"
-#include "optim/zero_redundancy_optimizer.h"
+#include "optim/zero/zero_redundancy_optimizer.h"
 
 int main() {
   std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;

@@ -37,7 +37,7 @@
 #include "checkpoint/fuzz_support.h"
 #include "checkpoint/state_file.h"
 #include "comm/process_group.h"
-#include "comm/test_harness.h"
+#include "comm/testing/test_harness.h"
 #include "ddp_hooks/powersgd_hook.h"
 
 namespace dtrain::examples {

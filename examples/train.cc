@@ -33,11 +33,11 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/step_checkpoints.h"
-#include "comm/local_launcher.h"
 #include "examples/train_checkpoint.h"
 #include "examples/train_config.h"
 #include "examples/train_job.h"
 #include "examples/train_progress.h"
+#include "launcher/local_launcher.h"
 
 namespace {
 

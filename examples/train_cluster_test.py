@@ -6,7 +6,7 @@ over a shaped link, and across a cut link.
    --nnodes=2 --node_rank --master_addr --master_port as on two machines: //examples:train ends at
    the same loss as the same job on one host over loopback, and rank 0's store listens on its
    host's address only (not every interface).
-2. Started by //comm:launch with the same flags, a link cut mid-run (host 1's cable pulled): both hosts end within the timeout's bound with an
+2. Started by //launcher:launch with the same flags, a link cut mid-run (host 1's cable pulled): both hosts end within the timeout's bound with an
    error, never a hang; the committed checkpoint stays loadable (a resumed run continues from it).
 3. After each cluster: no namespace with the cluster's prefix and none of its processes remain.
 Where namespaces cannot be made (not root, no iproute2, a sandbox) it prints why and passes as
@@ -20,7 +20,7 @@ import time
 sys.path.insert(0, "comm/testing")  # the test runs in its runfiles' workspace directory
 import netns_cluster  # noqa: E402
 
-LAUNCH, TRAIN = "comm/launch", "examples/train"
+LAUNCH, TRAIN = "launcher/launch", "examples/train"
 TMP = os.environ.get("TEST_TMPDIR", "/tmp")
 TRAIN_ARGS = ["--steps=30", "--hidden=64", "--checkpoint_every=10", "--log_every=10"]
 failures = []

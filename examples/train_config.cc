@@ -10,8 +10,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "comm/local_launcher.h"
 #include "comm/process_group.h"
+#include "launcher/local_launcher.h"
 
 ABSL_FLAG(int, nproc_per_node, 2,
           "Ranks to launch on this machine (ignored when RANK/WORLD_SIZE are set).");

@@ -30,10 +30,10 @@
 #include "ddp_hooks/powersgd_hook.h"
 #include "examples/train_config.h"
 #include "examples/train_progress.h"
-#include "optim/functional_adapter.h"
+#include "optim/functional/adapter.h"
+#include "optim/functional/torch_state.h"
 #include "optim/post_local_sgd_optimizer.h"
-#include "optim/torch_state.h"
-#include "optim/zero_redundancy_optimizer.h"
+#include "optim/zero/zero_redundancy_optimizer.h"
 
 namespace dtrain::examples {
 

@@ -1,7 +1,7 @@
 #include "optim/post_local_sgd_optimizer.h"
 
-#include "optim/functional_adapter.h"
-#include "optim/torch_state.h"
+#include "optim/functional/adapter.h"
+#include "optim/functional/torch_state.h"
 
 namespace dtrain::optim {
 namespace {

@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 #include <torch/optim/sgd.h>
 
-#include "comm/test_harness.h"
+#include "comm/testing/test_harness.h"
 
 namespace dtrain::optim {
 namespace {

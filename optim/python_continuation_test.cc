@@ -19,11 +19,11 @@
 #include <torch/optim/sgd.h>
 
 #include "checkpoint/state_file.h"
-#include "comm/test_harness.h"
-#include "optim/functional_adapter.h"
-#include "optim/registry.h"
-#include "optim/torch_state.h"
-#include "optim/zero_redundancy_optimizer.h"
+#include "comm/testing/test_harness.h"
+#include "optim/functional/adapter.h"
+#include "optim/functional/registry.h"
+#include "optim/functional/torch_state.h"
+#include "optim/zero/zero_redundancy_optimizer.h"
 
 namespace dtrain::optim {
 namespace {

@@ -23,7 +23,7 @@ absl::StatusOr<std::unique_ptr<DistributedOptimizer>> DistributedOptimizer::crea
                " has no functional form; each owner runs the LibTorch ",
                "optimizer itself, through .grad, under its step lock (PyTorch's _LocalOptimizer "
                "fallback). ",
-               "Register a functional twin (optim/registry.h) for the functional path.");
+               "Register a functional twin (optim/functional/registry.h) for the functional path.");
   }
   std::map<std::string, std::vector<int64_t>> by_owner;
   for (const auto& p : params) by_owner[p.owner].push_back(p.id);

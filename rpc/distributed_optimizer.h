@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "optim/registry.h"
+#include "optim/functional/registry.h"
 #include "rpc/agent.h"
 #include "rpc/local_optimizers.h"
 #include "rpc/remote.h"
@@ -31,7 +31,7 @@ namespace dtrain::rpc {
 class DistributedOptimizer {
  public:
   // Creates the local optimizers on every owner in parallel: the functional optimizer registered
-  // as `optimizer` (optim/registry.h), or else the LibTorch one registered so with
+  // as `optimizer` (optim/functional/registry.h), or else the LibTorch one registered so with
   // rpc::LocalOptimizerRegistry (TORCH_WARN: stepped through .grad under the owner's lock).
   // Errors name the owner and carry its message (an unknown optimizer name, invalid options, an
   // unknown parameter); optimizers already created on other owners are destroyed again.
@@ -39,7 +39,7 @@ class DistributedOptimizer {
       Agent& agent, const std::string& optimizer, const optim::OptionsDict& options,
       std::vector<RemoteRef> params);
   // From a LibTorch optimizer type and its options: create<torch::optim::Adam>(agent, AdamOptions(1e-3), params).
-  // Its functional twin when it has one (optim/registry.h); otherwise the type as registered with
+  // Its functional twin when it has one (optim/functional/registry.h); otherwise the type as registered with
   // rpc::LocalOptimizerRegistry, run as it is on every owner, with a warning (TORCH_WARN) that
   // it is the slower path, as PyTorch warns. InvalidArgument when it is neither.
   template <typename TorchOptimizer, typename Options>
@@ -56,7 +56,8 @@ class DistributedOptimizer {
           typeid(TorchOptimizer).name() +
           " has no functional twin and is not registered with rpc::LocalOptimizerRegistry; "
           "register a functional " +
-          "twin (optim/registry.h) or the type itself (rpc/local_optimizers.h) on every worker");
+          "twin (optim/functional/registry.h) or the type itself (rpc/local_optimizers.h) on every "
+          "worker");
     }
     return create_local(agent, *local, options, std::move(params));
   }

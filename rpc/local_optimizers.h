@@ -11,7 +11,7 @@
 //       [](const dtrain::optim::OptionsDict& d) { return MyOptions(d.at("lr").toDouble()); });
 //   auto opt = DistributedOptimizer::create<MyOpt>(*agent, MyOptions(0.1), params);  // TORCH_WARNs
 //
-// A functional twin (optim/registry.h), when there is one, is always preferred: it needs no
+// A functional twin (optim/functional/registry.h), when there is one, is always preferred: it needs no
 // .grad and no state in a torch::optim object. Thread safety: registration and lookup from any
 // thread (a reader-writer lock taken only there).
 #ifndef DTRAIN_RPC_LOCAL_OPTIMIZERS_H_
@@ -29,7 +29,7 @@
 #include <ATen/ATen.h>
 #include <torch/optim/optimizer.h>
 
-#include "optim/functional_optimizer.h"
+#include "optim/functional/optimizer.h"
 
 namespace dtrain::rpc {
 

@@ -19,7 +19,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "comm/local_launcher.h"
+#include "launcher/local_launcher.h"
 #include "rpc/agent.h"
 #include "rpc/distributed_optimizer.h"
 #include "rpc/remote.h"

@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "comm/exception_status.h"
-#include "optim/registry.h"
+#include "optim/functional/registry.h"
 #include "rpc/functions.h"
 #include "rpc/internal/protocol.h"
 #include "rpc/local_optimizers.h"

@@ -36,7 +36,7 @@
 #include <ATen/core/ivalue.h>
 
 #include "absl/status/statusor.h"
-#include "optim/functional_optimizer.h"
+#include "optim/functional/optimizer.h"
 #include "rpc/agent.h"
 
 namespace dtrain::rpc {

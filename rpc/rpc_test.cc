@@ -8,10 +8,10 @@
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
-#include "comm/test_harness.h"
-#include "optim/functional_optimizers.h"
-#include "optim/qhm_for_testing.h"
-#include "optim/registry.h"
+#include "comm/testing/test_harness.h"
+#include "optim/functional/optimizers.h"
+#include "optim/functional/registry.h"
+#include "optim/functional/testing/qhm.h"
 #include "rpc/agent.h"
 #include "rpc/codec.h"
 #include "rpc/distributed_optimizer.h"

@@ -21,7 +21,7 @@
 #include <torch/torch.h>
 
 #include "absl/strings/numbers.h"
-#include "comm/local_launcher.h"
+#include "launcher/local_launcher.h"
 #include "rpc/agent.h"
 #include "rpc/dist_autograd.h"
 #include "rpc/distributed_optimizer.h"

@@ -36,8 +36,8 @@
 #include "ddp_hooks/distributed_data_parallel.h"
 #include "ddp_hooks/powersgd_hook.h"
 #include "ddp_hooks/zero_hook.h"
-#include "optim/functional_adapter.h"
-#include "optim/zero_redundancy_optimizer.h"
+#include "optim/functional/adapter.h"
+#include "optim/zero/zero_redundancy_optimizer.h"
 
 ABSL_FLAG(std::string, modes, "backward,allreduce,ddp,fp16,bf16,powersgd1,powersgd4,zero1,zero2",
           "Rows to run, comma-separated (see the file's comment).");

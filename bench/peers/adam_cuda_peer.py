@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""PyTorch's own optimizers on CUDA, on //optim:functional_cuda_benchmark's shapes: 16M fp32
+"""PyTorch's own optimizers on CUDA, on //optim/functional:optimizers_cuda_benchmark's shapes: 16M fp32
 parameters as 64 tensors and as one tensor; torch.optim.Adam, AdamW, SGD and SGD with momentum,
 each with fused=True and with foreach=True (PyTorch's default on CUDA). Each step is followed by
 torch.cuda.synchronize(), as the dtrain rows are, and the floor is measured the same way: the best

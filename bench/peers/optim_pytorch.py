@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""PyTorch's own optimizers on //optim:functional_benchmark's shapes: 16M fp32 parameters as one
+"""PyTorch's own optimizers on //optim/functional:optimizers_benchmark's shapes: 16M fp32 parameters as one
 tensor and as 64 tensors, PyTorch's default thread settings, each implementation PyTorch has on
 CPU: the default (for-loop), foreach=True, fused=True (PyTorch 2.4+ on CPU) and a torch.compile'd
 step (PyTorch's recommended fast path; compiled by the untimed first two steps).

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""PyTorch's ZeroRedundancyOptimizer on the shapes of //optim:zero_benchmark, world 2 (two
+"""PyTorch's ZeroRedundancyOptimizer on the shapes of //optim/zero:zero_redundancy_optimizer_benchmark, world 2 (two
 processes, Gloo over loopback), Adam on 20M fp32 parameters:
     /usr/bin/python3 bench/peers/zero_pytorch.py
 Prints one line per configuration: model, config, mean step time (ms), optimizer state MiB on

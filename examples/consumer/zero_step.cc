@@ -9,7 +9,7 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include "comm/process_group.h"
-#include "optim/zero_redundancy_optimizer.h"
+#include "optim/zero/zero_redundancy_optimizer.h"
 
 int main() {
   dtrain::comm::InitOptions init;

@@ -28,7 +28,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "optim/functional_optimizer.h"
+#include "optim/functional/optimizer.h"
 #include "rpc/agent.h"
 #include "rpc/codec.h"
 

@@ -1,0 +1,328 @@
+#include "launcher/local_launcher.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "launcher/process_set.h"
+
+namespace dtrain::comm {
+namespace {
+
+int g_signal_pipe[2] = {-1, -1};
+
+void on_signal(int sig) {
+  const char c = static_cast<char>(sig);
+  [[maybe_unused]] ssize_t n = ::write(g_signal_pipe[1], &c, 1);
+}
+
+// A relative program path that is not there from the current directory is tried from the
+// directory `bazel run` was started in (BUILD_WORKING_DIRECTORY).
+std::string resolve_program(const std::string& program) {
+  if (program.find('/') == std::string::npos || program[0] == '/') return program;
+  struct stat st;
+  if (::stat(program.c_str(), &st) == 0) return program;
+  if (const char* wd = std::getenv("BUILD_WORKING_DIRECTORY"); wd != nullptr) {
+    std::string candidate = absl::StrCat(wd, "/", program);
+    if (::stat(candidate.c_str(), &st) == 0) return candidate;
+  }
+  return program;
+}
+
+// Prefixes every line a rank writes with "[rank R] " (a last line without '\n' when its pipe ends).
+struct Relay {
+  int rank = 0;
+  std::array<std::string, 2> partial;  // by Pipe
+
+  void feed(Pipe pipe, const char* data, size_t n) {
+    FILE* sink = pipe == Pipe::kOut ? stdout : stderr;
+    std::string& s = partial[static_cast<int>(pipe)];
+    if (n == 0) {  // the end of the pipe
+      if (!s.empty()) std::fprintf(sink, "[rank %d] %s\n", rank, s.c_str());
+      s.clear();
+      std::fflush(sink);
+      return;
+    }
+    s.append(data, n);
+    size_t start = 0;
+    for (size_t nl; (nl = s.find('\n', start)) != std::string::npos; start = nl + 1) {
+      std::fprintf(sink, "[rank %d] %.*s\n", rank, static_cast<int>(nl - start), s.data() + start);
+    }
+    s.erase(0, start);
+    std::fflush(sink);
+  }
+};
+
+// A port free a moment ago and different from `previous` (a restart gets a fresh store).
+int fresh_port(int previous) {
+  int port = free_port();
+  for (int tries = 0; port == previous && tries < 10; ++tries) port = free_port();
+  return port;
+}
+
+// The first signal (other than SIGCHLD) waiting in the signal pipe, or 0.
+int pending_signal() {
+  int found = 0;
+  for (pollfd p{g_signal_pipe[0], POLLIN, 0}; ::poll(&p, 1, 0) > 0 && (p.revents & POLLIN) != 0;) {
+    char buf[64];
+    const ssize_t n = ::read(g_signal_pipe[0], buf, sizeof(buf));
+    if (n <= 0) break;
+    for (ssize_t k = 0; k < n; ++k) {
+      if (found == 0 && buf[k] != SIGCHLD) found = buf[k];
+    }
+  }
+  return found;
+}
+
+// What all attempts share.
+struct Job {
+  const LaunchOptions* options = nullptr;
+  std::vector<std::string> argv;  // the program's
+  int world = 0;
+  bool set_omp = false;
+  int grace_ms = 0;
+  std::string run_id;  // TORCHELASTIC_RUN_ID: one per launch, the same in every attempt
+};
+
+// How one attempt ended.
+struct Outcome {
+  int code = 0;            // 0, the first failing rank's code, or 128 + the launcher's signal
+  bool signalled = false;  // the launcher received SIGINT, SIGTERM or SIGHUP during the attempt
+};
+
+// Starts every rank once (TORCHELASTIC_RESTART_COUNT=attempt) and waits for all of them; when one
+// fails, prints "launch: rank R exited with code C; <on_failure>" and stops the others.
+absl::StatusOr<Outcome> run_attempt(const Job& job, int port, int attempt,
+                                    const std::string& on_failure) {
+  const LaunchOptions& options = *job.options;
+  const int nproc = options.nproc_per_node;
+  const int node_rank = options.node_rank;
+  ProcessSet ranks;  // killed and reaped however this returns
+  std::vector<Relay> relays(nproc);
+  for (int local = 0; local < nproc; ++local) {
+    relays[local].rank = node_rank * nproc + local;
+    ProcessSpec spec;
+    spec.argv = job.argv;
+    spec.env = {{"RANK", std::to_string(relays[local].rank)},
+                {"LOCAL_RANK", std::to_string(local)},
+                {"WORLD_SIZE", std::to_string(job.world)},
+                {"LOCAL_WORLD_SIZE", std::to_string(nproc)},
+                {"GROUP_RANK", std::to_string(node_rank)},
+                {"MASTER_ADDR", options.master_addr},
+                {"MASTER_PORT", std::to_string(port)},
+                {"TORCHELASTIC_RESTART_COUNT", std::to_string(attempt)},
+                {"TORCHELASTIC_MAX_RESTARTS", std::to_string(options.max_restarts)},
+                {"TORCHELASTIC_RUN_ID", job.run_id}};
+    if (job.set_omp) spec.env.emplace_back("OMP_NUM_THREADS", "1");
+    if (options.rank0_owns_terminal && local == 0) spec.output = ProcessSpec::Output::kInherit;
+    spec.error_prefix = "launch: ";
+    if (absl::Status s = ranks.start(spec); !s.ok()) {
+      // The ranks already started must not train on without their peers.
+      ranks.kill_all();
+      return absl::InternalError(
+          absl::StrCat("launch: ", s.message(), "; the ranks already started were stopped"));
+    }
+  }
+
+  Outcome outcome;
+  bool stopping = false;
+  std::chrono::steady_clock::time_point kill_at{};
+  auto relay = [&](int i, Pipe pipe, const char* data, size_t n) { relays[i].feed(pipe, data, n); };
+  while (!ranks.done()) {
+    if (ranks.poll(std::chrono::milliseconds(200), relay, g_signal_pipe[0])) {
+      char buf[64];
+      const ssize_t n = ::read(g_signal_pipe[0], buf, sizeof(buf));
+      for (ssize_t k = 0; k < n; ++k) {
+        const int sig = buf[k];
+        if (sig == SIGCHLD) continue;
+        outcome.signalled = true;  // whatever else happens, no restart after this attempt
+        // Forward the first signal; the ranks decide how to stop. A second one is escalated.
+        if (!stopping) {
+          std::fprintf(stderr, "launch: got signal %d, forwarding to the ranks\n", sig);
+          ranks.signal_all(sig);
+          stopping = true;
+          if (outcome.code == 0) outcome.code = 128 + sig;
+          kill_at = std::chrono::steady_clock::now() + std::chrono::milliseconds(job.grace_ms);
+        } else {
+          std::fprintf(stderr, "launch: got signal %d while stopping the ranks; killing them\n",
+                       sig);
+          ranks.signal_all(SIGKILL);
+        }
+      }
+    }
+    for (int i : ranks.reap()) {
+      const int code = ranks.exit_code(i);
+      if (code != 0 && !stopping) {
+        std::fprintf(stderr, "launch: rank %d exited with code %d; %s\n", relays[i].rank, code,
+                     on_failure.c_str());
+        outcome.code = code;
+        stopping = true;
+        ranks.signal_all(SIGTERM);
+        kill_at = std::chrono::steady_clock::now() + std::chrono::milliseconds(job.grace_ms);
+      }
+    }
+    if (stopping && ranks.num_running() > 0 && std::chrono::steady_clock::now() >= kill_at) {
+      ranks.signal_all(SIGKILL);
+      kill_at = std::chrono::steady_clock::now() + std::chrono::hours(1);
+    }
+  }
+  return outcome;
+}
+
+// One line naming the option, its allowed range and the value, or OK. Every bound is checked
+// before any product is formed; products are formed in 64 bits.
+absl::Status check_options(const LaunchOptions& o) {
+  auto range = [](const char* name, int64_t value, int64_t lo, int64_t hi,
+                  const std::string& note) {
+    if (value >= lo && value <= hi) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat("launch: ", name, " must be in [", lo, ", ", hi, "], got ", value, note));
+  };
+  if (absl::Status s = range("nproc_per_node", o.nproc_per_node, 1, kMaxProcsPerNode,
+                             " (ranks on this node; for more ranks use more nodes)");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = range("nnodes", o.nnodes, 1, kMaxWorldSize, ""); !s.ok()) return s;
+  if (absl::Status s = range("node_rank", o.node_rank, 0, int64_t{o.nnodes} - 1,
+                             absl::StrCat(" (this node's index, below nnodes=", o.nnodes, ")"));
+      !s.ok()) {
+    return s;
+  }
+  const int64_t world = int64_t{o.nnodes} * o.nproc_per_node;
+  if (world > kMaxWorldSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("launch: nnodes x nproc_per_node = ", o.nnodes, " x ", o.nproc_per_node, " = ",
+                     world, " ranks, more than the ", kMaxWorldSize,
+                     " a job may have (the largest WORLD_SIZE the rendezvous "
+                     "accepts); use fewer nodes or ranks per node"));
+  }
+  if (absl::Status s = range("master_port", o.master_port, 0, 65535, " (0 picks one)"); !s.ok())
+    return s;
+  if (absl::Status s = range("max_restarts", o.max_restarts, 0, kMaxRestarts, ""); !s.ok())
+    return s;
+  if (!(o.stop_grace_seconds >= 0 && o.stop_grace_seconds <= kMaxStopGraceSeconds)) {  // NaN too
+    return absl::InvalidArgumentError(absl::StrCat("launch: stop_grace_seconds must be in [0, ",
+                                                   kMaxStopGraceSeconds, "], got ",
+                                                   o.stop_grace_seconds));
+  }
+  if (o.max_restarts > 0 && o.nnodes > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "launch: max_restarts needs a single node (got nnodes ", o.nnodes,
+        "): restarting this node's ranks alone would leave the other nodes in another attempt"));
+  }
+  if (o.master_addr.empty()) {
+    return absl::InvalidArgumentError(
+        "launch: master_addr is empty; give rank 0's address (127.0.0.1 on one node)");
+  }
+  const std::string& id = o.rdzv_id;
+  const bool id_ok = id.size() <= 128 && std::all_of(id.begin(), id.end(), [](char c) {
+                       return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' ||
+                              c == '_' || c == '-';
+                     });
+  if (!id_ok) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("launch: rdzv_id \"", absl::CHexEscape(id.substr(0, 160)),
+                     "\" must be 1 to 128 characters from [A-Za-z0-9._-]"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<int> launch_local(const std::vector<std::string>& argv,
+                                 const LaunchOptions& options) {
+  if (argv.empty() || argv[0].empty())
+    return absl::InvalidArgumentError("launch: no program given");
+  if (absl::Status s = check_options(options); !s.ok()) return s;
+  const int nproc = options.nproc_per_node;
+  const int nnodes = options.nnodes;
+  const int max_restarts = options.max_restarts;
+  const std::string& id = options.rdzv_id;
+  const std::string program = resolve_program(argv[0]);
+  std::vector<std::string> args = argv;
+  args[0] = program;
+  Job job;
+  job.options = &options;
+  job.argv = args;
+  job.world = nproc * nnodes;  // check_options: at most kMaxWorldSize
+  job.run_id = !id.empty() ? id
+                           : absl::StrFormat("%016x", (uint64_t{std::random_device()()} << 32) ^
+                                                          std::random_device()() ^
+                                                          static_cast<uint64_t>(::getpid()));
+  // One thread per rank is what 2-core machines can afford; torchrun does the same.
+  job.set_omp =
+      options.one_thread_per_rank && std::getenv("OMP_NUM_THREADS") == nullptr && nproc > 1;
+  job.grace_ms = static_cast<int>(1000 * options.stop_grace_seconds);
+
+  if (::pipe(g_signal_pipe) != 0)
+    return absl::InternalError(absl::StrCat("launch: pipe: ", std::strerror(errno)));
+  ::fcntl(g_signal_pipe[0], F_SETFD, FD_CLOEXEC);
+  ::fcntl(g_signal_pipe[1], F_SETFD, FD_CLOEXEC);
+  ::fcntl(g_signal_pipe[1], F_SETFL, O_NONBLOCK);
+  // The caller's handlers come back, and the pipe is closed, however this function returns.
+  struct SignalsInstalled {
+    const int signals[4] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD};
+    struct sigaction old[4]{};
+    SignalsInstalled() {
+      struct sigaction sa {};
+      sa.sa_handler = on_signal;
+      ::sigemptyset(&sa.sa_mask);
+      for (int i = 0; i < 4; ++i) ::sigaction(signals[i], &sa, &old[i]);
+    }
+    ~SignalsInstalled() {
+      for (int i = 0; i < 4; ++i) ::sigaction(signals[i], &old[i], nullptr);
+      ::close(g_signal_pipe[0]);
+      ::close(g_signal_pipe[1]);
+      g_signal_pipe[0] = g_signal_pipe[1] = -1;
+    }
+  } installed;
+
+  int port = 0;
+  for (int attempt = 0;; ++attempt) {
+    // A port the launcher picks is picked afresh for every attempt: the last attempt's store may
+    // still hold it.
+    if (options.master_port != 0) {
+      port = options.master_port;
+    } else {
+      port = nnodes == 1 ? fresh_port(port) : 29500;
+    }
+    const bool last = attempt == max_restarts;
+    const std::string on_failure =
+        !last ? absl::StrCat("restarting all ranks (attempt ", attempt + 2, " of ",
+                             max_restarts + 1, ")")
+        : max_restarts > 0
+            ? absl::StrCat("stopping the other ranks; no restarts left (max_restarts ",
+                           max_restarts, ")")
+            : std::string("stopping the other ranks");
+    absl::StatusOr<Outcome> outcome = run_attempt(job, port, attempt, on_failure);
+    if (!outcome.ok()) return outcome.status();
+    if (outcome->code == 0 || outcome->signalled || last) return outcome->code;
+    // A signal that arrived while the last rank was being reaped still cancels the restart.
+    if (const int sig = pending_signal(); sig != 0) {
+      std::fprintf(stderr, "launch: got signal %d; not restarting\n", sig);
+      return 128 + sig;
+    }
+  }
+}
+
+}  // namespace dtrain::comm

@@ -1,0 +1,82 @@
+// torchrun-style local launcher as a library: starts this node's ranks of a program with
+// torchrun's environment variables, relays their output, forwards signals, stops every rank when
+// one fails and, with max_restarts (torchrun's --max_restarts), starts them all again.
+// //launcher:launch is its command line; examples/train uses it to launch itself.
+//
+//   dtrain::comm::LaunchOptions o;
+//   o.nproc_per_node = 2;
+//   o.rank0_owns_terminal = true;     // rank 0 may redraw a progress line in place
+//   o.max_restarts = 1;               // a failed rank restarts the whole set once
+//   absl::StatusOr<int> code = dtrain::comm::launch_local({"/path/to/program", "--flag"}, o);
+//
+// Not thread-safe: one launch per process at a time (it installs signal handlers while running and
+// restores the caller's when it returns).
+#ifndef DTRAIN_LAUNCHER_LOCAL_LAUNCHER_H_
+#define DTRAIN_LAUNCHER_LOCAL_LAUNCHER_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace dtrain::comm {
+
+// Most ranks one node may start (each costs two pipes here and a Gloo connection to every peer).
+inline constexpr int kMaxProcsPerNode = 256;
+// Most restarts one launch may make.
+inline constexpr int kMaxRestarts = 100;
+// Most ranks in a job (nnodes x nproc_per_node): the largest WORLD_SIZE the env:// rendezvous
+// accepts, so a launch never hands its ranks a WORLD_SIZE (or RANK) they would refuse or that
+// overflows an int.
+inline constexpr int kMaxWorldSize = 1 << 30;
+// Longest stop_grace_seconds.
+inline constexpr double kMaxStopGraceSeconds = 3600;
+
+struct LaunchOptions {
+  int nproc_per_node = 1;  // ranks started on this node, at most kMaxProcsPerNode
+  int nnodes = 1;          // nodes in the job; nnodes x nproc_per_node <= kMaxWorldSize
+  int node_rank = 0;       // this node's index in [0, nnodes)
+  std::string master_addr = "127.0.0.1";  // not empty
+  int master_port = 0;                    // in [0, 65535]; 0: a free port (single node) or 29500
+  double stop_grace_seconds =
+      5.0;  // after a failure or signal, before SIGKILL; [0, kMaxStopGraceSeconds]
+  // Rank 0 writes straight to this process's stdout/stderr (a terminal stays a terminal); the
+  // other ranks' lines are still prefixed with "[rank R] ". Default: every rank prefixed.
+  bool rank0_owns_terminal = false;
+  // Sets OMP_NUM_THREADS=1 for the ranks when it is unset and more than one rank shares the node
+  // (torchrun does the same: N ranks x all cores oversubscribes the machine).
+  bool one_thread_per_rank = true;
+  // torchrun's --max_restarts, in [0, kMaxRestarts]: when a rank fails, the others are stopped and,
+  // while restarts remain, every rank is started again (with a fresh MASTER_PORT when the launcher
+  // picked the port itself), after one line on stderr: "launch: rank R exited with code C;
+  // restarting all ranks (attempt K of N)", N being max_restarts + 1 attempts in all. Ranks read
+  // which attempt they are in from TORCHELASTIC_RESTART_COUNT (0 on the first) and the limit from
+  // TORCHELASTIC_MAX_RESTARTS, as under torchrun. A signal to the launcher is never followed by a
+  // restart. Single node only (nnodes == 1): restarting one node's ranks alone would leave the
+  // other nodes in a different attempt.
+  int max_restarts = 0;
+  // torchrun's --rdzv_id: the job's id, handed to every rank as TORCHELASTIC_RUN_ID and the same in
+  // every attempt. Empty (the default): a random id per launch. Otherwise 1 to 128 characters from
+  // [A-Za-z0-9._-]. Give the same id to launches that should count as one job (a program that
+  // records the id in its checkpoints, as examples:train does, then treats them as its own).
+  std::string rdzv_id;
+};
+
+// Starts the ranks (argv[0] is looked up on PATH if it has no '/'; a relative path missing from
+// the current directory is tried from BUILD_WORKING_DIRECTORY) and waits for all of them.
+// Returns 0 when every rank of an attempt succeeded, else the first failing rank's exit code in
+// the last attempt (128 + signal for a rank killed by a signal, or 128 + the signal this launcher
+// received and forwarded). InvalidArgument, before any rank starts, for bad options -- one line
+// naming the option and its allowed range: a number outside the range given with its field above
+// (nproc_per_node, nnodes, node_rank, master_port, max_restarts, stop_grace_seconds, NaN included),
+// nnodes x nproc_per_node over kMaxWorldSize (computed in 64 bits), max_restarts above 0 with
+// nnodes > 1, an empty master_addr, an rdzv_id with other characters or over 128 long -- or an
+// empty argv; Internal when pipes or fork fail (the ranks already started are killed first).
+// Every rank is killed when this process dies, however it dies (PR_SET_PDEATHSIG), so no rank
+// trains on without its launcher.
+absl::StatusOr<int> launch_local(const std::vector<std::string>& argv,
+                                 const LaunchOptions& options);
+
+}  // namespace dtrain::comm
+
+#endif  // DTRAIN_LAUNCHER_LOCAL_LAUNCHER_H_

@@ -1,0 +1,172 @@
+#include "optim/functional/adam.h"
+
+#include <cmath>
+
+#include "optim/functional/internal/optimizer_impl.h"
+#include "optim/libtorch_compat.h"
+
+namespace dtrain::optim::internal {
+
+// Adam (kDecoupled = false: L2 weight decay on the gradient, or decoupled where its
+// decoupled_weight_decay option is on) and AdamW (kDecoupled = true: always decoupled).
+template <bool kDecoupled, typename Options>
+struct AdamDescriptor : DescriptorDefaults {
+  static bool decoupled(const Options& o) {
+    if constexpr (kDecoupled) {
+      return true;
+    } else {
+      return o.decoupled_weight_decay();
+    }
+  }
+  // PyTorch checks eps before betas; its param_group lists betas first.
+  static OptionTable<Options> options(const char* name) {
+    return OptionTable<Options>(name, Options())
+        .lr()
+        .betas()
+        .eps()
+        .weight_decay()
+        .option(DTRAIN_OPTION(amsgrad))
+        .maximize()
+        .foreach ()
+        .check_order({"lr", "eps", "betas", "weight_decay"});
+  }
+  static constexpr StepKind kStep = StepKind::kFloatTensor;
+  static constexpr std::array<const char*, 4> kSlots = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq",
+                                                        ""};
+
+  static void require_state(const std::string& name, const ParamState& s, const at::Tensor&,
+                            size_t index, const Options& o) {
+    if (o.amsgrad()) require_slot(s, 2, index, name, "amsgrad=True", "max_exp_avg_sq");
+  }
+  static bool prepare(ParamState& s, const at::Tensor& p, const at::Tensor&, const Options& o) {
+    return count_step(s, p, {true, true, o.amsgrad(), false});
+  }
+  static void scalars(std::array<double, 4>& c, const ParamState& s, const Options& o) {
+    const double step = static_cast<double>(s.step);
+    const double bc1 = 1 - std::pow(std::get<0>(o.betas()), step);
+    const double bc2 = 1 - std::pow(std::get<1>(o.betas()), step);
+    c[0] = o.lr() / bc1;    // step_size
+    c[1] = std::sqrt(bc2);  // bias_correction2_sqrt
+  }
+  static void aten(ParamState& s, at::Tensor& p, const at::Tensor& g, const Options& o, bool) {
+    const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
+    at::Tensor grad = o.maximize() ? g.neg() : g;
+    if (decoupled(o)) {
+      p.mul_(1 - o.lr() * o.weight_decay());
+    } else if (o.weight_decay() != 0) {
+      grad = grad.add(p, o.weight_decay());
+    }
+    at::Tensor& exp_avg = s.slots[0];
+    at::Tensor& exp_avg_sq = s.slots[1];
+    exp_avg.mul_(beta1).add_(grad, 1 - beta1);
+    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2);
+    std::array<double, 4> c{};
+    scalars(c, s, o);
+    at::Tensor denom;
+    if (o.amsgrad()) {
+      at::maximum_out(s.slots[2], s.slots[2], exp_avg_sq);
+      denom = (s.slots[2].sqrt() / c[1]).add_(o.eps());
+    } else {
+      denom = (exp_avg_sq.sqrt() / c[1]).add_(o.eps());
+    }
+    p.addcdiv_(exp_avg, denom, -c[0]);
+  }
+  template <typename T, bool kAmsgrad, bool kDecoupledDecay>
+  static void loop(const FusedTensor<T>& t, int64_t lo, int64_t hi, const Options& o) {
+    T* __restrict p = t.p;
+    const T* __restrict g = t.g;
+    T* __restrict m = t.s[0];
+    T* __restrict v = t.s[1];
+    T* __restrict vmax = t.s[2];
+    const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
+    const T b1 = static_cast<T>(beta1), one_minus_b1 = static_cast<T>(1 - beta1);
+    const T b2 = static_cast<T>(beta2), one_minus_b2 = static_cast<T>(1 - beta2);
+    const T wd = static_cast<T>(o.weight_decay());
+    const T decay = static_cast<T>(1 - o.lr() * o.weight_decay());
+    const T eps = static_cast<T>(o.eps());
+    const T neg_step_size = static_cast<T>(-t.c[0]);
+    const T bc2_sqrt = static_cast<T>(t.c[1]);
+    const T sign = o.maximize() ? T(-1) : T(1);
+    for (int64_t k = lo; k < hi; ++k) {
+      T pk = p[k];
+      T gk = sign * g[k];
+      if (kDecoupledDecay) {
+        pk = pk * decay;
+      } else {
+        gk = gk + wd * pk;
+      }
+      const T mk = m[k] * b1 + one_minus_b1 * gk;
+      const T vk = v[k] * b2 + one_minus_b2 * gk * gk;
+      m[k] = mk;
+      v[k] = vk;
+      T vm = vk;
+      if (kAmsgrad) {
+        vm = vk > vmax[k] ? vk : vmax[k];
+        vmax[k] = vm;
+      }
+      const T denom = std::sqrt(vm) / bc2_sqrt + eps;
+      p[k] = pk + neg_step_size * mk / denom;
+    }
+  }
+  template <typename T>
+  static void kernel(const FusedTensor<T>& t, int64_t lo, int64_t hi, const Options& o) {
+    // amsgrad off ignores (and keeps) a max_exp_avg_sq from earlier steps, as the ATen path does.
+    if (decoupled(o)) {
+      return o.amsgrad() ? loop<T, true, true>(t, lo, hi, o) : loop<T, false, true>(t, lo, hi, o);
+    }
+    return o.amsgrad() ? loop<T, true, false>(t, lo, hi, o) : loop<T, false, false>(t, lo, hi, o);
+  }
+
+  // CUDA: PyTorch's _fused_adam, one at::_fused_adam(w)_ per (device, dtype) batch; the kernel
+  // reads each parameter's float32 step on the device (drive_cuda has counted it).
+  static constexpr bool kCudaFused = true;
+  static bool cuda_wanted(const Options& o) { return o.fused().value_or(true); }
+  static std::array<bool, 4> cuda_slots(const Options& o) {
+    return {true, true, o.amsgrad(), false};
+  }
+  static void cuda_step(CudaBatch& b, const Options& o) {
+    fused_adam_(decoupled(o), b.params, b.grads, b.slots[0], b.slots[1], b.slots[2], b.steps,
+                o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.weight_decay(), o.eps(),
+                o.amsgrad(), o.maximize());
+    ++cuda_path_counts().fused;
+  }
+};
+
+template <>
+struct Descriptor<AdamOptions> : AdamDescriptor<false, AdamOptions> {
+  static OptionTable<AdamOptions> options() {
+    auto table =
+        AdamDescriptor::options("Adam").fixed("capturable", false).differentiable().fused();
+    if constexpr (kAdamHasDecoupledWeightDecay) {
+      table.option(DTRAIN_OPTION(decoupled_weight_decay));
+    } else {
+      table.check([](const AdamOptions& o) {
+        TORCH_CHECK(!o.decoupled_weight_decay(),
+                    "Adam: decoupled_weight_decay=True needs LibTorch 2.7 or newer "
+                    "(PyTorch ",
+                    TORCH_VERSION,
+                    "'s Adam has no such option and its state dict could not "
+                    "record it); use AdamW");
+      });
+    }
+    return table;
+  }
+};
+
+template <>
+struct Descriptor<AdamWOptions> : AdamDescriptor<true, AdamWOptions> {
+  static OptionTable<AdamWOptions> options() {
+    // PyTorch 2.7+'s AdamW is Adam with decoupled_weight_decay=True, and its param_group says so.
+    auto table =
+        AdamDescriptor::options("AdamW").fixed("capturable", false).differentiable().fused();
+    if constexpr (kAdamHasDecoupledWeightDecay) table.fixed("decoupled_weight_decay", true);
+    return table;
+  }
+};
+
+}  // namespace dtrain::optim::internal
+
+namespace dtrain::optim {
+template class TypedFunctionalOptimizer<AdamOptions>;
+template class TypedFunctionalOptimizer<AdamWOptions>;
+}  // namespace dtrain::optim
