@@ -11,6 +11,7 @@
 #include "checkpoint/consolidation.h"
 #include "comm/agreement.h"
 #include "comm/object_collectives.h"
+#include "comm/rendezvous_checks.h"
 #include "optim/functional/registry.h"
 #include "optim/functional/torch_state.h"
 #include "optim/functional/torch_twins.h"
@@ -188,17 +189,23 @@ void ZeroRedundancyOptimizer::sync_options(bool to_local) {
 }
 
 void ZeroRedundancyOptimizer::check_add_param_group_agreement(bool calling) {
+  // How long a failed step asks the store whether another rank's add_param_group caused it.
+  constexpr std::chrono::milliseconds kFailedStepStoreDeadline{5000};
   c10d::Store& store = *options_.group.store();
   const std::string key = absl::StrCat(store_prefix_, "/add_param_group/", add_param_group_calls_);
   const std::string how = absl::StrCat("add_param_group must be called on all ranks: ");
   if (!calling) {
     // After a failed step: has another rank started an add_param_group this rank never made?
-    // (A store that fails too leaves the step's own error to propagate.)
-    bool other_called = false;
-    try {
-      other_called = store.check({key});
-    } catch (const std::exception&) {
-    }
+    // (A store that fails too leaves the step's own error to propagate.) Bounded by our own
+    // deadline: c10d's store client reads the reply with no timeout, and a store whose link was
+    // cut never answers, which would hold the step's error for TCP's ~15 minutes.
+    c10::intrusive_ptr<c10d::Store> shared = options_.group.store();
+    const auto bound =
+        std::min<std::chrono::milliseconds>(options_.group.timeout(), kFailedStepStoreDeadline);
+    absl::StatusOr<bool> asked = comm::run_with_deadline<bool>(
+        [shared, key]() -> absl::StatusOr<bool> { return shared->check({key}); },
+        std::chrono::steady_clock::now() + bound, "the store's add_param_group count");
+    const bool other_called = asked.ok() && *asked;
     TORCH_CHECK(!other_called, how, "another rank called it (call #", add_param_group_calls_ + 1,
                 ") but rank ", rank(), " went on to step()");
     return;

@@ -1,11 +1,18 @@
 // ZeroRedundancyOptimizer's semantics at the edges PyTorch users meet: a manual partition that
 // leaves parameters to no rank, state indices that do not exist, state_dict() after a later step,
-// what parameters_as_bucket_view does to parameter storage, step(closure)'s loss and update, and
-// optimizers that need whole parameters.
+// what parameters_as_bucket_view does to parameter storage, step(closure)'s loss and update,
+// optimizers that need whole parameters, and a failed step beside a store that stopped answering.
+#include <atomic>
+#include <chrono>
+#include <stdexcept>
+#include <thread>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include "comm/object_collectives.h"
+#include "comm/process_group.h"
 #include "comm/testing/test_harness.h"
 #include "optim/functional/adapter.h"
 #include "optim/functional/torch_state.h"
@@ -219,6 +226,42 @@ TEST(ZeroSemanticsTest, WholeParameterOptimizersRefuseTheFlatPartition) {
         EXPECT_TRUE(p[i].allclose(ref[i], 1e-6, 1e-7)) << "param " << i;
     }
   });
+}
+
+// A rendezvous store whose `check` gets no answer while `silent` (its host's link cut: no reply,
+// no reset).
+class SilentStore : public c10d::HashStore {
+ public:
+  std::atomic<bool> silent{false};
+  bool check(const std::vector<std::string>& keys) override {
+    while (silent) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return HashStore::check(keys);
+  }
+};
+
+// A failed step asks the store whether another rank's add_param_group caused it; a store that
+// does not answer must not hold the step's own error (it did for ~15 minutes: issue 30's link-cut
+// run). The error propagates within the 5 s bound.
+TEST(ZeroSemanticsTest, AFailedStepDoesNotWaitForASilentStore) {
+  auto store = c10::make_intrusive<SilentStore>();
+  comm::InitOptions o;
+  o.store = store;
+  o.rank = 0;
+  o.world_size = 1;
+  absl::StatusOr<comm::Group> g = comm::init_process_group(o);
+  ASSERT_TRUE(g.ok()) << g.status();
+  std::vector<at::Tensor> p = make_params(kSizes);
+  ZeroRedundancyOptimizer zero(p, adam(), zero_options(*g, true));
+  store->silent = true;
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    zero.step([]() -> at::Tensor { throw std::runtime_error("the closure failed"); });
+    ADD_FAILURE() << "step() should rethrow the closure's error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("the closure failed"));
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(8));
+  store->silent = false;  // lets the abandoned question finish
 }
 
 }  // namespace
