@@ -1,6 +1,6 @@
-// Private to //checkpoint:pickle_reader: what the pickle machine (pickle_reader.cc), the
-// allow-listed globals (pickle_globals.cc) and the checks (pickle_checks.cc) share. Not a public
-// header.
+// Private to //checkpoint:pickle_reader: what the pickle machine (pickle_reader.cc,
+// pickle_machine_objects.cc), the allow-listed globals (pickle_globals.cc), storages and tensors
+// (pickle_tensors.cc) and the checks (pickle_checks.cc) share. Not a public header.
 #ifndef DTRAIN_CHECKPOINT_PICKLE_INTERNAL_H_
 #define DTRAIN_CHECKPOINT_PICKLE_INTERNAL_H_
 
@@ -23,9 +23,9 @@ namespace dtrain::checkpoint::pickle_internal {
 
 // Nesting limit for containers in the result (and for tuples while reading): deeper files are
 // refused rather than recursed into. State dicts nest a handful of levels.
-constexpr uint32_t kMaxDepth = 1000;
+inline constexpr uint32_t kMaxDepth = 1000;
 // The result may expand (a shared value counted once per reference) to at most this many values.
-constexpr uint64_t kMaxExpandedValues = uint64_t{1} << 28;
+inline constexpr uint64_t kMaxExpandedValues = uint64_t{1} << 28;
 
 // The callables the allow-list knows. Storage classes are kStorageClass + the c10::ScalarType.
 enum Global : int32_t {
@@ -112,8 +112,16 @@ absl::StatusOr<Item> resolve_global(const Context& ctx, std::string_view module,
                                     std::string_view name);
 // Calls `callable` (REQUIRES kind == kGlobal) with `args` (REDUCE).
 absl::StatusOr<Item> call_global(Context& ctx, const Item& callable, const std::vector<Item>& args);
-// BINPERSID: ('storage', <storage class>, key, location, numel) -> the storage, loaded once per key.
+// BINPERSID: ('storage', <storage class>, key, location, numel) -> the storage, loaded once per
+// key.
 absl::StatusOr<Item> persistent_load(Context& ctx, const Item& pid);
+// _rebuild_tensor_v2 or _rebuild_tensor (`g`) called with `a`: a CPU tensor over a loaded storage.
+absl::StatusOr<Item> rebuild_tensor(Context& ctx, int32_t g, const std::vector<Item>& a);
+// OK when global `g` is called with lo to hi arguments, else DataLoss naming it.
+absl::Status arity(const Context& ctx, int32_t g, const std::vector<Item>& args, size_t lo,
+                   size_t hi);
+// The ints of `item`, a tuple or list of ints (a size, a stride); else DataLoss naming `what`.
+absl::StatusOr<std::vector<int64_t>> ints(const Context& ctx, const Item& item, const char* what);
 // Python's name for what `item` is, for messages ("a torch.FloatStorage class", "a str", ...).
 std::string describe(const Item& item);
 
