@@ -17,6 +17,12 @@
 //               reduced, then parameters broadcast)
 //   zero2       the same with hook_with_zero2 (gradients reduce-scattered in backward, parameters
 //               all-gathered in step)
+//   localsgd_ddp, localsgd_periodic, localsgd_hierarchical
+//               SGD regressing a fixed teacher network, every rank its own data, the model kept
+//               in agreement by DDP at every step, by PostLocalSGDOptimizer with a
+//               PeriodicModelAverager (all ranks every 2 steps), or with a HierarchicalModelAverager
+//               (every 2 steps within a node of --ranks_per_node ranks, every 8 steps across all);
+//               also prints "loss": rank 0's model on a fixed batch after the run's steps
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -26,6 +32,7 @@
 
 #include <absl/flags/flag.h>
 #include <absl/flags/parse.h>
+#include <absl/strings/str_format.h>
 #include <absl/strings/str_split.h>
 #include <torch/torch.h>
 
@@ -37,12 +44,15 @@
 #include "ddp_hooks/powersgd_hook.h"
 #include "ddp_hooks/zero_hook.h"
 #include "optim/functional/adapter.h"
+#include "optim/model_averagers.h"
+#include "optim/post_local_sgd_optimizer.h"
 #include "optim/zero/zero_redundancy_optimizer.h"
 
 ABSL_FLAG(std::string, modes, "backward,allreduce,ddp,fp16,bf16,powersgd1,powersgd4,zero1,zero2",
           "Rows to run, comma-separated (see the file's comment).");
 ABSL_FLAG(int, iters, 10, "Timed iterations per row (after 3 untimed ones).");
 ABSL_FLAG(int, batch, 2, "Samples per rank per iteration.");
+ABSL_FLAG(int, ranks_per_node, 2, "Ranks per node, for localsgd_hierarchical's inner level.");
 
 namespace dtrain::bench {
 namespace {
@@ -69,6 +79,7 @@ int64_t tx_bytes() {
 struct Row {
   double ms = 0;
   int64_t tx = 0;
+  double loss = -1;  // localsgd rows only
 };
 
 template <typename F>
@@ -84,6 +95,56 @@ Row timed(const comm::Group& g, int iters, F&& iteration) {
   return {ms / iters, (tx_bytes() - tx0) / iters};
 }
 
+// The localsgd rows (see the top): ms per step, bytes, and the loss after 3 + iters steps.
+Row run_local_sgd(const std::string& mode, const comm::Group& g, int iters, int batch) {
+  torch::manual_seed(1);
+  auto teacher = ddp_hooks::benchmark_mlp();
+  torch::manual_seed(0);
+  auto mlp = ddp_hooks::benchmark_mlp();
+  auto data = [&](int64_t seed, int rows) {
+    torch::manual_seed(seed);
+    torch::Tensor x = torch::randn({rows, 1024});
+    torch::NoGradGuard no_grad;
+    return std::make_pair(x, teacher->forward(x) * 100);  // a target of order 1
+  };
+  auto loss_of = [&](const std::pair<torch::Tensor, torch::Tensor>& xy) {
+    return torch::mse_loss(mlp->forward(xy.first) * 100, xy.second);
+  };
+  auto sgd = std::make_unique<torch::optim::SGD>(mlp->parameters(), torch::optim::SGDOptions(0.05));
+  std::unique_ptr<torch::optim::Optimizer> opt;
+  std::unique_ptr<DistributedDataParallel> ddp;
+  if (mode == "localsgd_ddp") {
+    ddp_hooks::DDPOptions o;
+    o.group = g;
+    ddp = std::make_unique<DistributedDataParallel>(mlp.ptr(), o);
+    opt = std::move(sgd);
+  } else {
+    std::shared_ptr<optim::ModelAverager> averager;
+    if (mode == "localsgd_periodic") {
+      averager = std::make_shared<optim::PeriodicModelAverager>(2, 0, g);
+    } else {
+      const int per_node = absl::GetFlag(FLAGS_ranks_per_node);
+      averager = std::make_shared<optim::HierarchicalModelAverager>(
+          std::vector<std::pair<int64_t, int>>{{2, per_node}, {8, g.size()}}, 0, g);
+    }
+    opt = std::make_unique<optim::PostLocalSGDOptimizer>(std::move(sgd), averager);
+  }
+  int64_t step = 0;
+  Row r = timed(g, iters, [&] {
+    const auto xy = data(1000 + 7919 * step++ + g.rank(), batch);
+    opt->zero_grad();
+    if (ddp) {
+      ddp->forward([&] { return loss_of(xy); }).backward();
+    } else {
+      loss_of(xy).backward();
+    }
+    opt->step();
+  });
+  torch::NoGradGuard no_grad;
+  r.loss = loss_of(data(424242, 64)).item<double>();
+  return r;
+}
+
 std::unique_ptr<c10d::CommHookInterface> make_hook(const std::string& mode, const comm::Group& g) {
   if (mode == "fp16") return std::make_unique<ddp_hooks::CompressHook>(g, at::kHalf);
   if (mode == "bf16") return std::make_unique<ddp_hooks::CompressHook>(g, at::kBFloat16);
@@ -94,6 +155,7 @@ std::unique_ptr<c10d::CommHookInterface> make_hook(const std::string& mode, cons
 }
 
 Row run_mode(const std::string& mode, const comm::Group& g, int iters, int batch) {
+  if (mode.rfind("localsgd_", 0) == 0) return run_local_sgd(mode, g, iters, batch);
   torch::manual_seed(0);
   auto mlp = ddp_hooks::benchmark_mlp();
   const torch::Tensor x = torch::randn({batch, 1024}) * (g.rank() + 1);
@@ -154,8 +216,9 @@ int main_impl(int argc, char** argv) {
     if (g->rank() == 0) {
       std::printf(
           "{\"impl\": \"dtrain\", \"mode\": \"%s\", \"world\": %d, \"ms\": %.2f, \"tx_bytes\": "
-          "%lld}\n",
-          mode.c_str(), g->size(), r.ms, static_cast<long long>(r.tx));
+          "%lld%s}\n",
+          mode.c_str(), g->size(), r.ms, static_cast<long long>(r.tx),
+          r.loss < 0 ? "" : absl::StrFormat(", \"loss\": %.6g", r.loss).c_str());
       std::fflush(stdout);
     }
   }

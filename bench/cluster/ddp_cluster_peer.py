@@ -6,8 +6,8 @@ environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, GLOO_SOCKET_IFNAME).
     ddp_cluster_peer.py [--modes=backward,allreduce,ddp,...] [--iters=10] [--batch=2]
 
 Rank 0 prints one JSON object per row: impl "pytorch", mode, ms per iteration, tx_bytes per
-iteration sent by this host. zero2 has no PyTorch counterpart (PyTorch's ZeRO is stage 1) and is
-skipped."""
+iteration sent by this host (and "loss" for the localsgd rows). zero2 has no PyTorch counterpart
+(PyTorch's ZeRO is stage 1) and is skipped."""
 import argparse
 import datetime
 import json
@@ -17,7 +17,9 @@ import time
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
-from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.distributed.algorithms.model_averaging import averagers
+from torch.distributed.algorithms.model_averaging.hierarchical_model_averager import HierarchicalModelAverager
+from torch.distributed.optim import PostLocalSGDOptimizer, ZeroRedundancyOptimizer
 
 
 def mlp():
@@ -45,6 +47,44 @@ def timed(iters, iteration):
         iteration()
     dist.barrier()
     return (time.perf_counter() - start) * 1e3 / iters, (tx_bytes() - tx0) // iters
+
+
+def run_local_sgd(mode, iters, batch, ranks_per_node):
+    """The localsgd rows of ddp_cluster_bench.cc: ms per step, bytes, loss after 3 + iters steps."""
+    torch.manual_seed(1)
+    teacher = mlp()
+    torch.manual_seed(0)
+    model = mlp()
+
+    def data(seed, rows):
+        torch.manual_seed(seed)
+        x = torch.randn(rows, 1024)
+        with torch.no_grad():
+            return x, teacher(x) * 100
+
+    def loss_of(xy, net):
+        return torch.nn.functional.mse_loss(net(xy[0]) * 100, xy[1])
+    net = model
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    if mode == "localsgd_ddp":
+        net = torch.nn.parallel.DistributedDataParallel(model)
+    elif mode == "localsgd_periodic":
+        opt = PostLocalSGDOptimizer(opt, averagers.PeriodicModelAverager(period=2, warmup_steps=0))
+    else:
+        from collections import OrderedDict
+        opt = PostLocalSGDOptimizer(opt, HierarchicalModelAverager(
+            OrderedDict([(2, ranks_per_node), (8, dist.get_world_size())]), warmup_steps=0))
+    count = [0]
+
+    def step():
+        xy = data(1000 + 7919 * count[0] + dist.get_rank(), batch)
+        count[0] += 1
+        opt.zero_grad()
+        loss_of(xy, net).backward()
+        opt.step()
+    ms, tx = timed(iters, step)
+    with torch.no_grad():
+        return ms, tx, loss_of(data(424242, 64), model).item()
 
 
 def run_mode(mode, iters, batch):
@@ -97,6 +137,7 @@ def main():
     ap.add_argument("--modes", default="backward,allreduce,ddp,fp16,bf16,powersgd1,powersgd4,zero1")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--ranks_per_node", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(1)  # one core per host, as dtrain's side
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
@@ -113,10 +154,14 @@ def main():
                     print(json.dumps({"impl": "pytorch", "mode": mode, "world": dist.get_world_size(),
                                       "error": str(e).splitlines()[0][:80]}), flush=True)
                 continue
-        ms, tx = run_mode(mode, args.iters, args.batch)
+        row = {"impl": "pytorch", "mode": mode, "world": dist.get_world_size()}
+        if mode.startswith("localsgd_"):
+            ms, tx, row["loss"] = run_local_sgd(mode, args.iters, args.batch, args.ranks_per_node)
+        else:
+            ms, tx = run_mode(mode, args.iters, args.batch)
+        row.update({"ms": round(ms, 2), "tx_bytes": tx})
         if dist.get_rank() == 0:
-            print(json.dumps({"impl": "pytorch", "mode": mode, "world": dist.get_world_size(), "ms": round(ms, 2),
-                              "tx_bytes": tx}), flush=True)
+            print(json.dumps(row), flush=True)
     dist.destroy_process_group()
 
 
