@@ -121,6 +121,8 @@ struct AdamDescriptor : DescriptorDefaults {
   // reads each parameter's float32 step on the device (drive_cuda has counted it).
   static constexpr bool kCudaFused = true;
   static bool cuda_wanted(const Options& o) { return o.fused().value_or(true); }
+  // fused=True on CPU: ATen's CPU fused kernel, as PyTorch's (its numerics, its speed).
+  static constexpr bool kCpuAtenFused = true;
   static std::array<bool, 4> cuda_slots(const Options& o) {
     return {true, true, o.amsgrad(), false};
   }

@@ -26,8 +26,10 @@ struct AdamOptions {
   TORCH_ARG(bool, maximize) = false;
   // PyTorch's `fused`. None (the default) or True: CUDA parameters are updated by ATen's fused
   // multi-tensor kernel, one launch per (device, dtype); False: by the per-tensor ATen ops
-  // (PyTorch's single-tensor numerics). CPU parameters take dtrain's own fused CPU kernel either
-  // way. Unlike PyTorch, whose default on CUDA is foreach, dtrain defaults to the fused kernel.
+  // (PyTorch's single-tensor numerics). CPU parameters take dtrain's own fused CPU kernel (PyTorch's
+  // single-tensor numerics, bit for bit) unless fused is True: then ATen's CPU fused kernel, as
+  // PyTorch's fused=True (its numerics, its speed). Unlike PyTorch, whose default on CUDA is
+  // foreach, dtrain defaults to the fused kernel there.
   TORCH_ARG(OptionalBool, fused) = std::nullopt;
   // PyTorch 2.7+'s decoupled_weight_decay: True makes this Adam an AdamW (weight decay applied to
   // the parameter, not added to the gradient). Built against LibTorch 2.6 (whose Adam has no such

@@ -5,6 +5,8 @@
 //                           kernel that reads and writes the same arrays in place with the same
 //                           threads (floor_seconds); 1 is the machine's limit for that mix, and
 //                           floor_GBps is the rate it reached.
+//   ratio_to_layout_floor   the same, the floor's arrays split into as many separately allocated
+//                           tensors as the row has (64 or 1): what its memory layout allows
 //   speedup_vs_torch_optim  LibTorch's torch::optim step time on the same tensors (measured in
 //                           this run) / ours, where LibTorch has the optimizer
 #include <algorithm>
@@ -23,6 +25,7 @@
 #include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
 
+#include "optim/functional/internal/fused.h"
 #include "optim/functional/optimizers.h"
 
 namespace dtrain::optim {
@@ -74,32 +77,63 @@ DTRAIN_WIDEST void stream4(float* __restrict a, const float* __restrict b, float
 }
 
 // The floor: the best time this machine takes, in this run, to stream the arrays an optimizer step
-// reads and writes -- `reads` float arrays of kTotal elements read, the first `writes` of them
-// written back in place, one multiply-add per element and nothing else -- with at::parallel_for's
-// threads and grain, as the fused steps use. STREAM's kernels, with the step's own read/write mix.
-// Measured right after each row's timed loop, so that both see the machine in the same minute.
-double floor_seconds(int reads, int writes) {
-  std::vector<at::Tensor> arrays;
-  for (int r = 0; r < reads; ++r) arrays.push_back(at::randn({kTotal}));
-  float* a = arrays[0].data_ptr<float>();
-  const float* b = arrays[1].data_ptr<float>();
-  float* c = reads > 2 ? arrays[2].data_ptr<float>() : nullptr;
-  float* d = reads > 3 ? arrays[3].data_ptr<float>() : nullptr;
-  auto pass = [&] {
-    at::parallel_for(0, kTotal, int64_t{1} << 16, [&](int64_t lo, int64_t hi) {
-      if (reads == 2) {
-        stream2(a + lo, b + lo, hi - lo);
-      } else if (reads == 3) {
-        stream3(a + lo, b + lo, c + lo, hi - lo);
-      } else {
-        stream4(a + lo, b + lo, c + lo, d + lo, hi - lo);
-      }
-    });
-  };
+// reads and writes -- `reads` float streams of kTotal elements read, the first `writes` of them
+// written back in place -- with at::parallel_for's threads: the fastest of STREAM's kernels with
+// the step's own read/write mix (one multiply-add per element, two ways of sharing the arrays
+// among the threads) and ATen's fused optimizer kernel with that mix.
+// `pieces`: each stream as that many separately allocated arrays (the row's own layout: 64
+// tensors are 64 allocations per stream), walked as the fused driver walks its tensors (one
+// index range over all of them, split among the threads). Measured right after each row's timed
+// loop, so that both see the machine in the same minute.
+double floor_seconds(int reads, int writes, int64_t pieces) {
   TORCH_CHECK(writes == reads - 1 && reads >= 2 && reads <= 4, "no floor kernel reads ", reads,
               " writes ", writes);
-  pass();  // first touch
-  return best_seconds(20, pass);
+  const int64_t n = kTotal / pieces;
+  std::vector<std::vector<at::Tensor>> arrays(reads);
+  for (int64_t i = 0; i < pieces; ++i)
+    for (int r = 0; r < reads; ++r) arrays[r].push_back(at::randn({n}));
+  auto piece = [&](int64_t i, int64_t lo, int64_t hi) {
+    float* a = arrays[0][i].data_ptr<float>() + lo;
+    const float* b = arrays[1][i].data_ptr<float>() + lo;
+    if (reads == 2) return stream2(a, b, hi - lo);
+    float* c = arrays[2][i].data_ptr<float>() + lo;
+    if (reads == 3) return stream3(a, b, c, hi - lo);
+    stream4(a, b, c, arrays[3][i].data_ptr<float>() + lo, hi - lo);
+  };
+  // The two walks of internal/fused.h's for_each_range: one range over all arrays cut into a piece
+  // per thread, and every thread its share of each array in turn. The floor is the faster.
+  auto concatenated = [&] {
+    at::parallel_for(0, kTotal, int64_t{1} << 16, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo / n; i < pieces && i * n < hi; ++i)
+        piece(i, std::max(lo, i * n) - i * n, std::min(hi, (i + 1) * n) - i * n);
+    });
+  };
+  const int64_t threads = at::get_num_threads();
+  auto each_array = [&] {
+    at::parallel_for(0, threads, 1, [&](int64_t first, int64_t last) {
+      const int64_t step = ((n + threads - 1) / threads + 15) / 16 * 16;
+      for (int64_t part = first; part < last; ++part)
+        for (int64_t i = 0; i < pieces; ++i)
+          if (part * step < n) piece(i, part * step, std::min(n, (part + 1) * step));
+    });
+  };
+  // ATen's own fused CPU kernel with the same mix -- Adam's (4 read, 3 written), SGD's with
+  // momentum (3, 2) or without (2, 1) -- on the same arrays: it streams faster than the loops above
+  // on some machines (this one, 2026-11-26), so it is a candidate floor too.
+  std::vector<at::Tensor> steps;
+  for (int64_t i = 0; i < pieces; ++i) steps.push_back(at::zeros({}, at::kFloat));
+  auto aten = [&] {
+    if (reads == 4) {
+      at::_fused_adam_(arrays[0], arrays[1], arrays[2], arrays[3], {}, steps, 1e-3, 0.9, 0.999, 0,
+                       1e-8, false, false);
+    } else {
+      at::_fused_sgd_(arrays[0], arrays[1], reads == 3 ? arrays[2] : std::vector<at::Tensor>{}, 0,
+                      reads == 3 ? 0.9 : 0.0, 1e-3, 0, false, false, false);
+    }
+  };
+  concatenated();  // first touch
+  return std::min(
+      {best_seconds(20, concatenated), best_seconds(20, each_array), best_seconds(20, aten)});
 }
 
 enum class Kind {
@@ -129,7 +163,13 @@ int arrays_read(Kind k) {
 }
 int bytes_per_param(Kind k) { return 4 * (2 * arrays_read(k) - 1); }
 
-std::unique_ptr<FunctionalOptimizer> make_ours(Kind k, std::vector<at::Tensor> p) {
+// fused_true: PyTorch's fused=True (ATen's CPU fused kernel), for Adam and SGD with momentum.
+std::unique_ptr<FunctionalOptimizer> make_ours(Kind k, std::vector<at::Tensor> p,
+                                               bool fused_true = false) {
+  if (fused_true && k == Kind::kAdam)
+    return std::make_unique<FunctionalAdam>(p, AdamOptions().fused(true));
+  if (fused_true && k == Kind::kSGDMomentum)
+    return std::make_unique<FunctionalSGD>(p, SGDOptions(1e-3).momentum(0.9).fused(true));
   switch (k) {
     case Kind::kSGD:
       return std::make_unique<FunctionalSGD>(p, SGDOptions(1e-3));
@@ -196,27 +236,84 @@ double torch_seconds(Kind k, int64_t count) {
   return t;
 }
 
-void BM_Functional(benchmark::State& state, Kind kind) {
+void BM_Functional(benchmark::State& state, Kind kind,
+                   internal::FusedSplit split = internal::FusedSplit::kEachTensor,
+                   bool fused_true = false) {
+  const internal::FusedSplit saved = internal::fused_split().exchange(split);
   const int64_t count = state.range(0);
   std::vector<at::Tensor> params = make_tensors(count);
   std::vector<at::Tensor> grads;
   for (const auto& p : params) grads.push_back(at::randn_like(p));
-  auto opt = make_ours(kind, params);
+  auto opt = make_ours(kind, params, fused_true);
   opt->step(grads);  // state allocation outside the timed loop
   const auto t0 = std::chrono::steady_clock::now();
   for (auto _ : state) opt->step(grads);
   const double per_step =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
       static_cast<double>(state.iterations());
-  const double floor = floor_seconds(arrays_read(kind), arrays_read(kind) - 1);
+  const double floor = floor_seconds(arrays_read(kind), arrays_read(kind) - 1, 1);
   state.counters["ratio_to_floor"] = per_step / floor;
+  // The same floor over `count` arrays per stream: what the row's own layout allows.
+  state.counters["ratio_to_layout_floor"] =
+      per_step / floor_seconds(arrays_read(kind), arrays_read(kind) - 1, count);
   state.counters["floor_GBps"] = static_cast<double>(bytes_per_param(kind)) * kTotal / floor / 1e9;
   if (double t = torch_seconds(kind, count); t > 0) {
     state.counters["speedup_vs_torch_optim"] = t / per_step;
     state.counters["torch_optim_ms"] = t * 1e3;
   }
   state.SetBytesProcessed(state.iterations() * bytes_per_param(kind) * kTotal);
+  internal::fused_split() = saved;
 }
+
+// dtrain's fused step and ATen's own fused CPU kernel (what PyTorch's fused=True calls) on the
+// same parameters and gradients in one process, step for step alternately, each with its own
+// state: the kernels compared without allocation history, process or minute between them.
+// Counters: dtrain_ms, aten_fused_ms and their ratio.
+void BM_PairedWithAtenFused(benchmark::State& state, Kind kind) {
+  const int64_t count = state.range(0);
+  std::vector<at::Tensor> params = make_tensors(count);
+  std::vector<at::Tensor> grads, m, v, steps;
+  for (const auto& p : params) {
+    grads.push_back(at::randn_like(p));
+    m.push_back(at::zeros_like(p));
+    v.push_back(at::zeros_like(p));
+    steps.push_back(at::zeros({}, at::kFloat));
+  }
+  auto ours = make_ours(kind, params);
+  auto aten = [&] {
+    if (kind == Kind::kAdam) {
+      at::_fused_adam_(params, grads, m, v, {}, steps, 1e-3, 0.9, 0.999, 0, 1e-8, false, false);
+    } else {
+      at::_fused_sgd_(params, grads, m, 0, 0.9, 1e-3, 0, false, false, false);
+    }
+  };
+  if (kind == Kind::kSGDMomentum) {
+    at::_fused_sgd_(params, grads, m, 0, 0.9, 1e-3, 0, false, false, /*is_first_step=*/true);
+  } else {
+    aten();
+  }
+  ours->step(grads);
+  double ours_s = 0, aten_s = 0;
+  auto time = [](auto&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  for (auto _ : state) {
+    ours_s += time([&] { ours->step(grads); });
+    aten_s += time(aten);
+  }
+  const double n = static_cast<double>(state.iterations());
+  state.counters["dtrain_ms"] = ours_s / n * 1e3;
+  state.counters["aten_fused_ms"] = aten_s / n * 1e3;
+  state.counters["dtrain_over_aten"] = ours_s / aten_s;
+}
+void BM_AdamPairedWithAtenFused(benchmark::State& s) { BM_PairedWithAtenFused(s, Kind::kAdam); }
+void BM_SGDMomentumPairedWithAtenFused(benchmark::State& s) {
+  BM_PairedWithAtenFused(s, Kind::kSGDMomentum);
+}
+BENCHMARK(BM_AdamPairedWithAtenFused)->ArgName("tensors")->Arg(64)->Arg(1)->UseRealTime();
+BENCHMARK(BM_SGDMomentumPairedWithAtenFused)->ArgName("tensors")->Arg(64)->Arg(1)->UseRealTime();
 
 #define DTRAIN_BM(name, kind)                                             \
   void BM_##name(benchmark::State& state) { BM_Functional(state, kind); } \
@@ -236,6 +333,26 @@ DTRAIN_BM(Adadelta, Kind::kAdadelta);
 DTRAIN_BM(Adamax, Kind::kAdamax);
 DTRAIN_BM(RMSprop, Kind::kRMSprop);
 DTRAIN_BM(Rprop, Kind::kRprop);
+
+// Two variants of the Adam and SGD-momentum rows: the threads' work cut as before 2026-11-26 (one
+// piece of the concatenated tensors per thread; now each thread takes a share of every tensor),
+// and fused=True (ATen's own CPU fused kernel, PyTorch's fused=True; dtrain's kernel keeps
+// PyTorch's default, single-tensor numerics).
+#define DTRAIN_BM_VARIANT(name, kind, suffix, split, fused_true)         \
+  void BM_##name##suffix(benchmark::State& state) {                      \
+    BM_Functional(state, kind, internal::FusedSplit::split, fused_true); \
+  }                                                                      \
+  BENCHMARK(BM_##name##suffix)                                           \
+      ->ArgName("tensors")                                               \
+      ->Arg(64)                                                          \
+      ->Arg(1)                                                           \
+      ->Unit(benchmark::kMillisecond)                                    \
+      ->UseRealTime()
+
+DTRAIN_BM_VARIANT(SGDMomentum, Kind::kSGDMomentum, Concatenated, kConcatenated, false);
+DTRAIN_BM_VARIANT(SGDMomentum, Kind::kSGDMomentum, FusedTrue, kEachTensor, true);
+DTRAIN_BM_VARIANT(Adam, Kind::kAdam, Concatenated, kConcatenated, false);
+DTRAIN_BM_VARIANT(Adam, Kind::kAdam, FusedTrue, kEachTensor, true);
 
 }  // namespace
 }  // namespace dtrain::optim

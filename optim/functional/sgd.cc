@@ -95,6 +95,8 @@ struct Descriptor<SGDOptions> : DescriptorDefaults {
   static constexpr bool kCudaFused = true;
   static constexpr bool kCudaBatchByFirst = true;
   static bool cuda_wanted(const SGDOptions& o) { return o.fused().value_or(true); }
+  // fused=True on CPU: ATen's CPU fused kernel, as PyTorch's (its numerics, its speed).
+  static constexpr bool kCpuAtenFused = true;
   static std::array<bool, 4> cuda_slots(const SGDOptions& o) {
     return {o.momentum() != 0, false, false, false};
   }

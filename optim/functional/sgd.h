@@ -22,8 +22,8 @@ struct SGDOptions {
   TORCH_ARG(bool, nesterov) = false;
   TORCH_ARG(bool, maximize) = false;
   // PyTorch's `fused`: None (the default) or True runs CUDA parameters through at::_fused_sgd_,
-  // False through the per-tensor ATen ops; CPU parameters take dtrain's fused CPU kernel either
-  // way (see AdamOptions::fused: dtrain's CUDA default is the fused kernel, PyTorch's foreach).
+  // False through the per-tensor ATen ops; CPU parameters take dtrain's fused CPU kernel unless
+  // fused is True, then at::_fused_sgd_ on CPU as PyTorch (see AdamOptions::fused).
   TORCH_ARG(OptionalBool, fused) = std::nullopt;
 };
 

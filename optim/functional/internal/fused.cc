@@ -31,10 +31,10 @@ bool same_layout(const at::Tensor& t, const at::Tensor& param) {
 
 }  // namespace
 
-bool cuda_fusable(const at::Tensor& param, const at::Tensor& grad,
+bool aten_fusable(const at::Tensor& param, const at::Tensor& grad,
                   const std::array<at::Tensor, 4>& slots) {
   const auto dtype = param.scalar_type();
-  if (!param.is_cuda() || param.numel() == 0) return false;
+  if (!(param.is_cuda() || param.is_cpu()) || param.numel() == 0) return false;
   if (dtype != at::kFloat && dtype != at::kDouble && dtype != at::kHalf && dtype != at::kBFloat16)
     return false;
   if (!same_layout(param, param) || !same_layout(grad, param)) return false;

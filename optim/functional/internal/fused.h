@@ -27,20 +27,33 @@ struct FusedTensor {
   bool first = false;  // first update of this tensor (SGD creates its momentum buffer from it)
 };
 
-// Tests set this to run the baseline (SSE2) kernels on an AVX2 machine, to compare the two.
-inline std::atomic<bool>& baseline_kernels_only() {
-  static std::atomic<bool> only{false};
-  return only;
+// The instruction sets the fused kernels are built for, widest last; kernel_isa() picks the widest
+// this CPU runs. Both builds give bit-identical results: IEEE operations are correctly rounded
+// whatever the vector width, and no build contracts a multiply-add (-ffp-contract=off). (An
+// AVX-512 build was measured on 2026-11-26, AMD EPYC: no faster than AVX2 for these
+// memory-bound loops, so there is none.)
+enum class KernelIsa { kBaseline, kAvx2 };
+
+// What this CPU runs.
+inline KernelIsa cpu_kernel_isa() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const KernelIsa isa =
+      __builtin_cpu_supports("avx2") ? KernelIsa::kAvx2 : KernelIsa::kBaseline;
+  return isa;
+#else
+  return KernelIsa::kBaseline;
+#endif
 }
 
-// Whether the fused kernels use their AVX2 build: this CPU runs AVX2 code and no test said no.
-inline bool cpu_has_avx2() {
-#if defined(__x86_64__) && defined(__GNUC__)
-  static const bool has = __builtin_cpu_supports("avx2");
-  return has && !baseline_kernels_only().load(std::memory_order_relaxed);
-#else
-  return false;
-#endif
+// Tests lower it to run the baseline build on an AVX2 CPU, to compare the two.
+inline std::atomic<KernelIsa>& kernel_isa_cap() {
+  static std::atomic<KernelIsa> cap{KernelIsa::kAvx2};
+  return cap;
+}
+
+// The build the fused kernels use now.
+inline KernelIsa kernel_isa() {
+  return std::min(cpu_kernel_isa(), kernel_isa_cap().load(std::memory_order_relaxed));
 }
 
 // The CUDA multi-tensor updates the optimizers ran, one per (device, dtype) batch: through one of
@@ -63,18 +76,47 @@ constexpr int64_t kFusedGrain = int64_t{1} << 16;
 bool fusable(const at::Tensor& param, const at::Tensor& grad,
              const std::array<at::Tensor, 4>& slots);
 
-// True when ATen's fused CUDA kernels can take `param` with `grad` and the (defined) slots: a
-// non-empty CUDA parameter of a dtype they dispatch (float, double, half, bfloat16), every tensor
-// strided, non-overlapping and dense, with the parameter's dtype, device, sizes and strides (the
-// kernels' check_fast_path_restrictions, which they enforce with an error).
-bool cuda_fusable(const at::Tensor& param, const at::Tensor& grad,
+// True when ATen's fused multi-tensor kernels can take `param` with `grad` and the (defined)
+// slots: a non-empty CUDA parameter (or CPU, for fused=True) of a dtype they dispatch (float,
+// double, half, bfloat16), every tensor strided, non-overlapping and dense, with the parameter's
+// dtype, device, sizes and strides (the kernels' check_fast_path_restrictions, which they enforce
+// with an error).
+bool aten_fusable(const at::Tensor& param, const at::Tensor& grad,
                   const std::array<at::Tensor, 4>& slots);
 
+// How for_each_range shares the elements among threads. kEachTensor (the default): every thread
+// takes its share of every tensor, so that the threads stream neighbouring parts of one tensor at
+// a time, as PyTorch's CPU fused kernels do. kConcatenated: one index range over all tensors, cut
+// into one contiguous piece per thread (dtrain before 2026-11-26). The benchmark compares both.
+enum class FusedSplit { kEachTensor, kConcatenated };
+inline std::atomic<FusedSplit>& fused_split() {
+  static std::atomic<FusedSplit> split{FusedSplit::kEachTensor};
+  return split;
+}
+
 // Calls kernel(tensor, begin, end) over [begin, end) element ranges that together cover every
-// element of every tensor exactly once, in parallel (at::parallel_for).
+// element of every tensor exactly once, in parallel (at::parallel_for), split as fused_split().
 template <typename T, typename Kernel>
 void for_each_range(const std::vector<FusedTensor<T>>& tensors, const Kernel& kernel) {
   if (tensors.empty()) return;
+  int64_t total = 0;
+  for (const auto& t : tensors) total += t.n;
+  const int64_t threads = std::max<int64_t>(
+      1, std::min<int64_t>(at::get_num_threads(), (total + kFusedGrain - 1) / kFusedGrain));
+  if (fused_split().load(std::memory_order_relaxed) == FusedSplit::kEachTensor && threads > 1) {
+    at::parallel_for(0, threads, 1, [&](int64_t first, int64_t last) {
+      for (int64_t part = first; part < last; ++part) {
+        for (const auto& t : tensors) {
+          // Shares rounded to 16 elements (64 bytes in float), so no two threads write one line.
+          const int64_t share = (t.n + threads - 1) / threads;
+          const int64_t step = (share + 15) / 16 * 16;
+          const int64_t lo = std::min(t.n, part * step), hi = std::min(t.n, lo + step);
+          if (hi > lo) kernel(t, lo, hi);
+        }
+      }
+    });
+    return;
+  }
   std::vector<int64_t> start(tensors.size() + 1, 0);
   for (size_t i = 0; i < tensors.size(); ++i) start[i + 1] = start[i] + tensors[i].n;
   at::parallel_for(0, start.back(), kFusedGrain, [&](int64_t begin, int64_t end) {

@@ -152,19 +152,39 @@ inline void require_slot(const ParamState& s, size_t slot, size_t index,
               " before the first step");
 }
 
-// The same kernel compiled for AVX2 (chosen at run time on CPUs that have it): every call inside is
-// inlined into this function, so the loops are vectorised 8 floats wide instead of SSE2's 4. No FMA
-// (a multiply-add stays two roundings), so results are bit-identical to the baseline kernel's.
+// The same kernel compiled for AVX2 (internal/fused.h's kernel_isa() picks it on CPUs that have
+// it): every call inside is inlined, so the loops are vectorised 8 floats wide instead of SSE2's 4.
+// No FMA (-ffp-contract=off: a multiply-add stays two roundings), so results are bit-identical to
+// the baseline kernel's.
 template <typename Traits, typename T, typename Options>
 __attribute__((target("avx2"), flatten)) void kernel_avx2(const FusedTensor<T>& t, int64_t lo,
                                                           int64_t hi, const Options& o) {
   Traits::template kernel<T>(t, lo, hi, o);
 }
 
-// The CUDA part of drive() (Traits::kCudaFused and the `fused` option not False): Traits::prepare
+// Traits' kernel in the build kernel_isa() names.
+template <typename Traits, typename T, typename Options>
+void kernel_for(KernelIsa isa, const FusedTensor<T>& t, int64_t lo, int64_t hi, const Options& o) {
+  if (isa == KernelIsa::kAvx2) return kernel_avx2<Traits>(t, lo, hi, o);
+  Traits::template kernel<T>(t, lo, hi, o);
+}
+
+// Whether fused=True on CPU runs ATen's CPU fused kernel through drive_cuda (Traits::kCpuAtenFused:
+// Adam, AdamW, SGD) rather than dtrain's own fused CPU kernel.
+template <typename Traits>
+constexpr bool cpu_aten_fused() {
+  if constexpr (requires { Traits::kCpuAtenFused; }) {
+    return Traits::kCpuAtenFused;
+  } else {
+    return false;
+  }
+}
+
+// The CUDA part of drive() (Traits::kCudaFused and the `fused` option not False; CPU parameters
+// with fused True where cpu_aten_fused): Traits::prepare
 // on each, then per (device, dtype) batch, in order of first appearance, the stale device steps
 // incremented and Traits::cuda_step -- one of ATen's fused multi-tensor kernels, as PyTorch's
-// fused path calls it. A parameter the kernels cannot take (cuda_fusable) runs Traits::aten.
+// fused path calls it. A parameter the kernels cannot take (aten_fusable) runs Traits::aten.
 template <typename Traits, typename Options>
 void drive_cuda(std::vector<at::Tensor>& params, std::vector<ParamState>& state, const Options& o,
                 const std::vector<std::pair<size_t, at::Tensor>>& work) {
@@ -182,7 +202,7 @@ void drive_cuda(std::vector<at::Tensor>& params, std::vector<ParamState>& state,
         complete = complete && slots[k].defined();
       }
     }
-    if (!complete || !cuda_fusable(p, g, slots)) {
+    if (!complete || !aten_fusable(p, g, slots)) {
       Traits::aten(s, params[i], g, o, first);
       continue;
     }
@@ -226,7 +246,11 @@ void drive_fused(std::vector<at::Tensor>& params, std::vector<ParamState>& state
   std::vector<std::pair<size_t, at::Tensor>> cuda_work;
   for (const auto& [i, g] : work) {
     if constexpr (Traits::kCudaFused) {
-      if (params[i].is_cuda() && Traits::cuda_wanted(o)) {
+      // ATen's fused kernels: CUDA unless fused is False; CPU when fused is True (PyTorch's
+      // fused=True on CPU, the same kernel and numerics) for the optimizers that say so.
+      const bool aten = params[i].is_cuda() ? Traits::cuda_wanted(o)
+                                            : cpu_aten_fused<Traits>() && o.fused().value_or(false);
+      if (aten) {
         cuda_work.emplace_back(i, g);
         continue;
       }
@@ -260,12 +284,12 @@ void drive_fused(std::vector<at::Tensor>& params, std::vector<ParamState>& state
       Traits::aten(s, params[i], g, o, first);
     }
   }
-  const bool avx2 = cpu_has_avx2();
+  const KernelIsa isa = kernel_isa();
   for_each_range(f32, [&](const FusedTensor<float>& t, int64_t lo, int64_t hi) {
-    avx2 ? kernel_avx2<Traits>(t, lo, hi, o) : Traits::template kernel<float>(t, lo, hi, o);
+    kernel_for<Traits>(isa, t, lo, hi, o);
   });
   for_each_range(f64, [&](const FusedTensor<double>& t, int64_t lo, int64_t hi) {
-    avx2 ? kernel_avx2<Traits>(t, lo, hi, o) : Traits::template kernel<double>(t, lo, hi, o);
+    kernel_for<Traits>(isa, t, lo, hi, o);
   });
   if constexpr (Traits::kCudaFused) {
     if (!cuda_work.empty()) drive_cuda<Traits>(params, state, o, cuda_work);

@@ -132,4 +132,10 @@ double relative_error(const at::Tensor& a, const at::Tensor& b) {
   return diff / scale;
 }
 
+OptionsDict options_dict(const std::vector<std::pair<const char*, c10::IValue>>& kv) {
+  OptionsDict d = new_options_dict();
+  for (const auto& [k, v] : kv) d.insert(k, v);
+  return d;
+}
+
 }  // namespace dtrain::optim::testing

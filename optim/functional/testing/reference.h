@@ -54,6 +54,9 @@ enum class Layout { kContiguous, kStrided };
 // A parameter holding `init` in `dtype`, laid out as `layout`.
 at::Tensor make_param(const at::Tensor& init, at::ScalarType dtype, Layout layout);
 
+// An options dict from {key, value} pairs, for tests that build optimizers by name.
+OptionsDict options_dict(const std::vector<std::pair<const char*, c10::IValue>>& kv);
+
 }  // namespace dtrain::optim::testing
 
 #endif  // DTRAIN_OPTIM_FUNCTIONAL_TESTING_REFERENCE_H_
