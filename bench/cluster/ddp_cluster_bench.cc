@@ -6,8 +6,8 @@
 //
 //   ddp_cluster_bench [--modes=backward,allreduce,ddp,fp16,...] [--iters=10] [--batch=2]
 //
-// Rows (rank 0 prints one JSON object per line: mode, ms per iteration, tx_bytes per iteration
-// sent by this host, and the parameters' checksum after the run):
+// Rows (rank 0 prints one JSON object per line: mode, ms per iteration, cpu_ms -- CPU time per
+// iteration of rank 0's process, all threads -- and tx_bytes per iteration sent by this host):
 //   backward    zero_grad + forward + backward, no DDP (compute alone)
 //   allreduce   all-reduce of the same gradient bytes in 25 MiB buckets (communication alone)
 //   ddp         DDP iteration with the default all-reduce hook, gradients as bucket views
@@ -23,6 +23,8 @@
 //               PeriodicModelAverager (all ranks every 2 steps), or with a HierarchicalModelAverager
 //               (every 2 steps within a node of --ranks_per_node ranks, every 8 steps across all);
 //               also prints "loss": rank 0's model on a fixed batch after the run's steps
+#include <sys/resource.h>
+
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -76,10 +78,19 @@ int64_t tx_bytes() {
   return 0;
 }
 
+// CPU time this process has used (every thread, user + system), in ms.
+double cpu_ms() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto ms = [](const timeval& t) { return t.tv_sec * 1e3 + t.tv_usec / 1e3; };
+  return ms(u.ru_utime) + ms(u.ru_stime);
+}
+
 struct Row {
   double ms = 0;
   int64_t tx = 0;
-  double loss = -1;  // localsgd rows only
+  double cpu_ms = 0;  // CPU time per iteration on rank 0's host: compute, copies, Gloo's threads
+  double loss = -1;   // localsgd rows only
 };
 
 template <typename F>
@@ -87,12 +98,18 @@ Row timed(const comm::Group& g, int iters, F&& iteration) {
   for (int i = 0; i < 3; ++i) iteration();
   g->barrier()->wait();
   const int64_t tx0 = tx_bytes();
+  const double cpu0 = cpu_ms();
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < iters; ++i) iteration();
+  const double cpu = cpu_ms() - cpu0;
   g->barrier()->wait();  // every rank done: the slowest rank's time
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  return {ms / iters, (tx_bytes() - tx0) / iters};
+  Row r;
+  r.ms = ms / iters;
+  r.tx = (tx_bytes() - tx0) / iters;
+  r.cpu_ms = cpu / iters;
+  return r;
 }
 
 // The localsgd rows (see the top): ms per step, bytes, and the loss after 3 + iters steps.
@@ -215,9 +232,9 @@ int main_impl(int argc, char** argv) {
     const Row r = run_mode(mode, *g, absl::GetFlag(FLAGS_iters), absl::GetFlag(FLAGS_batch));
     if (g->rank() == 0) {
       std::printf(
-          "{\"impl\": \"dtrain\", \"mode\": \"%s\", \"world\": %d, \"ms\": %.2f, \"tx_bytes\": "
-          "%lld%s}\n",
-          mode.c_str(), g->size(), r.ms, static_cast<long long>(r.tx),
+          "{\"impl\": \"dtrain\", \"mode\": \"%s\", \"world\": %d, \"ms\": %.2f, \"cpu_ms\": %.2f, "
+          "\"tx_bytes\": %lld%s}\n",
+          mode.c_str(), g->size(), r.ms, r.cpu_ms, static_cast<long long>(r.tx),
           r.loss < 0 ? "" : absl::StrFormat(", \"loss\": %.6g", r.loss).c_str());
       std::fflush(stdout);
     }

@@ -12,6 +12,7 @@ import argparse
 import datetime
 import json
 import os
+import resource
 import time
 
 import torch
@@ -38,13 +39,22 @@ def tx_bytes():
     return 0
 
 
+def cpu_ms():
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return (u.ru_utime + u.ru_stime) * 1e3
+
+
+CPU_MS = {}  # the last timed() call's CPU ms per iteration (every thread of this process)
+
+
 def timed(iters, iteration):
     for _ in range(3):
         iteration()
     dist.barrier()
-    tx0, start = tx_bytes(), time.perf_counter()
+    tx0, cpu0, start = tx_bytes(), cpu_ms(), time.perf_counter()
     for _ in range(iters):
         iteration()
+    CPU_MS["last"] = (cpu_ms() - cpu0) / iters
     dist.barrier()
     return (time.perf_counter() - start) * 1e3 / iters, (tx_bytes() - tx0) // iters
 
@@ -159,7 +169,7 @@ def main():
             ms, tx, row["loss"] = run_local_sgd(mode, args.iters, args.batch, args.ranks_per_node)
         else:
             ms, tx = run_mode(mode, args.iters, args.batch)
-        row.update({"ms": round(ms, 2), "tx_bytes": tx})
+        row.update({"ms": round(ms, 2), "cpu_ms": round(CPU_MS["last"], 2), "tx_bytes": tx})
         if dist.get_rank() == 0:
             print(json.dumps(row), flush=True)
     dist.destroy_process_group()
