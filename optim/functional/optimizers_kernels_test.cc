@@ -22,7 +22,6 @@ using testing::Layout;
 using testing::make_param;
 using testing::relative_error;
 
-
 TEST(FunctionalOptimizersTest, FusedMultiTensorPathCoversLargeTensors) {
   // Tensors spanning several parallel chunks (and chunks spanning several tensors) give the same
   // result as the ATen path.
@@ -123,7 +122,8 @@ TEST(FunctionalOptimizersTest, Avx2KernelsAreBitIdenticalToTheBaseline) {
       {"ASGD", {{"lr", 0.01}, {"t0", 1.0}, {"weight_decay", 0.1}}},
       {"ASGD", {{"lr", 0.01}, {"maximize", true}}},
   };
-  for (const Config& c : configs) expect_build_matches_baseline(internal::KernelIsa::kAvx2, c.name, c.options);
+  for (const Config& c : configs)
+    expect_build_matches_baseline(internal::KernelIsa::kAvx2, c.name, c.options);
 }
 
 // The check above, for one optimizer: `isa`'s build against the baseline, 8 steps.

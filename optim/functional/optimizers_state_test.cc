@@ -18,13 +18,12 @@
 namespace dtrain::optim {
 namespace {
 
+using test_util::expect_error;
 using ::testing::HasSubstr;
 using testing::Layout;
 using testing::make_param;
 using testing::options_dict;
-using test_util::expect_error;
 using testing::relative_error;
-
 
 // PyTorch 2.x keeps "step" as a 0-dim float32 tensor for every optimizer that counts steps but
 // SparseAdam (a Python int); dtrain's state dicts hold the same types (RMSprop, Adadelta and Rprop
