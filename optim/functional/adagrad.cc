@@ -74,7 +74,7 @@ struct Descriptor<AdagradOptions> : DescriptorDefaults {
   static std::array<bool, 4> cuda_slots(const AdagradOptions&) {
     return {true, false, false, false};
   }
-  static void cuda_step(CudaBatch& b, const AdagradOptions& o) {
+  static void cuda_step(AtenFusedBatch& b, const AdagradOptions& o) {
     static const bool has_fused = has_cuda_kernel("aten::_fused_adagrad_");
     if (has_fused && o.fused().value_or(false)) {
       fused_adagrad_(b.params, b.grads, b.slots[0], b.steps, o.lr(), o.lr_decay(), o.weight_decay(),

@@ -118,7 +118,7 @@ struct AdamDescriptor : DescriptorDefaults {
   }
 
   // CUDA: PyTorch's _fused_adam, one at::_fused_adam(w)_ per (device, dtype) batch; the kernel
-  // reads each parameter's float32 step on the device (drive_cuda has counted it).
+  // reads each parameter's float32 step on the device (drive_aten_fused has counted it).
   static constexpr bool kCudaFused = true;
   static bool cuda_wanted(const Options& o) { return o.fused().value_or(true); }
   // fused=True on CPU: ATen's CPU fused kernel, as PyTorch's (its numerics, its speed).
@@ -126,7 +126,7 @@ struct AdamDescriptor : DescriptorDefaults {
   static std::array<bool, 4> cuda_slots(const Options& o) {
     return {true, true, o.amsgrad(), false};
   }
-  static void cuda_step(CudaBatch& b, const Options& o) {
+  static void cuda_step(AtenFusedBatch& b, const Options& o) {
     fused_adam_(decoupled(o), b.params, b.grads, b.slots[0], b.slots[1], b.slots[2], b.steps,
                 o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.weight_decay(), o.eps(),
                 o.amsgrad(), o.maximize());

@@ -100,7 +100,7 @@ struct Descriptor<SGDOptions> : DescriptorDefaults {
   static std::array<bool, 4> cuda_slots(const SGDOptions& o) {
     return {o.momentum() != 0, false, false, false};
   }
-  static void cuda_step(CudaBatch& b, const SGDOptions& o) {
+  static void cuda_step(AtenFusedBatch& b, const SGDOptions& o) {
     // Momentum 0 passes no buffers (ATen requires that), ignoring one left from earlier steps.
     fused_sgd_(b.params, b.grads, b.slots[0], o.weight_decay(), o.momentum(), o.lr(), o.dampening(),
                o.nesterov(), o.maximize(), b.first);

@@ -1,6 +1,6 @@
 // Driver for fused optimizer kernels: one multi-threaded pass over the elements of many tensors
-// (the multi-tensor form), with no per-tensor operator dispatch; and what the CUDA path (ATen's
-// fused multi-tensor kernels, internal/functional_impl.h's drive_cuda) needs. Internal to optim/.
+// (the multi-tensor form), with no per-tensor operator dispatch; and what the ATen-fused path
+// (internal/optimizer_impl.h's drive_aten_fused) needs. Internal to optim/.
 #ifndef DTRAIN_OPTIM_FUNCTIONAL_INTERNAL_FUSED_H_
 #define DTRAIN_OPTIM_FUNCTIONAL_INTERNAL_FUSED_H_
 

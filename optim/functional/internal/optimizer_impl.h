@@ -20,7 +20,7 @@
 // finish (state changed after the update: ASGD's eta and mu), check_params (Muon: 2-D only),
 // kSparseGradients (SparseAdam), kStateAtConstruction with init (Adagrad), and kCudaFused with
 // cuda_wanted, cuda_slots and cuda_step (Adam, AdamW, SGD, Adagrad: CUDA parameters through one of
-// ATen's fused multi-tensor kernels per (device, dtype) batch, see drive_cuda).
+// ATen's fused multi-tensor kernels per (device, dtype) batch, see drive_aten_fused).
 #ifndef DTRAIN_OPTIM_FUNCTIONAL_INTERNAL_OPTIMIZER_IMPL_H_
 #define DTRAIN_OPTIM_FUNCTIONAL_INTERNAL_OPTIMIZER_IMPL_H_
 
@@ -76,9 +76,10 @@ struct DescriptorDefaults {
   static constexpr bool kWholeParameters = false;
   // Gradients are sparse COO tensors (SparseAdam), not dense ones.
   static constexpr bool kSparseGradients = false;
-  // Whether CUDA parameters go through ATen's fused multi-tensor kernels (drive_cuda). A descriptor
-  // that says so has cuda_wanted(options) (its `fused` option: None or True), cuda_slots(options)
-  // (the slots the kernel takes) and cuda_step(CudaBatch&, options) (the ATen call).
+  // Whether CUDA parameters go through ATen's fused multi-tensor kernels (drive_aten_fused). A
+  // descriptor that says so has cuda_wanted(options) (its `fused` option: None or True),
+  // cuda_slots(options) (the slots the kernel takes) and cuda_step(AtenFusedBatch&, options) (the
+  // ATen call).
   static constexpr bool kCudaFused = false;
   // Batches split by prepare()'s `first` too (SGD: ATen's is_first_step holds for a whole call).
   static constexpr bool kCudaBatchByFirst = false;
@@ -86,7 +87,7 @@ struct DescriptorDefaults {
 
 // One batch of a CUDA step: the parameters of one (device, dtype) -- PyTorch's
 // _group_tensors_by_device_and_dtype -- in parameter order, with what ATen's fused kernel takes.
-struct CudaBatch {
+struct AtenFusedBatch {
   c10::Device device = c10::Device(c10::kCPU);
   at::ScalarType dtype = at::kFloat;
   bool first = false;  // kCudaBatchByFirst: every parameter's state is new
@@ -169,8 +170,8 @@ void kernel_for(KernelIsa isa, const FusedTensor<T>& t, int64_t lo, int64_t hi, 
   Traits::template kernel<T>(t, lo, hi, o);
 }
 
-// Whether fused=True on CPU runs ATen's CPU fused kernel through drive_cuda (Traits::kCpuAtenFused:
-// Adam, AdamW, SGD) rather than dtrain's own fused CPU kernel.
+// Whether fused=True on CPU runs ATen's CPU fused kernel through drive_aten_fused
+// (Traits::kCpuAtenFused: Adam, AdamW, SGD) rather than dtrain's own fused CPU kernel.
 template <typename Traits>
 constexpr bool cpu_aten_fused() {
   if constexpr (requires { Traits::kCpuAtenFused; }) {
@@ -180,15 +181,15 @@ constexpr bool cpu_aten_fused() {
   }
 }
 
-// The CUDA part of drive() (Traits::kCudaFused and the `fused` option not False; CPU parameters
-// with fused True where cpu_aten_fused): Traits::prepare
+// The ATen-fused part of drive(): CUDA parameters (Traits::kCudaFused and the `fused` option not
+// False) and CPU parameters with fused True where cpu_aten_fused: Traits::prepare
 // on each, then per (device, dtype) batch, in order of first appearance, the stale device steps
 // incremented and Traits::cuda_step -- one of ATen's fused multi-tensor kernels, as PyTorch's
 // fused path calls it. A parameter the kernels cannot take (aten_fusable) runs Traits::aten.
 template <typename Traits, typename Options>
-void drive_cuda(std::vector<at::Tensor>& params, std::vector<ParamState>& state, const Options& o,
-                const std::vector<std::pair<size_t, at::Tensor>>& work) {
-  std::vector<CudaBatch> batches;
+void drive_aten_fused(std::vector<at::Tensor>& params, std::vector<ParamState>& state,
+                      const Options& o, const std::vector<std::pair<size_t, at::Tensor>>& work) {
+  std::vector<AtenFusedBatch> batches;
   const std::array<bool, 4> uses = Traits::cuda_slots(o);
   for (const auto& [i, g] : work) {
     ParamState& s = state[i];
@@ -207,18 +208,18 @@ void drive_cuda(std::vector<at::Tensor>& params, std::vector<ParamState>& state,
       continue;
     }
     const bool batch_first = Traits::kCudaBatchByFirst && first;
-    auto it = std::find_if(batches.begin(), batches.end(), [&](const CudaBatch& b) {
+    auto it = std::find_if(batches.begin(), batches.end(), [&](const AtenFusedBatch& b) {
       return b.device == p.device() && b.dtype == p.scalar_type() && b.first == batch_first;
     });
     if (it == batches.end()) {
-      CudaBatch fresh;
+      AtenFusedBatch fresh;
       fresh.device = p.device();
       fresh.dtype = p.scalar_type();
       fresh.first = batch_first;
       batches.push_back(std::move(fresh));
       it = batches.end() - 1;
     }
-    CudaBatch& b = *it;
+    AtenFusedBatch& b = *it;
     b.params.push_back(p);
     b.grads.push_back(g);
     for (size_t k = 0; k < 4; ++k) {
@@ -229,7 +230,7 @@ void drive_cuda(std::vector<at::Tensor>& params, std::vector<ParamState>& state,
       b.step_counts.push_back(s.step);
     }
   }
-  for (CudaBatch& b : batches) {
+  for (AtenFusedBatch& b : batches) {
     if (!b.stale_steps.empty()) at::_foreach_add_(b.stale_steps, 1);
     Traits::cuda_step(b, o);
   }
@@ -237,7 +238,7 @@ void drive_cuda(std::vector<at::Tensor>& params, std::vector<ParamState>& state,
 
 // The fused part of drive(): Traits::prepare on each, then the kernel over all contiguous
 // float/double tensors in one parallel pass, Traits::aten over the rest; CUDA parameters of an
-// optimizer with ATen fused kernels go to drive_cuda instead.
+// optimizer with ATen fused kernels go to drive_aten_fused instead.
 template <typename Traits, typename Options>
 void drive_fused(std::vector<at::Tensor>& params, std::vector<ParamState>& state, const Options& o,
                  const std::vector<std::pair<size_t, at::Tensor>>& work) {
@@ -292,14 +293,14 @@ void drive_fused(std::vector<at::Tensor>& params, std::vector<ParamState>& state
     kernel_for<Traits>(isa, t, lo, hi, o);
   });
   if constexpr (Traits::kCudaFused) {
-    if (!cuda_work.empty()) drive_cuda<Traits>(params, state, o, cuda_work);
+    if (!cuda_work.empty()) drive_aten_fused<Traits>(params, state, o, cuda_work);
   }
 }
 
 // Runs one optimizer's update over (index, gradient) pairs: Traits::require_state on each first
 // (nothing changes when one fails), then Traits::prepare (lazy state, step count) and the update:
 // the fused kernel over all contiguous float/double CPU tensors in one parallel pass, ATen's fused
-// multi-tensor kernels over CUDA tensors (Traits::kCudaFused: drive_cuda), Traits::aten (ATen
+// multi-tensor kernels over CUDA tensors (Traits::kCudaFused: drive_aten_fused), Traits::aten (ATen
 // operations, PyTorch's exact sequence) over the rest, or over all when !Traits::kFused; then
 // Traits::finish on each.
 template <typename Traits, typename Options>
