@@ -1,7 +1,7 @@
 // Bytes each rank sends per training iteration, counted by comm's counting group (what each
 // collective moves per rank in a bandwidth-optimal algorithm), for DDP alone, DDP +
 // ZeroRedundancyOptimizer (ZeRO-1, PyTorch's) and DDP + ZeRO-2 (hook_with_zero2), next to the
-// formulas, and the gradient bytes a rank keeps for the step. Model: ddp_hooks/benchmark_mlp.h,
+// formulas, and the gradient bytes a rank keeps for the step. Model: ddp_hooks/testing/benchmark_mlp.h,
 // 8 x Linear(1024, 1024) (8.4M parameters, 32 MiB), DDP's default 25 MiB buckets, Adam; ranks
 // as threads with their own Gloo groups, world 2..8.
 //
@@ -21,8 +21,8 @@
 
 #include "comm/testing/counting_group.h"
 #include "comm/testing/test_harness.h"
-#include "ddp_hooks/benchmark_mlp.h"
 #include "ddp_hooks/distributed_data_parallel.h"
+#include "ddp_hooks/testing/benchmark_mlp.h"
 #include "ddp_hooks/zero_hook.h"
 #include "optim/functional/adapter.h"
 #include "optim/zero/zero_redundancy_optimizer.h"

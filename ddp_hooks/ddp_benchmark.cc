@@ -38,9 +38,9 @@
 
 #include "comm/coalesced.h"
 #include "comm/testing/thread_world.h"
-#include "ddp_hooks/benchmark_mlp.h"
 #include "ddp_hooks/default_hooks.h"
 #include "ddp_hooks/distributed_data_parallel.h"
+#include "ddp_hooks/testing/benchmark_mlp.h"
 #include "ddp_hooks/zero_hook.h"
 #include "optim/zero/zero_redundancy_optimizer.h"
 

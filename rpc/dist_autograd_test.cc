@@ -15,7 +15,7 @@
 #include "rpc/functions.h"
 #include "rpc/local_optimizers.h"
 #include "rpc/remote.h"
-#include "rpc/test_workers.h"
+#include "rpc/testing/test_workers.h"
 
 namespace dtrain::rpc {
 namespace {

@@ -16,7 +16,7 @@
 #include "rpc/codec.h"
 #include "rpc/distributed_optimizer.h"
 #include "rpc/remote.h"
-#include "rpc/test_workers.h"
+#include "rpc/testing/test_workers.h"
 
 namespace dtrain::rpc {
 namespace {

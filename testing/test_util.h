@@ -10,8 +10,11 @@
 
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <ATen/core/Dict.h>
+#include <ATen/core/List.h>
 #include <ATen/core/ivalue.h>
 #include <c10/util/Exception.h>
 #include <gmock/gmock.h>
@@ -33,6 +36,14 @@ inline void expect_error(const std::function<void()>& f, const std::string& mess
 // An empty Dict[str, Any], the type of PyTorch's state dicts and param groups.
 inline c10::impl::GenericDict str_dict() {
   return c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get());
+}
+
+// An empty List[Any], for nested containers in state dicts.
+inline c10::impl::GenericList any_list() { return c10::impl::GenericList(c10::AnyType::get()); }
+
+// A tuple of `items`.
+inline c10::IValue tuple(std::vector<c10::IValue> items) {
+  return c10::ivalue::Tuple::create(std::move(items));
 }
 
 }  // namespace dtrain::test_util

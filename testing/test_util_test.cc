@@ -23,5 +23,16 @@ TEST(TestUtilTest, StrDictIsAnEmptyStringKeyedDict) {
   EXPECT_EQ(d.valueType()->kind(), c10::TypeKind::AnyType);
 }
 
+TEST(TestUtilTest, AnyListAndTuple) {
+  c10::impl::GenericList l = any_list();
+  EXPECT_EQ(l.size(), 0u);
+  EXPECT_EQ(l.elementType()->kind(), c10::TypeKind::AnyType);
+  const c10::IValue t = tuple({int64_t{1}, std::string("two")});
+  ASSERT_TRUE(t.isTuple());
+  ASSERT_EQ(t.toTupleRef().elements().size(), 2u);
+  EXPECT_EQ(t.toTupleRef().elements()[0].toInt(), 1);
+  EXPECT_EQ(t.toTupleRef().elements()[1].toStringRef(), "two");
+}
+
 }  // namespace
 }  // namespace dtrain::test_util

@@ -1,4 +1,4 @@
-// One rank of the cluster benchmark (bench/cluster/run): DDP on //ddp_hooks:benchmark_mlp's model
+// One rank of the cluster benchmark (bench/cluster/run): DDP on //ddp_hooks/testing:benchmark_mlp's model
 // (8 x Linear(1024, 1024), 32 MiB of float32 gradients) over Gloo across the hosts of a
 // comm/testing/netns_cluster.py cluster, one rank per host, joined from torchrun's environment
 // (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; GLOO_SOCKET_IFNAME=eth0 picks the shaped link).
@@ -40,10 +40,10 @@
 
 #include "comm/coalesced.h"
 #include "comm/process_group.h"
-#include "ddp_hooks/benchmark_mlp.h"
 #include "ddp_hooks/default_hooks.h"
 #include "ddp_hooks/distributed_data_parallel.h"
 #include "ddp_hooks/powersgd_hook.h"
+#include "ddp_hooks/testing/benchmark_mlp.h"
 #include "ddp_hooks/zero_hook.h"
 #include "optim/functional/adapter.h"
 #include "optim/model_averagers.h"

@@ -3,8 +3,8 @@
 // 8.4M parameters (32 MiB of float32 gradients), parameter-heavy and FLOP-light.
 //
 //   torch::nn::Sequential mlp = dtrain::ddp_hooks::benchmark_mlp();
-#ifndef DTRAIN_DDP_HOOKS_BENCHMARK_MLP_H_
-#define DTRAIN_DDP_HOOKS_BENCHMARK_MLP_H_
+#ifndef DTRAIN_DDP_HOOKS_TESTING_BENCHMARK_MLP_H_
+#define DTRAIN_DDP_HOOKS_TESTING_BENCHMARK_MLP_H_
 
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -23,4 +23,4 @@ inline torch::nn::Sequential benchmark_mlp() {
 
 }  // namespace dtrain::ddp_hooks
 
-#endif  // DTRAIN_DDP_HOOKS_BENCHMARK_MLP_H_
+#endif  // DTRAIN_DDP_HOOKS_TESTING_BENCHMARK_MLP_H_

@@ -4,8 +4,8 @@
 //   dtrain::rpc::testing::run_workers({"trainer", "ps1"}, [](dtrain::rpc::testing::Worker& w) {
 //     if (w.rank == 0) { ... w.agent ... w.owner ... }
 //   });
-#ifndef DTRAIN_RPC_TEST_WORKERS_H_
-#define DTRAIN_RPC_TEST_WORKERS_H_
+#ifndef DTRAIN_RPC_TESTING_TEST_WORKERS_H_
+#define DTRAIN_RPC_TESTING_TEST_WORKERS_H_
 
 #include <chrono>
 #include <functional>
@@ -62,4 +62,4 @@ inline void run_workers(
 
 }  // namespace dtrain::rpc::testing
 
-#endif  // DTRAIN_RPC_TEST_WORKERS_H_
+#endif  // DTRAIN_RPC_TESTING_TEST_WORKERS_H_
