@@ -15,6 +15,7 @@
 // itself (deterministic per step and rank, so a resumed run sees the same batches). The flags and
 // their checks are in train_config.h; joining the job, the models, optimizer and hook in
 // train_job.{h,cc}; resuming and saving a step in train_resume.cc; this file runs the steps.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -191,6 +192,8 @@ int launch_locally(const Config& config, int argc, char** argv) {
   o.master_port = config.master_port;
   o.rank0_owns_terminal = true;
   o.max_restarts = config.max_restarts;
+  o.join_timeout_seconds =
+      std::min<double>(config.rendezvous_timeout_s, comm::kMaxJoinTimeoutSeconds);
   o.rdzv_id = config.rdzv_id;
   std::vector<std::string> args = {"/proc/self/exe"};
   for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);

@@ -8,7 +8,10 @@ over a shaped link, and across a cut link.
    host's address only (not every interface).
 2. Started by //launcher:launch with the same flags, a link cut mid-run (host 1's cable pulled): both hosts end within the timeout's bound with an
    error, never a hang; the committed checkpoint stays loadable (a resumed run continues from it).
-3. After each cluster: no namespace with the cluster's prefix and none of its processes remain.
+3. examples:train's own flags with --max_restarts=1 and --fail_at_step (rank 1, on host 1, kills
+   itself in the first attempt): both hosts' launchers restart together (node 0's leads) and the
+   job ends at the one-host loss.
+4. After each cluster: no namespace with the cluster's prefix and none of its processes remain.
 Where namespaces cannot be made (not root, no iproute2, a sandbox) it prints why and passes as
 skipped."""
 import os
@@ -129,6 +132,27 @@ def link_cut():
         fail("no resume from the committed step after the cut (exit %d):\n%s" % (out.returncode, out.stdout[-2000:]))
 
 
+def restart_across_hosts(reference):
+    ckpt = os.path.join(TMP, "restart")
+    port = 31000 + os.getpid() % 1000
+    with netns_cluster.Cluster(hosts=2, rate="200mbit", id="dtcr%d" % os.getpid()) as c:
+        logs = [open(os.path.join(TMP, "restart%d.log" % h), "w+") for h in range(2)]
+        argv = [TRAIN, "--nnodes=2", "--node_rank={host}", "--nproc_per_node=1", "--master_addr={master_addr}",
+                "--master_port=%d" % port, "--max_restarts=1", "--fail_at_step=15",
+                "--checkpoint_dir=" + ckpt] + TRAIN_ARGS
+        procs = [c.popen(h, argv, stdout=logs[h], stderr=subprocess.STDOUT) for h in range(2)]
+        codes = [p.wait(timeout=600) for p in procs]
+        text = [open(l.name).read() for l in logs]
+        got = final_loss(text[0] + text[1])
+        restarted = ["attempt 2 of 2" in t for t in text]
+        print("restart across hosts: codes %s, both launchers restarted %s, final loss %s (one host: %s)" % (
+            codes, restarted, got, reference), flush=True)
+        if codes != [0, 0] or restarted != [True, True] or got != reference:
+            fail("restart across hosts: codes %s, restarted %s, loss %s (expected %s):\n%s\n%s" % (
+                codes, restarted, got, reference, text[0][-3000:], text[1][-3000:]))
+    check_gone(c, procs)
+
+
 def main():
     try:
         with netns_cluster.Cluster(hosts=1, rate="1gbit", id="dtcp%d" % os.getpid()):
@@ -144,6 +168,7 @@ def main():
         return 1
     two_host_training(reference)
     link_cut()
+    restart_across_hosts(reference)
     print("%d failures" % len(failures))
     return 1 if failures else 0
 

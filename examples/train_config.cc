@@ -52,7 +52,9 @@ ABSL_FLAG(int, log_every, 0,
 ABSL_FLAG(int, timeout_s, 60,
           "Seconds a collective may wait for the other ranks before the job fails, naming the rank "
           "that stopped.");
-ABSL_FLAG(int, rendezvous_timeout_s, 300, "Seconds for every rank to join the job at startup.");
+ABSL_FLAG(int, rendezvous_timeout_s, 300,
+          "Seconds for every rank to join the job at startup (and, with --nnodes > 1 and "
+          "--max_restarts, for every node's launcher to join each attempt).");
 ABSL_FLAG(int, max_restarts, 0,
           "Times to restart all ranks after one fails (torchrun's flag, 0-100); they resume from "
           "this job's newest step.");
@@ -180,11 +182,6 @@ absl::Status check_nodes(const TrainConfig& c) {
   }
   if (c.master_addr.empty())
     return usage("--master_addr must name node 0 (an address or host name)");
-  if (c.nnodes > 1 && c.max_restarts > 0) {
-    return usage(
-        "--max_restarts restarts one node's ranks, which would leave the other nodes in another "
-        "attempt; with --nnodes > 1 restart the job on every node from outside, or drop it");
-  }
   return absl::OkStatus();
 }
 

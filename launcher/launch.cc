@@ -1,11 +1,12 @@
 // torchrun-style local launcher:
 //   launch --nproc_per_node=N [--master_addr=A] [--master_port=P] [--nnodes=K --node_rank=I]
-//          [--max_restarts=R] [--rdzv_id=ID] -- PROGRAM ARGS...
+//          [--max_restarts=R [--join_timeout=S]] [--rdzv_id=ID] -- PROGRAM ARGS...
 // starts N copies of PROGRAM with RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
 // MASTER_ADDR and MASTER_PORT set, prefixes every output line with "[rank R] ", forwards
 // SIGINT/SIGTERM/SIGHUP to the ranks, and when a rank exits non-zero stops the others and exits
 // with that rank's code (128 + signal for a rank killed by a signal), or, with --max_restarts,
-// starts all ranks again up to R times (TORCHELASTIC_RESTART_COUNT tells them which attempt).
+// starts all ranks again up to R times (TORCHELASTIC_RESTART_COUNT tells them which attempt), on
+// every node together when there are several (launcher/node_rendezvous.h).
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -29,9 +30,12 @@ ABSL_FLAG(
 ABSL_FLAG(double, stop_grace_seconds, 5.0,
           "After a rank fails or a signal arrives, seconds to wait before SIGKILL (0-3600).");
 ABSL_FLAG(int64_t, max_restarts, 0,
-          "Times to restart all ranks after one fails (as torchrun's; 0-100, single node); a "
-          "signal to the "
-          "launcher is never restarted.");
+          "Times to restart all ranks after one fails (as torchrun's; 0-100); with --nnodes > 1 "
+          "every node restarts together, its launcher meeting node 0's at "
+          "--master_addr:--master_port. A signal to the launcher is never restarted.");
+ABSL_FLAG(double, join_timeout, 600,
+          "With --nnodes > 1 and --max_restarts: seconds node 0 waits for every node to be ready "
+          "for an attempt, and the others for node 0 (torchrun's join_timeout; at most 86400).");
 ABSL_FLAG(std::string, rdzv_id, "",
           "The job's id, given to every rank as TORCHELASTIC_RUN_ID (as torchrun's); empty: a "
           "random id per launch.");
@@ -48,7 +52,7 @@ std::string out_of_range(const char* flag, int64_t value, int64_t lo, int64_t hi
 // The first bad number among the flags, as one line naming the flag and its range; empty when all
 // are good. Each bound is checked before a product is formed, products in 64 bits.
 std::string check_numbers(int64_t nproc, int64_t nnodes, int64_t node_rank, int64_t port,
-                          int64_t restarts, double grace) {
+                          int64_t restarts, double grace, double join) {
   using namespace dtrain::comm;  // NOLINT: the limits
   std::string e = out_of_range("nproc_per_node", nproc, 1, kMaxProcsPerNode,
                                " (ranks on this node; for more ranks use more nodes)");
@@ -67,6 +71,10 @@ std::string check_numbers(int64_t nproc, int64_t nnodes, int64_t node_rank, int6
   if (e.empty() && !(grace >= 0 && grace <= kMaxStopGraceSeconds)) {  // NaN too
     e = absl::StrCat("launch: --stop_grace_seconds must be in [0, ", kMaxStopGraceSeconds,
                      "], got ", grace);
+  }
+  if (e.empty() && !(join > 0 && join <= kMaxJoinTimeoutSeconds)) {  // NaN too
+    e = absl::StrCat("launch: --join_timeout must be in (0, ", kMaxJoinTimeoutSeconds, "], got ",
+                     join);
   }
   return e;
 }
@@ -87,7 +95,8 @@ int main(int argc, char** argv) {
   const int64_t node_rank = absl::GetFlag(FLAGS_node_rank), port = absl::GetFlag(FLAGS_master_port);
   const int64_t restarts = absl::GetFlag(FLAGS_max_restarts);
   const double grace = absl::GetFlag(FLAGS_stop_grace_seconds);
-  if (const std::string e = check_numbers(nproc, nnodes, node_rank, port, restarts, grace);
+  const double join = absl::GetFlag(FLAGS_join_timeout);
+  if (const std::string e = check_numbers(nproc, nnodes, node_rank, port, restarts, grace, join);
       !e.empty()) {
     std::fprintf(stderr, "%s\n", e.c_str());
     return 2;
@@ -101,6 +110,7 @@ int main(int argc, char** argv) {
   o.master_port = static_cast<int>(port);
   o.stop_grace_seconds = grace;
   o.max_restarts = static_cast<int>(restarts);
+  o.join_timeout_seconds = join;
   o.rdzv_id = absl::GetFlag(FLAGS_rdzv_id);
   absl::StatusOr<int> code =
       dtrain::comm::launch_local(std::vector<std::string>(rest.begin() + 1, rest.end()), o);

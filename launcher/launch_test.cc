@@ -1,5 +1,8 @@
 // Runs the launch binary as a user would and checks its contract.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -162,6 +165,76 @@ TEST(LaunchTest, GivesUpAfterMaxRestarts) {
 }
 
 // A signal to the launcher stops the job even with restarts left.
+// Two nodes' launchers on this host, as on two machines (--nnodes=2, one rank each).
+std::vector<Result> run_two_nodes(const std::vector<std::string>& flags,
+                                  const std::string& script) {
+  // A port free a moment ago, for node 0's launcher.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  std::vector<Result> out(2);
+  std::vector<std::thread> nodes;
+  for (int k = 0; k < 2; ++k) {
+    nodes.emplace_back([&, k] {
+      std::vector<std::string> args = {"--nnodes=2", "--node_rank=" + std::to_string(k),
+                                       "--nproc_per_node=1", "--stop_grace_seconds=1",
+                                       "--master_port=" + std::to_string(ntohs(addr.sin_port))};
+      args.insert(args.end(), flags.begin(), flags.end());
+      for (const char* a : {"--", "/bin/sh", "-c"}) args.push_back(a);
+      args.push_back(script);
+      out[k] = run_launch(args);
+    });
+  }
+  for (std::thread& t : nodes) t.join();
+  return out;
+}
+
+// --max_restarts across nodes: rank 1 (node 1) fails in the first attempt; node 0's rank, still
+// running, is stopped; both nodes start attempt 1 with node 0's port and run id, and succeed.
+TEST(LaunchTest, NodesRestartTogether) {
+  const std::vector<Result> r = run_two_nodes(
+      {"--max_restarts=1"},
+      "echo attempt=$TORCHELASTIC_RESTART_COUNT port=$MASTER_PORT id=$TORCHELASTIC_RUN_ID; "
+      "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then "
+      "  if [ \"$RANK\" = 1 ]; then exit 3; fi; sleep 60; fi");
+  EXPECT_EQ(r[0].code, 0) << r[0].output;
+  EXPECT_EQ(r[1].code, 0) << r[1].output;
+  EXPECT_LT(r[0].seconds, 30) << "node 0's rank was not stopped";
+  EXPECT_THAT(r[0].output, HasSubstr("launch: rank 1 (node 1) exited with code 3; stopping this "
+                                     "node's ranks; restarting all ranks (attempt 2 of 2) on "
+                                     "every node"));
+  EXPECT_THAT(r[1].output, HasSubstr("launch: rank 1 exited with code 3; restarting all ranks "
+                                     "(attempt 2 of 2) on every node"));
+  // Attempt 1's line from each node: the same port and run id.
+  auto attempt1 = [](const std::string& out, int rank) {
+    const std::string tag = "[rank " + std::to_string(rank) + "] attempt=1 ";
+    const size_t at = out.find(tag);
+    return at == std::string::npos
+               ? ""
+               : out.substr(at + tag.size(), out.find('\n', at) - at - tag.size());
+  };
+  EXPECT_NE(attempt1(r[0].output, 0), "") << r[0].output;
+  EXPECT_EQ(attempt1(r[0].output, 0), attempt1(r[1].output, 1));
+}
+
+// No restarts left: every node exits with the failing rank's code, not only the failing node.
+TEST(LaunchTest, EveryNodeExitsWithTheFailingCodeWhenNoRestartsAreLeft) {
+  const std::vector<Result> r =
+      run_two_nodes({"--max_restarts=1"},
+                    "echo attempt=$TORCHELASTIC_RESTART_COUNT; if [ \"$RANK\" = 1 ]; then exit 4; "
+                    "fi; sleep 60");
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_EQ(r[k].code, 4) << "node " << k << ": " << r[k].output;
+    EXPECT_THAT(r[k].output, HasSubstr("attempt=1"));
+    EXPECT_THAT(r[k].output, HasSubstr("no restarts left (max_restarts 1) on every node"));
+  }
+}
+
 TEST(LaunchTest, SignalsAreNeverRestarted) {
   Result r =
       run_launch({"--nproc_per_node=2", "--max_restarts=3", "--", "/bin/sh", "-c",
@@ -239,10 +312,12 @@ TEST(LaunchTest, BadUsageIsAOneLineError) {
         << bad;
     EXPECT_EQ(count(restarts.output, "\n"), 1) << bad << ": " << restarts.output;
   }
-  Result nodes =
-      run_launch({"--nproc_per_node=1", "--nnodes=2", "--max_restarts=1", "--", "/bin/true"});
-  EXPECT_EQ(nodes.code, 2);
-  EXPECT_THAT(nodes.output, HasSubstr("max_restarts needs a single node"));
+  for (const char* bad : {"--join_timeout=0", "--join_timeout=nan", "--join_timeout=1e9"}) {
+    Result join = run_launch({"--nproc_per_node=1", bad, "--", "/bin/true"});
+    EXPECT_EQ(join.code, 2) << bad;
+    EXPECT_THAT(join.output, HasSubstr("launch: --join_timeout must be in (0, 86400], got "))
+        << bad;
+  }
   for (const std::string& bad : std::vector<std::string>{"a b", "x/y", std::string(129, 'a')}) {
     Result id = run_launch({"--nproc_per_node=1", "--rdzv_id=" + bad, "--", "/bin/true"});
     EXPECT_EQ(id.code, 2) << bad;

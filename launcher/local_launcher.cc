@@ -14,6 +14,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -23,6 +25,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "launcher/node_rendezvous.h"
 #include "launcher/process_set.h"
 
 namespace dtrain::comm {
@@ -107,12 +110,16 @@ struct Job {
 struct Outcome {
   int code = 0;            // 0, the first failing rank's code, or 128 + the launcher's signal
   bool signalled = false;  // the launcher received SIGINT, SIGTERM or SIGHUP during the attempt
+  int rank = -1;           // the first failing rank of this node
+  bool stopped = false;    // stopped because another node's attempt failed
 };
 
 // Starts every rank once (TORCHELASTIC_RESTART_COUNT=attempt) and waits for all of them; when one
-// fails, prints "launch: rank R exited with code C; <on_failure>" and stops the others.
+// fails, prints "launch: rank R exited with code C; <on_failure>" and stops the others. With
+// `rdzv` (several nodes that restart together) a failure is told to the other nodes, and this
+// node's ranks are stopped when another node's failed.
 absl::StatusOr<Outcome> run_attempt(const Job& job, int port, int attempt,
-                                    const std::string& on_failure) {
+                                    const std::string& on_failure, NodeRendezvous* rdzv) {
   const LaunchOptions& options = *job.options;
   const int nproc = options.nproc_per_node;
   const int node_rank = options.node_rank;
@@ -155,6 +162,7 @@ absl::StatusOr<Outcome> run_attempt(const Job& job, int port, int attempt,
         const int sig = buf[k];
         if (sig == SIGCHLD) continue;
         outcome.signalled = true;  // whatever else happens, no restart after this attempt
+        if (rdzv != nullptr) rdzv->report_failure(-1, 128 + sig, true);
         // Forward the first signal; the ranks decide how to stop. A second one is escalated.
         if (!stopping) {
           std::fprintf(stderr, "launch: got signal %d, forwarding to the ranks\n", sig);
@@ -175,6 +183,18 @@ absl::StatusOr<Outcome> run_attempt(const Job& job, int port, int attempt,
         std::fprintf(stderr, "launch: rank %d exited with code %d; %s\n", relays[i].rank, code,
                      on_failure.c_str());
         outcome.code = code;
+        outcome.rank = relays[i].rank;
+        if (rdzv != nullptr) rdzv->report_failure(relays[i].rank, code, false);
+        stopping = true;
+        ranks.signal_all(SIGTERM);
+        kill_at = std::chrono::steady_clock::now() + std::chrono::milliseconds(job.grace_ms);
+      }
+    }
+    if (rdzv != nullptr) {  // also keeps the heartbeats going while the ranks stop
+      if (std::optional<std::string> why = rdzv->poll(); why.has_value() && !stopping) {
+        std::fprintf(stderr, "launch: %s; stopping this node's ranks; %s\n", why->c_str(),
+                     on_failure.c_str());
+        outcome.stopped = true;
         stopping = true;
         ranks.signal_all(SIGTERM);
         kill_at = std::chrono::steady_clock::now() + std::chrono::milliseconds(job.grace_ms);
@@ -186,6 +206,69 @@ absl::StatusOr<Outcome> run_attempt(const Job& job, int port, int attempt,
     }
   }
   return outcome;
+}
+
+// What a failure in `attempt` leads to, for the line that reports it.
+std::string on_failure(int attempt, int max_restarts) {
+  if (attempt < max_restarts) {
+    return absl::StrCat("restarting all ranks (attempt ", attempt + 2, " of ", max_restarts + 1,
+                        ")");
+  }
+  if (max_restarts == 0) return "stopping the other ranks";
+  return absl::StrCat("stopping the other ranks; no restarts left (max_restarts ", max_restarts,
+                      ")");
+}
+
+// Several nodes with restarts: every attempt in lockstep through node 0's launcher
+// (launcher/node_rendezvous.h). Returns as launch_local does; a signal while waiting for the other
+// nodes ends it with 128 + that signal.
+absl::StatusOr<int> launch_with_rendezvous(Job job) {
+  const LaunchOptions& o = *job.options;
+  int last_signal = 0;
+  NodeRendezvousOptions r;
+  r.nnodes = o.nnodes;
+  r.node_rank = o.node_rank;
+  r.nproc_per_node = o.nproc_per_node;
+  r.max_restarts = o.max_restarts;
+  r.master_addr = o.master_addr;
+  r.master_port = o.master_port != 0 ? o.master_port : 29500;
+  r.run_id = job.run_id;
+  r.join_timeout = std::chrono::milliseconds(static_cast<int64_t>(1000 * o.join_timeout_seconds));
+  r.pending_signal = [&last_signal] {
+    const int sig = pending_signal();
+    if (sig != 0) last_signal = sig;
+    return sig;
+  };
+  // A signal while waiting for the other nodes ends the launch as a signal ends an attempt.
+  auto ended = [&last_signal](const absl::Status& s) -> absl::StatusOr<int> {
+    if (absl::IsCancelled(s) && last_signal != 0) {
+      std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+      return 128 + last_signal;
+    }
+    return s;
+  };
+  absl::StatusOr<std::unique_ptr<NodeRendezvous>> rdzv = NodeRendezvous::join(r);
+  if (!rdzv.ok()) return ended(rdzv.status());
+  for (;;) {
+    absl::StatusOr<AttemptPlan> plan = (*rdzv)->next_attempt();
+    if (!plan.ok()) return ended(plan.status());
+    job.run_id = plan->run_id;  // node 0's, the same on every node
+    absl::StatusOr<Outcome> outcome = run_attempt(
+        job, plan->worker_port, plan->attempt,
+        absl::StrCat(on_failure(plan->attempt, o.max_restarts), " on every node"), rdzv->get());
+    if (!outcome.ok()) {
+      (*rdzv)->report_failure(-1, 1, false);
+      return outcome.status();
+    }
+    NodeResult result;
+    result.succeeded = outcome->code == 0 && !outcome->signalled && !outcome->stopped;
+    result.signalled = outcome->signalled;
+    result.rank = outcome->rank;
+    result.code = outcome->code;
+    absl::StatusOr<Verdict> verdict = (*rdzv)->finish(result);
+    if (!verdict.ok()) return ended(verdict.status());
+    if (verdict->exit) return verdict->code;
+  }
 }
 
 // One line naming the option, its allowed range and the value, or OK. Every bound is checked
@@ -225,10 +308,10 @@ absl::Status check_options(const LaunchOptions& o) {
                                                    kMaxStopGraceSeconds, "], got ",
                                                    o.stop_grace_seconds));
   }
-  if (o.max_restarts > 0 && o.nnodes > 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "launch: max_restarts needs a single node (got nnodes ", o.nnodes,
-        "): restarting this node's ranks alone would leave the other nodes in another attempt"));
+  if (!(o.join_timeout_seconds > 0 && o.join_timeout_seconds <= kMaxJoinTimeoutSeconds)) {
+    return absl::InvalidArgumentError(absl::StrCat("launch: join_timeout_seconds must be in (0, ",
+                                                   kMaxJoinTimeoutSeconds, "], got ",
+                                                   o.join_timeout_seconds));
   }
   if (o.master_addr.empty()) {
     return absl::InvalidArgumentError(
@@ -297,6 +380,7 @@ absl::StatusOr<int> launch_local(const std::vector<std::string>& argv,
     }
   } installed;
 
+  if (nnodes > 1 && max_restarts > 0) return launch_with_rendezvous(job);
   int port = 0;
   for (int attempt = 0;; ++attempt) {
     // A port the launcher picks is picked afresh for every attempt: the last attempt's store may
@@ -307,14 +391,8 @@ absl::StatusOr<int> launch_local(const std::vector<std::string>& argv,
       port = nnodes == 1 ? fresh_port(port) : 29500;
     }
     const bool last = attempt == max_restarts;
-    const std::string on_failure =
-        !last ? absl::StrCat("restarting all ranks (attempt ", attempt + 2, " of ",
-                             max_restarts + 1, ")")
-        : max_restarts > 0
-            ? absl::StrCat("stopping the other ranks; no restarts left (max_restarts ",
-                           max_restarts, ")")
-            : std::string("stopping the other ranks");
-    absl::StatusOr<Outcome> outcome = run_attempt(job, port, attempt, on_failure);
+    absl::StatusOr<Outcome> outcome =
+        run_attempt(job, port, attempt, on_failure(attempt, max_restarts), nullptr);
     if (!outcome.ok()) return outcome.status();
     if (outcome->code == 0 || outcome->signalled || last) return outcome->code;
     // A signal that arrived while the last rank was being reaped still cancels the restart.

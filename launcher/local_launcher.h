@@ -31,13 +31,15 @@ inline constexpr int kMaxRestarts = 100;
 inline constexpr int kMaxWorldSize = 1 << 30;
 // Longest stop_grace_seconds.
 inline constexpr double kMaxStopGraceSeconds = 3600;
+// Longest join_timeout_seconds.
+inline constexpr double kMaxJoinTimeoutSeconds = 86400;
 
 struct LaunchOptions {
   int nproc_per_node = 1;  // ranks started on this node, at most kMaxProcsPerNode
   int nnodes = 1;          // nodes in the job; nnodes x nproc_per_node <= kMaxWorldSize
   int node_rank = 0;       // this node's index in [0, nnodes)
   std::string master_addr = "127.0.0.1";  // not empty
-  int master_port = 0;                    // in [0, 65535]; 0: a free port (single node) or 29500
+  int master_port = 0;  // in [0, 65535]; 0: a free port (one node) or 29500 (several)
   double stop_grace_seconds =
       5.0;  // after a failure or signal, before SIGKILL; [0, kMaxStopGraceSeconds]
   // Rank 0 writes straight to this process's stdout/stderr (a terminal stays a terminal); the
@@ -52,9 +54,18 @@ struct LaunchOptions {
   // restarting all ranks (attempt K of N)", N being max_restarts + 1 attempts in all. Ranks read
   // which attempt they are in from TORCHELASTIC_RESTART_COUNT (0 on the first) and the limit from
   // TORCHELASTIC_MAX_RESTARTS, as under torchrun. A signal to the launcher is never followed by a
-  // restart. Single node only (nnodes == 1): restarting one node's ranks alone would leave the
-  // other nodes in a different attempt.
+  // restart. With nnodes > 1 the nodes restart together (torchrun's c10d rendezvous plays this
+  // part): node 0's launcher listens at master_addr:master_port (29500 when 0) for the others',
+  // a failure on any node stops every node's ranks, node 0 decides on the restart, and each
+  // attempt's MASTER_PORT (rank 0's store) is a port node 0 picks afresh and hands to every node;
+  // every node must be given the same nproc_per_node and max_restarts (checked), and node 0's
+  // run id is every node's TORCHELASTIC_RUN_ID. A node whose launcher is lost (no word for 30 s)
+  // counts as failed and must join again before the next attempt; a lost node 0 ends the other
+  // launches with an error. See launcher/node_rendezvous.h.
   int max_restarts = 0;
+  // With nnodes > 1 and max_restarts > 0: how long node 0 waits for every node to be ready for an
+  // attempt, and another node for node 0 (torchrun's join_timeout), in (0, kMaxJoinTimeoutSeconds].
+  double join_timeout_seconds = 600;
   // torchrun's --rdzv_id: the job's id, handed to every rank as TORCHELASTIC_RUN_ID and the same in
   // every attempt. Empty (the default): a random id per launch. Otherwise 1 to 128 characters from
   // [A-Za-z0-9._-]. Give the same id to launches that should count as one job (a program that
@@ -66,13 +77,15 @@ struct LaunchOptions {
 // the current directory is tried from BUILD_WORKING_DIRECTORY) and waits for all of them.
 // Returns 0 when every rank of an attempt succeeded, else the first failing rank's exit code in
 // the last attempt (128 + signal for a rank killed by a signal, or 128 + the signal this launcher
-// received and forwarded). InvalidArgument, before any rank starts, for bad options -- one line
+// received and forwarded; with nnodes > 1 and restarts, node 0's verdict: the same code on every
+// node). InvalidArgument, before any rank starts, for bad options -- one line
 // naming the option and its allowed range: a number outside the range given with its field above
-// (nproc_per_node, nnodes, node_rank, master_port, max_restarts, stop_grace_seconds, NaN included),
-// nnodes x nproc_per_node over kMaxWorldSize (computed in 64 bits), max_restarts above 0 with
-// nnodes > 1, an empty master_addr, an rdzv_id with other characters or over 128 long -- or an
-// empty argv; Internal when pipes or fork fail (the ranks already started are killed first).
-// Every rank is killed when this process dies, however it dies (PR_SET_PDEATHSIG), so no rank
+// (nproc_per_node, nnodes, node_rank, master_port, max_restarts, stop_grace_seconds,
+// join_timeout_seconds, NaN included), nnodes x nproc_per_node over kMaxWorldSize (computed in 64
+// bits), an empty master_addr, an rdzv_id with other characters or over 128 long -- or an
+// empty argv; Internal when pipes or fork fail (the ranks already started are killed first). With
+// nnodes > 1 and restarts also the rendezvous's errors (NodeRendezvous: nodes that disagree,
+// a node 0 that cannot listen, cannot be reached or is lost, a join timeout). Every rank is killed when this process dies, however it dies (PR_SET_PDEATHSIG), so no rank
 // trains on without its launcher.
 absl::StatusOr<int> launch_local(const std::vector<std::string>& argv,
                                  const LaunchOptions& options);
