@@ -197,7 +197,7 @@ void DistributedDataParallel::shadow_backward() {
     for (size_t i : bucket.params) params.push_back(s.params[i]);
     c10d::GradBucket grad_bucket = make_grad_bucket(b, s.buckets.size(), zeros, bucket.offsets,
                                                     bucket.lengths, bucket.sizes, params);
-    s.hook->runHook(grad_bucket)->wait();
+    s.hook->runHook(grad_bucket)->waitAndThrow();
   }
   if (s.consumer != nullptr) s.consumer->finish_backward();
   if (s.options.find_unused_parameters) {

@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "ddp_hooks/default_hooks.h"
+#include "ddp_hooks/internal/ordered_worker.h"
 
 namespace dtrain::ddp_hooks {
 namespace {
@@ -145,9 +146,19 @@ double PowerSGDState::compression_rate() const {
 PowerSGDHook::PowerSGDHook(std::shared_ptr<PowerSGDState> state)
     : StatefulHook(std::move(state), "PowerSGDHook") {
   this->state().validate();
+  worker_ = internal::OrderedWorker::for_group(this->state().group);
+}
+
+PowerSGDHook::~PowerSGDHook() {
+  if (last_) last_->wait();  // no job may outlive the hook
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> PowerSGDHook::runHook(c10d::GradBucket& bucket) {
+  last_ = worker_->submit([this, bucket]() mutable { return run(bucket); }, bucket.getBufferRef());
+  return last_;
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> PowerSGDHook::run(c10d::GradBucket& bucket) {
   PowerSGDState& s = state();
   const comm::Group& group = s.group;
   const int world = group.size();

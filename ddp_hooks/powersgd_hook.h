@@ -100,10 +100,26 @@ struct PowerSGDState {
   bool rng_seeded = false;
 };
 
+namespace internal {
+class OrderedWorker;
+}  // namespace internal
+
+// runHook returns at once: the bucket's compression, its all-reduces and the decompression run on
+// the group's hook thread (ddp_hooks/internal/ordered_worker.h: one bucket after another, so every
+// rank issues the collectives in the same order) while backward goes on, as PyTorch's chain of
+// Future::then. The future completes with the decompressed bucket, or holds the error (a state
+// that does not fit the bucket: a c10::Error, the bucket unchanged). Wait for it before reading
+// the bucket or the state.
 class PowerSGDHook : public StatefulHook<PowerSGDState> {
  public:
   explicit PowerSGDHook(std::shared_ptr<PowerSGDState> state);
+  ~PowerSGDHook() override;
   c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override;
+
+ private:
+  c10::intrusive_ptr<c10::ivalue::Future> run(c10d::GradBucket& bucket);  // on the worker
+  std::shared_ptr<internal::OrderedWorker> worker_;
+  c10::intrusive_ptr<c10::ivalue::Future> last_;  // waited for by the destructor
 };
 
 // Orthonormalises the columns of each matrix in a batch (b x n x r), in place: Gram-Schmidt

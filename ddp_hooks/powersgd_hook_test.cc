@@ -1,9 +1,11 @@
 #include "ddp_hooks/powersgd_hook.h"
 
+#include <chrono>
 #include <optional>
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -64,7 +66,9 @@ TEST(PowerSGDTest, RankOneGradientsAreReproducedExactly) {
       const double scale = g.rank() + 1.0;  // ranks differ; the average is still rank 1
       TestBucket b(at::outer(u(), v()) * scale, at::arange(5, at::kDouble) * scale);
       auto gb = b.bucket();
-      at::Tensor out = hook.parseHookResult(hook.runHook(gb)->value());
+      c10::intrusive_ptr<c10::ivalue::Future> done = hook.runHook(gb);
+      done->waitAndThrow();
+      at::Tensor out = hook.parseHookResult(done->value());
       EXPECT_TRUE(out.is_same(b.buffer));
       EXPECT_TRUE(b.matrix().allclose(at::outer(u(), v()) * 1.5, 1e-9, 1e-9)) << "iter " << iter;
       EXPECT_TRUE(b.vec().allclose(at::arange(5, at::kDouble) * 1.5))
@@ -83,7 +87,7 @@ TEST(PowerSGDTest, PlainAllReduceBeforeStartIteration) {
     const at::Tensor full_rank = at::eye(8, 6, at::kDouble) + 0.1;
     TestBucket b(full_rank * (g.rank() + 1), at::ones({5}, at::kDouble));
     auto gb = b.bucket();
-    hook.runHook(gb);
+    hook.runHook(gb)->waitAndThrow();
     EXPECT_TRUE(b.matrix().allclose(full_rank * 1.5))
         << "a full-rank gradient is averaged exactly before start";
     EXPECT_TRUE(state->error_dict.empty());
@@ -101,7 +105,7 @@ TEST(PowerSGDTest, ErrorFeedbackCarriesTheResidualAndWarmStartConverges) {
         at::outer(at::sin(at::arange(8, at::kDouble) * 2), at::cos(at::arange(6, at::kDouble) * 3));
     TestBucket first(m, at::zeros({5}, at::kDouble));
     auto gb = first.bucket();
-    hook.runHook(gb);
+    hook.runHook(gb)->waitAndThrow();
     // The residual of this call is remembered exactly.
     EXPECT_TRUE(state->error_dict.at(0).narrow(0, 0, 48).view({8, 6}).allclose(m - first.matrix(),
                                                                                1e-9, 1e-9));
@@ -115,10 +119,34 @@ TEST(PowerSGDTest, ErrorFeedbackCarriesTheResidualAndWarmStartConverges) {
     for (int i = 0; i < 15; ++i) {
       TestBucket b(m, at::zeros({5}, at::kDouble));
       auto bb = b.bucket();
-      hook.runHook(bb);
+      hook.runHook(bb)->waitAndThrow();
       err = (m - b.matrix()).norm().item<double>();
     }
     EXPECT_NEAR(err, best, 1e-6 * m.norm().item<double>());
+  });
+}
+
+// runHook hands the bucket to the group's hook thread and returns: backward is not held while a
+// peer is late to the all-reduces (PyTorch chains them with then). Rank 1 comes 500 ms late; rank
+// 0's runHook returns at once, its future completes once rank 1 is there, with the same result.
+TEST(PowerSGDTest, RunHookDoesNotWaitForTheCollectives) {
+  run_ranks_as_threads(2, [](comm::Group& g) {
+    auto state = make_state(g, 2);
+    state->iter = 2;  // compress from the first call: three all-reduces
+    PowerSGDHook hook(state);
+    TestBucket b(at::outer(u(), v()) * (g.rank() + 1.0), at::ones({5}, at::kDouble));
+    auto gb = b.bucket();
+    if (g.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    const auto start = std::chrono::steady_clock::now();
+    c10::intrusive_ptr<c10::ivalue::Future> done = hook.runHook(gb);
+    const auto returned_after = std::chrono::steady_clock::now() - start;
+    if (g.rank() == 0) {
+      EXPECT_LT(returned_after, std::chrono::milliseconds(250)) << "runHook waited for rank 1";
+      EXPECT_FALSE(done->completed());
+    }
+    done->waitAndThrow();
+    EXPECT_TRUE(b.matrix().allclose(at::outer(u(), v()) * 1.5, 1e-9, 1e-9));
+    EXPECT_EQ(state->iter, 3);
   });
 }
 
@@ -131,7 +159,7 @@ TEST(PowerSGDTest, StateDictResumesIdentically) {
     for (int i = 0; i < 3; ++i) {
       TestBucket b(m, at::ones({5}, at::kDouble));
       auto gb = b.bucket();
-      hook_a.runHook(gb);
+      hook_a.runHook(gb)->waitAndThrow();
     }
     ASSERT_EQ(a->p_memory_dict.at(0).numel(), 8 * 2)
         << "the matrix is compressed: P and Q memories are resumed";
@@ -142,8 +170,8 @@ TEST(PowerSGDTest, StateDictResumesIdentically) {
     TestBucket x(m, at::ones({5}, at::kDouble)), y(m, at::ones({5}, at::kDouble));
     auto gx = x.bucket();
     auto gy = y.bucket();
-    hook_a.runHook(gx);
-    hook_b.runHook(gy);
+    hook_a.runHook(gx)->waitAndThrow();
+    hook_b.runHook(gy)->waitAndThrow();
     EXPECT_TRUE(x.buffer.equal(y.buffer));
     EXPECT_EQ(a->iter, b_state->iter);
   });
@@ -178,7 +206,7 @@ TEST(PowerSGDTest, BatchedSameShapeMatchesUnbatched) {
       std::vector<c10::IntArrayRef> sizes = {params[0].sizes(), params[1].sizes()};
       c10d::GradBucket gb = make_grad_bucket(0, 1, buffer, {0, 24}, {24, 24}, sizes, params);
       const at::Tensor before = buffer.clone();
-      hook.runHook(gb);
+      hook.runHook(gb)->waitAndThrow();
       EXPECT_TRUE(buffer.allclose(before, 1e-9, 1e-9))
           << (batched ? "batched" : "unbatched") << ": rank-1 inputs are exact";
     }
@@ -198,7 +226,7 @@ TEST(PowerSGDTest, RandomMatricesAreDrawnOnTheCpuFromTheSeededStream) {
     const at::Tensor m = at::sin(at::arange(48, at::kDouble).view({8, 6}) * 0.3);
     TestBucket b(m, at::ones({5}, at::kDouble));
     auto gb = b.bucket();
-    hook.runHook(gb);
+    hook.runHook(gb)->waitAndThrow();
 
     std::mt19937_64 rng(7);
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(rng() % 1000000000ULL);
@@ -231,7 +259,7 @@ TEST(PowerSGDTest, CudaBucketsDrawOnTheCpuAndKeepTheirStateOnTheDevice) {
       at::Tensor buffer = cuda ? layout.buffer.cuda() : layout.buffer;
       c10d::GradBucket gb = make_grad_bucket(0, 1, buffer, layout.offsets, layout.lengths,
                                              layout.sizes, layout.params);
-      hook.runHook(gb);
+      hook.runHook(gb)->waitAndThrow();
       return buffer.cpu();
     };
     auto make = [&] {
@@ -269,7 +297,7 @@ std::shared_ptr<PowerSGDState> trained(comm::Group& g) {
     TestBucket b(at::sin(at::arange(48, at::kDouble).view({8, 6}) * 0.3),
                  at::ones({5}, at::kDouble));
     auto gb = b.bucket();
-    hook.runHook(gb);
+    hook.runHook(gb)->waitAndThrow();
   }
   return s;
 }
@@ -305,7 +333,7 @@ std::string first_use_error(const std::shared_ptr<PowerSGDState>& s) {
   const at::Tensor before = b.buffer.clone();
   auto gb = b.bucket();
   try {
-    hook.runHook(gb);
+    hook.runHook(gb)->waitAndThrow();
   } catch (const c10::Error& e) {
     EXPECT_TRUE(b.buffer.equal(before)) << "refused before the bucket changed";
     return e.what_without_backtrace();

@@ -4,6 +4,8 @@
 
 #include <ATen/ATen.h>
 
+#include "ddp_hooks/internal/ordered_worker.h"
+
 #include "optim/zero/grad_shards.h"
 #include "optim/zero/overlap.h"
 #include "partition/bucket_assignment.h"
@@ -75,6 +77,11 @@ ZeroOverlapHook::ZeroOverlapHook(std::unique_ptr<c10d::CommHookInterface> inner,
   }
   optim::ZeroOverlap(zero).set_partition(std::move(params_per_rank));
   pending_.resize(bucket_params_.size());
+  worker_ = internal::OrderedWorker::for_group(ddp.group());
+}
+
+ZeroOverlapHook::~ZeroOverlapHook() {
+  if (last_) last_->wait();  // no job may outlive the hook
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> ZeroOverlapHook::runHook(c10d::GradBucket& bucket) {
@@ -82,6 +89,13 @@ c10::intrusive_ptr<c10::ivalue::Future> ZeroOverlapHook::runHook(c10d::GradBucke
   TORCH_CHECK(b == expected_ && b < pending_.size(), "ZeRO overlap hook: expected bucket ",
               expected_, " of ", pending_.size(), " but DDP reduced bucket ", b,
               "; register the hook on the DDP it was built for");
+  expected_ = bucket.isLast() ? 0 : expected_ + 1;
+  last_ = worker_->submit([this, bucket]() mutable { return run(bucket); }, bucket.getBufferRef());
+  return last_;
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> ZeroOverlapHook::run(c10d::GradBucket& bucket) {
+  const size_t b = bucket.getIndex();
   pending_[b].future = inner_->runHook(bucket);
   pending_[b].layout = bucket.getGradients();
   pending_[b].buffer = bucket.getBuffer();
@@ -92,13 +106,11 @@ c10::intrusive_ptr<c10::ivalue::Future> ZeroOverlapHook::runHook(c10d::GradBucke
     // broadcast overlaps with the rest of backward.
     step_bucket(b - 1);
   }
-  ++expected_;
   if (bucket.isLast()) {
     const size_t first = schedule_ == ZeroStepSchedule::kInterleaved ? b : 0;
     for (size_t k = first; k <= b; ++k) step_bucket(k);
     for (auto& w : broadcasts_) w->wait();
     broadcasts_.clear();
-    expected_ = 0;
   }
   return pending_[b].future;
 }
@@ -167,6 +179,11 @@ ZeroGradShardHook::ZeroGradShardHook(const DistributedDataParallel& ddp,
       zero_indices_by_bucket(ddp, zero, "hook_with_zero2", nullptr);
   pending_.resize(buckets.size());
   optim::ZeroGradShards(zero).set_buckets(std::move(buckets));
+  worker_ = internal::OrderedWorker::for_group(group_);
+}
+
+ZeroGradShardHook::~ZeroGradShardHook() {
+  if (last_) last_->wait();
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> ZeroGradShardHook::runHook(c10d::GradBucket& bucket) {
@@ -174,25 +191,31 @@ c10::intrusive_ptr<c10::ivalue::Future> ZeroGradShardHook::runHook(c10d::GradBuc
   TORCH_CHECK(b == expected_ && b < pending_.size(), "ZeRO-2 hook: expected bucket ", expected_,
               " of ", pending_.size(), " but DDP reduced bucket ", b,
               "; register the hook on the DDP it was built for");
-  optim::ZeroGradShards shards(zero_);
-  const at::Tensor& buffer = bucket.getBufferRef();
-  TORCH_CHECK(buffer.numel() == shards.bucket_numel(b), "ZeRO-2 hook: bucket ", b, " has ",
-              buffer.numel(), " elements, the optimizer's layout ", shards.bucket_numel(b));
-  // Bucket b-1's reduction ran while bucket b's gradients were computed; finishing it here keeps
-  // at most two buckets' buffers alive.
-  if (b > 0) finish(b - 1);
-  const int64_t padded = shards.padded_numel(b);
-  at::Tensor input = buffer;
-  if (padded != buffer.numel()) {
-    input = at::zeros({padded}, buffer.options());
-    input.narrow(0, 0, buffer.numel()).copy_(buffer);
-  }
-  input.div_(group_.size());  // as the all-reduce hook: each rank's share of the average
-  pending_[b] = comm::reduce_scatter_tensor(group_, shards.grad_chunk(b), input);
   ++expected_;
-  auto done = c10::make_intrusive<c10::ivalue::Future>(c10::TensorType::get());
-  done->markCompleted(c10::IValue(buffer));
-  return done;
+  last_ = worker_->submit(
+      [this, bucket]() mutable {
+        const size_t b = bucket.getIndex();
+        optim::ZeroGradShards shards(zero_);
+        const at::Tensor& buffer = bucket.getBufferRef();
+        TORCH_CHECK(buffer.numel() == shards.bucket_numel(b), "ZeRO-2 hook: bucket ", b, " has ",
+                    buffer.numel(), " elements, the optimizer's layout ", shards.bucket_numel(b));
+        // Bucket b-1's reduction ran while bucket b's gradients were computed; finishing it here
+        // keeps at most two reductions in flight.
+        if (b > 0) finish(b - 1);
+        const int64_t padded = shards.padded_numel(b);
+        at::Tensor input = buffer;
+        if (padded != buffer.numel()) {
+          input = at::zeros({padded}, buffer.options());
+          input.narrow(0, 0, buffer.numel()).copy_(buffer);
+        }
+        input.div_(group_.size());  // as the all-reduce hook: each rank's share of the average
+        pending_[b] = comm::reduce_scatter_tensor(group_, shards.grad_chunk(b), input);
+        auto done = c10::make_intrusive<c10::ivalue::Future>(c10::TensorType::get());
+        done->markCompleted(c10::IValue(buffer));
+        return done;
+      },
+      bucket.getBufferRef(), /*max_waiting=*/2);
+  return last_;
 }
 
 void ZeroGradShardHook::finish(size_t b) {
@@ -201,6 +224,7 @@ void ZeroGradShardHook::finish(size_t b) {
 }
 
 void ZeroGradShardHook::finish_backward() {
+  if (last_) last_->waitAndThrow();  // the worker is done with this backward's buckets
   for (size_t b = 0; b < pending_.size(); ++b) finish(b);
   TORCH_CHECK(expected_ == pending_.size(), "ZeRO-2 hook: backward ended after ", expected_, " of ",
               pending_.size(), " buckets");

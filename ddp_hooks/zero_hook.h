@@ -68,6 +68,13 @@ enum class ZeroStepSchedule {
   kInterleaved,    // hook_with_zero_step_interleaved
 };
 
+namespace internal {
+class OrderedWorker;
+}  // namespace internal
+
+// Both hooks return from runHook at once and do their waiting, stepping and collectives on the
+// DDP group's hook thread (ddp_hooks/internal/ordered_worker.h), in bucket order on every rank,
+// while backward goes on.
 class ZeroOverlapHook : public c10d::CommHookInterface, public NotJoinable {
  public:
   // Wraps `inner` (the gradient reduction, e.g. AllReduceHook or a compression hook). REQUIRES:
@@ -76,6 +83,7 @@ class ZeroOverlapHook : public c10d::CommHookInterface, public NotJoinable {
   ZeroOverlapHook(std::unique_ptr<c10d::CommHookInterface> inner,
                   const DistributedDataParallel& ddp, optim::ZeroRedundancyOptimizer& zero,
                   bool shard_buckets, ZeroStepSchedule schedule);
+  ~ZeroOverlapHook() override;
   c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override;
   at::Tensor parseHookResult(const c10::IValue& result) override;
   std::string why_not_joinable() const override;
@@ -84,6 +92,8 @@ class ZeroOverlapHook : public c10d::CommHookInterface, public NotJoinable {
   const std::vector<std::vector<int64_t>>& bucket_params() const { return bucket_params_; }
 
  private:
+  // On the worker: starts bucket b's reduction, and steps what the schedule says is due.
+  c10::intrusive_ptr<c10::ivalue::Future> run(c10d::GradBucket& bucket);
   // Waits for bucket b's reduction, steps its parameters this rank owns, starts their broadcasts.
   void step_bucket(size_t b);
 
@@ -97,8 +107,10 @@ class ZeroOverlapHook : public c10d::CommHookInterface, public NotJoinable {
   };
   std::vector<Pending> pending_;
   std::vector<c10::intrusive_ptr<c10d::Work>> broadcasts_;
-  size_t expected_ = 0;
+  size_t expected_ = 0;  // checked on the calling thread
   ZeroStepSchedule schedule_;
+  std::shared_ptr<internal::OrderedWorker> worker_;
+  c10::intrusive_ptr<c10::ivalue::Future> last_;  // waited for by the destructor
 };
 
 // PyTorch's two hooks (see the top of this file).
@@ -116,7 +128,9 @@ class ZeroGradShardHook : public BucketHook, public GradientConsumer {
   // group with the same ranks as DDP's, no step taken yet. Lays ZeRO's parameters out by DDP
   // bucket. `ddp` and `zero` must outlive the hook.
   ZeroGradShardHook(const DistributedDataParallel& ddp, optim::ZeroRedundancyOptimizer& zero);
-  // Starts bucket b's reduce-scatter (after finishing bucket b-1's: at most two in flight).
+  ~ZeroGradShardHook() override;
+  // Starts bucket b's reduce-scatter on the worker (after finishing bucket b-1's: at most two in
+  // flight); waits only when the worker is two buckets behind (a bound on the buffers kept).
   c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override;
   // Waits for the last reduce-scatters; the slices are ready for zero.step().
   void finish_backward() override;
@@ -127,7 +141,9 @@ class ZeroGradShardHook : public BucketHook, public GradientConsumer {
   optim::ZeroRedundancyOptimizer& zero_;
   comm::Group group_;
   std::vector<comm::ReduceScatterWork> pending_;
-  size_t expected_ = 0;
+  size_t expected_ = 0;  // checked on the calling thread
+  std::shared_ptr<internal::OrderedWorker> worker_;
+  c10::intrusive_ptr<c10::ivalue::Future> last_;
 };
 
 std::unique_ptr<c10d::CommHookInterface> hook_with_zero2(const DistributedDataParallel& ddp,

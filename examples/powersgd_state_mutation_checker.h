@@ -93,7 +93,7 @@ class Model {
       c10d::GradBucket bucket(b, params_.size(), buffer, offsets, lengths, sizes, params_[b],
                               std::nullopt);
       try {
-        hook.runHook(bucket);
+        hook.runHook(bucket)->waitAndThrow();
       } catch (const c10::Error& e) {
         out.error = e.what_without_backtrace();
         out.failed_bucket_unchanged = buffer.equal(before);

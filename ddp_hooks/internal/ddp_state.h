@@ -161,11 +161,24 @@ struct DistributedDataParallel::State {
     // same collectives.
     for (size_t i : unused) mark_ready(i);
     if (consumer != nullptr) {
-      for (Bucket& bucket : buckets) bucket.future->wait();
+      for (Bucket& bucket : buckets) bucket.future->waitAndThrow();
       consumer->finish_backward();
       if (!unused.empty()) pending_error = unused_parameters_error(unused);
       reset();
       return;
+    }
+    // Every bucket's reduction first: a hook may still be issuing collectives on its own thread
+    // (ordered_worker.h), and the flags' all-reduce below must come after them on every rank.
+    const int world = options.group.size();
+    // As PyTorch's reducer: only the built-in all-reduce honours divide_by_initial_world_size;
+    // it divided by the world size, joined ranks sent zeros, so rescale to the active ranks.
+    const bool rescale =
+        !divide_by_initial_world_size && !custom_hook && active_ranks > 0 && active_ranks < world;
+    for (Bucket& bucket : buckets) {
+      bucket.future->wait();
+      at::Tensor result = hook->parseHookResult(bucket.future->value());
+      if (!result.is_same(bucket.buffer)) bucket.buffer.copy_(result);
+      if (rescale) bucket.buffer.mul_(static_cast<double>(world) / active_ranks);
     }
     at::Tensor globally_used;
     if (options.find_unused_parameters) {
@@ -179,17 +192,6 @@ struct DistributedDataParallel::State {
       globally_used = t[0].cpu();
     } else if (!unused.empty()) {
       pending_error = unused_parameters_error(unused);
-    }
-    // As PyTorch's reducer: only the built-in all-reduce honours divide_by_initial_world_size;
-    // it divided by the world size, joined ranks sent zeros, so rescale to the active ranks.
-    const int world = options.group.size();
-    const bool rescale =
-        !divide_by_initial_world_size && !custom_hook && active_ranks > 0 && active_ranks < world;
-    for (Bucket& bucket : buckets) {
-      bucket.future->wait();
-      at::Tensor result = hook->parseHookResult(bucket.future->value());
-      if (!result.is_same(bucket.buffer)) bucket.buffer.copy_(result);
-      if (rescale) bucket.buffer.mul_(static_cast<double>(world) / active_ranks);
     }
     for (size_t i = 0; i < params.size(); ++i) {
       if (globally_used.defined() && globally_used.data_ptr<int>()[i] == 0) {
