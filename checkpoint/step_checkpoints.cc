@@ -25,10 +25,10 @@ constexpr char kLatest[] = "latest";
 constexpr char kCommitted[] = "COMMITTED";  // inside a step directory, written after its commit
 constexpr int64_t kMaxStep = 1'000'000'000'000'000;
 
-// std::filesystem::remove_all without libstdc++'s implementation: libstdc++ 16's (g++ 16.2, the
-// default build) crashed with SIGSEGV removing a non-empty directory on a GPU machine (kernel 6.18,
-// ext4; 5 of 5 times, on CPU and CUDA runs alike; docs/gpus.md); this does not. glibc's nftw,
-// depth first, never following symbolic links. A missing path is no error.
+// std::filesystem::remove_all without std::filesystem: against PyPI's LibTorch the call reached
+// the older copy of std::filesystem that the wheel's libtorch.so exports, which crashed (SIGSEGV)
+// removing a non-empty directory (docs/libtorch.md; third_party/libtorch.bzl now links libstdc++
+// first). glibc's nftw, depth first, never following symbolic links. A missing path is no error.
 std::error_code remove_tree(const fs::path& path) {
   struct stat st;
   if (::lstat(path.c_str(), &st) != 0) {

@@ -50,6 +50,17 @@ inline void set_store_listen_fd(c10d::TCPStoreOptions& o, int fd) {
 #endif
 }
 
+// c10d's flight recorder (its record of recent collectives, on by default: TORCH_FR_BUFFER_SIZE
+// 2000) adds a process group to a map the whole process shares at the group's first collective,
+// and before 2.14 does so outside its lock: two threads issuing collectives at once, one of them
+// on a group not used before, can crash the process (seen with PyTorch's 2.11 wheel: SIGSEGV in
+// FlightRecorder::recordWithResetEnabled under ProcessGroupGloo::enqueue, ranks as threads; 2.6's
+// Gloo records nothing, 2.14 takes the lock first). The versions in between are taken as affected.
+// Ranks-as-threads tests turn the recorder off there (comm/testing/test_harness.cc); see
+// docs/libtorch.md for programs.
+inline constexpr bool kFlightRecorderRacesOnNewGroups =
+    TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 7 && TORCH_VERSION_MINOR < 14;
+
 // "major.minor.patch" of the LibTorch this dtrain was compiled against.
 inline constexpr const char* kLibTorchVersion = TORCH_VERSION;
 

@@ -73,6 +73,12 @@ def _libtorch_repository_impl(ctx):
         # without it, and every CUDA tensor op fails).
         libs = ["-ltorch", "-Wl,--no-as-needed", "-ltorch_cuda", "-lc10_cuda", "-Wl,--as-needed", "-ltorch_cpu", "-lc10"]
     system_lib = libdir in ["/usr/lib", "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64"]
+    if not system_lib:
+        # PyPI's libtorch.so exports a copy of libstdc++'s std::filesystem (an older GCC's, 64
+        # symbols, unversioned). Needed before libstdc++, it takes dtrain's calls too, and its
+        # remove_all crashed (SIGSEGV) under g++ 16's libstdc++ (docs/libtorch.md). libstdc++ is
+        # needed first, so that its own definitions win.
+        libs = ["-Wl,--push-state,--no-as-needed", "-lstdc++", "-Wl,--pop-state"] + libs
     linkopts = ([] if system_lib else ["-L" + libdir, "-Wl,-rpath," + libdir]) + libs + ["-pthread"]
     if not system_lib:
         # A wheel's libraries need CUDA's (libcudart, libcupti even for libtorch_cpu; cuDNN,

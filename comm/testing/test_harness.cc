@@ -15,12 +15,21 @@
 
 #include "absl/strings/str_cat.h"
 #include "comm/exception_status.h"
+#include "comm/libtorch_compat.h"
 #include "launcher/process_set.h"
 
 namespace dtrain::comm::testing {
 namespace {
 
 constexpr char kRankEnv[] = "DTRAIN_TEST_RANK";
+
+// Ranks as threads are many process groups in one process, making their first collectives at
+// once: where c10d's flight recorder races on that (comm/libtorch_compat.h), it is turned off
+// before anything can start it, unless the caller set TORCH_FR_BUFFER_SIZE.
+[[maybe_unused]] const bool kFlightRecorderOff = [] {
+  if constexpr (kFlightRecorderRacesOnNewGroups) ::setenv("TORCH_FR_BUFFER_SIZE", "0", 0);
+  return true;
+}();
 
 std::string describe(std::exception_ptr e) {
   try {
