@@ -9,7 +9,8 @@
 // Rows (rank 0 prints one JSON object per line: mode, ms per iteration, cpu_ms -- CPU time per
 // iteration of rank 0's process, all threads -- and tx_bytes per iteration sent by this host):
 //   backward    zero_grad + forward + backward, no DDP (compute alone)
-//   allreduce   all-reduce of the same gradient bytes in 25 MiB buckets (communication alone)
+//   allreduce   all-reduces of the same gradient bytes in DDP's 25 MiB buckets, flattened once
+//               (communication alone, as the peer times it)
 //   ddp         DDP iteration with the default all-reduce hook, gradients as bucket views
 //   fp16 bf16   DDP with the compression hooks
 //   powersgd1 powersgd4   DDP with PowerSGD at rank 1 and 4 (compressing from iteration 2)
@@ -38,7 +39,6 @@
 #include <absl/strings/str_split.h>
 #include <torch/torch.h>
 
-#include "comm/coalesced.h"
 #include "comm/process_group.h"
 #include "ddp_hooks/default_hooks.h"
 #include "ddp_hooks/distributed_data_parallel.h"
@@ -183,10 +183,28 @@ Row run_mode(const std::string& mode, const comm::Group& g, int iters, int batch
     });
   }
   if (mode == "allreduce") {
-    std::vector<torch::Tensor> grads;
-    for (const auto& p : mlp->parameters()) grads.push_back(torch::randn_like(p));
+    // DDP's buckets (25 MiB, last parameters first), flattened once, as the peer does: the row
+    // times the all-reduces alone, not the copies into and out of buckets.
+    std::vector<torch::Tensor> buckets, current;
+    int64_t bytes = 0;
+    const auto params = mlp->parameters();
+    for (auto it = params.rbegin(); it != params.rend(); ++it) {
+      current.push_back(torch::randn_like(*it).flatten());
+      bytes += it->numel() * 4;
+      if (bytes >= (25 << 20)) {
+        buckets.push_back(torch::cat(current));
+        current.clear();
+        bytes = 0;
+      }
+    }
+    if (!current.empty()) buckets.push_back(torch::cat(current));
     return timed(g, iters, [&] {
-      comm::all_reduce_coalesced(g, grads, c10d::ReduceOp::SUM, 25 << 20).wait();
+      std::vector<c10::intrusive_ptr<c10d::Work>> works;
+      for (auto& b : buckets) {
+        std::vector<torch::Tensor> one = {b};
+        works.push_back(g->allreduce(one));
+      }
+      for (auto& w : works) w->wait();
     });
   }
   const bool zero1 = mode == "zero1", zero2 = mode == "zero2";
