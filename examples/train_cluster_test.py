@@ -67,15 +67,20 @@ def check_gone(cluster, procs):
         fail("processes left running: %s" % alive)
 
 
+def train_on_hosts(cluster, name, port, extra):
+    """examples:train on both hosts with its own multi-node flags (torchrun's), as a user types them on
+    each machine; the logs (TMP/<name><host>.log) and the processes."""
+    logs = [open(os.path.join(TMP, "%s%d.log" % (name, h)), "w+") for h in range(2)]
+    argv = [TRAIN, "--nnodes=2", "--node_rank={host}", "--nproc_per_node=1", "--master_addr={master_addr}",
+            "--master_port=%d" % port] + extra + TRAIN_ARGS
+    return logs, [cluster.popen(h, argv, stdout=logs[h], stderr=subprocess.STDOUT) for h in range(2)]
+
+
 def two_host_training(reference):
     ckpt = os.path.join(TMP, "two_hosts")
     port = 29000 + os.getpid() % 1000
     with netns_cluster.Cluster(hosts=2, rate="200mbit", id="dtct%d" % os.getpid()) as c:
-        logs = [open(os.path.join(TMP, "host%d.log" % h), "w+") for h in range(2)]
-        # train's own multi-node flags (torchrun's), as a user types them on each machine.
-        argv = [TRAIN, "--nnodes=2", "--node_rank={host}", "--nproc_per_node=1", "--master_addr={master_addr}",
-                "--master_port=%d" % port, "--checkpoint_dir=" + ckpt] + TRAIN_ARGS
-        procs = [c.popen(h, argv, stdout=logs[h], stderr=subprocess.STDOUT) for h in range(2)]
+        logs, procs = train_on_hosts(c, "host", port, ["--checkpoint_dir=" + ckpt])
         listeners = []
         for _ in range(300):  # the store is up once rank 0 rendezvoused
             listeners = listening_addresses(c, 0, port)
@@ -136,11 +141,8 @@ def restart_across_hosts(reference):
     ckpt = os.path.join(TMP, "restart")
     port = 31000 + os.getpid() % 1000
     with netns_cluster.Cluster(hosts=2, rate="200mbit", id="dtcr%d" % os.getpid()) as c:
-        logs = [open(os.path.join(TMP, "restart%d.log" % h), "w+") for h in range(2)]
-        argv = [TRAIN, "--nnodes=2", "--node_rank={host}", "--nproc_per_node=1", "--master_addr={master_addr}",
-                "--master_port=%d" % port, "--max_restarts=1", "--fail_at_step=15",
-                "--checkpoint_dir=" + ckpt] + TRAIN_ARGS
-        procs = [c.popen(h, argv, stdout=logs[h], stderr=subprocess.STDOUT) for h in range(2)]
+        logs, procs = train_on_hosts(c, "restart", port,
+                                     ["--max_restarts=1", "--fail_at_step=15", "--checkpoint_dir=" + ckpt])
         codes = [p.wait(timeout=600) for p in procs]
         text = [open(l.name).read() for l in logs]
         got = final_loss(text[0] + text[1])
