@@ -192,30 +192,31 @@ c10::intrusive_ptr<c10::ivalue::Future> ZeroGradShardHook::runHook(c10d::GradBuc
               " of ", pending_.size(), " but DDP reduced bucket ", b,
               "; register the hook on the DDP it was built for");
   ++expected_;
-  last_ = worker_->submit(
-      [this, bucket]() mutable {
-        const size_t b = bucket.getIndex();
-        optim::ZeroGradShards shards(zero_);
-        const at::Tensor& buffer = bucket.getBufferRef();
-        TORCH_CHECK(buffer.numel() == shards.bucket_numel(b), "ZeRO-2 hook: bucket ", b, " has ",
-                    buffer.numel(), " elements, the optimizer's layout ", shards.bucket_numel(b));
-        // Bucket b-1's reduction ran while bucket b's gradients were computed; finishing it here
-        // keeps at most two reductions in flight.
-        if (b > 0) finish(b - 1);
-        const int64_t padded = shards.padded_numel(b);
-        at::Tensor input = buffer;
-        if (padded != buffer.numel()) {
-          input = at::zeros({padded}, buffer.options());
-          input.narrow(0, 0, buffer.numel()).copy_(buffer);
-        }
-        input.div_(group_.size());  // as the all-reduce hook: each rank's share of the average
-        pending_[b] = comm::reduce_scatter_tensor(group_, shards.grad_chunk(b), input);
-        auto done = c10::make_intrusive<c10::ivalue::Future>(c10::TensorType::get());
-        done->markCompleted(c10::IValue(buffer));
-        return done;
-      },
-      bucket.getBufferRef(), /*max_waiting=*/2);
+  last_ = worker_->submit([this, bucket]() mutable { return run(bucket); }, bucket.getBufferRef(),
+                          /*max_waiting=*/2);
   return last_;
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> ZeroGradShardHook::run(c10d::GradBucket& bucket) {
+  const size_t b = bucket.getIndex();
+  optim::ZeroGradShards shards(zero_);
+  const at::Tensor& buffer = bucket.getBufferRef();
+  TORCH_CHECK(buffer.numel() == shards.bucket_numel(b), "ZeRO-2 hook: bucket ", b, " has ",
+              buffer.numel(), " elements, the optimizer's layout ", shards.bucket_numel(b));
+  // Bucket b-1's reduction ran while bucket b's gradients were computed; finishing it here keeps
+  // at most two reductions in flight.
+  if (b > 0) finish(b - 1);
+  const int64_t padded = shards.padded_numel(b);
+  at::Tensor input = buffer;
+  if (padded != buffer.numel()) {
+    input = at::zeros({padded}, buffer.options());
+    input.narrow(0, 0, buffer.numel()).copy_(buffer);
+  }
+  input.div_(group_.size());  // as the all-reduce hook: each rank's share of the average
+  pending_[b] = comm::reduce_scatter_tensor(group_, shards.grad_chunk(b), input);
+  auto done = c10::make_intrusive<c10::ivalue::Future>(c10::TensorType::get());
+  done->markCompleted(c10::IValue(buffer));
+  return done;
 }
 
 void ZeroGradShardHook::finish(size_t b) {

@@ -136,6 +136,8 @@ class ZeroGradShardHook : public BucketHook, public GradientConsumer {
   void finish_backward() override;
 
  private:
+  // On the worker: finishes bucket b-1's reduce-scatter and starts bucket b's.
+  c10::intrusive_ptr<c10::ivalue::Future> run(c10d::GradBucket& bucket);
   void finish(size_t b);
 
   optim::ZeroRedundancyOptimizer& zero_;

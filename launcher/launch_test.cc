@@ -1,8 +1,5 @@
 // Runs the launch binary as a user would and checks its contract.
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,6 +13,8 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include "launcher/process_set.h"
 
 namespace {
 
@@ -168,22 +167,14 @@ TEST(LaunchTest, GivesUpAfterMaxRestarts) {
 // Two nodes' launchers on this host, as on two machines (--nnodes=2, one rank each).
 std::vector<Result> run_two_nodes(const std::vector<std::string>& flags,
                                   const std::string& script) {
-  // A port free a moment ago, for node 0's launcher.
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
+  const int port = dtrain::comm::free_port();  // for node 0's launcher
   std::vector<Result> out(2);
   std::vector<std::thread> nodes;
   for (int k = 0; k < 2; ++k) {
     nodes.emplace_back([&, k] {
       std::vector<std::string> args = {"--nnodes=2", "--node_rank=" + std::to_string(k),
                                        "--nproc_per_node=1", "--stop_grace_seconds=1",
-                                       "--master_port=" + std::to_string(ntohs(addr.sin_port))};
+                                       "--master_port=" + std::to_string(port)};
       args.insert(args.end(), flags.begin(), flags.end());
       for (const char* a : {"--", "/bin/sh", "-c"}) args.push_back(a);
       args.push_back(script);

@@ -31,6 +31,9 @@
 namespace dtrain::comm {
 namespace {
 
+// master_port 0 on several nodes (torchrun's default port): every node must know it in advance.
+constexpr int kDefaultMultiNodePort = 29500;
+
 int g_signal_pipe[2] = {-1, -1};
 
 void on_signal(int sig) {
@@ -231,7 +234,7 @@ absl::StatusOr<int> launch_with_rendezvous(Job job) {
   r.nproc_per_node = o.nproc_per_node;
   r.max_restarts = o.max_restarts;
   r.master_addr = o.master_addr;
-  r.master_port = o.master_port != 0 ? o.master_port : 29500;
+  r.master_port = o.master_port != 0 ? o.master_port : kDefaultMultiNodePort;
   r.run_id = job.run_id;
   r.join_timeout = std::chrono::milliseconds(static_cast<int64_t>(1000 * o.join_timeout_seconds));
   r.pending_signal = [&last_signal] {
@@ -388,7 +391,7 @@ absl::StatusOr<int> launch_local(const std::vector<std::string>& argv,
     if (options.master_port != 0) {
       port = options.master_port;
     } else {
-      port = nnodes == 1 ? fresh_port(port) : 29500;
+      port = nnodes == 1 ? fresh_port(port) : kDefaultMultiNodePort;
     }
     const bool last = attempt == max_restarts;
     absl::StatusOr<Outcome> outcome =

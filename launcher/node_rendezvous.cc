@@ -22,6 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "launcher/internal/line_conn.h"
+#include "launcher/process_set.h"
 
 namespace dtrain::comm {
 namespace {
@@ -73,7 +74,7 @@ class Leader : public NodeRendezvous {
       n.ended = false;
       n.ready_for = -1;  // READY again before the next attempt
     }
-    plan_ = AttemptPlan{attempt_, internal::free_port_on(o_.master_addr), o_.run_id};
+    plan_ = AttemptPlan{attempt_, free_port(o_.master_addr), o_.run_id};
     for (Node& n : nodes_) {
       n.conn.send(absl::StrCat("START ", attempt_, " ", plan_.worker_port, " ", plan_.run_id));
     }

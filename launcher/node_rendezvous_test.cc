@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "launcher/internal/line_conn.h"
+#include "launcher/process_set.h"
 
 namespace dtrain::comm {
 namespace {
@@ -69,7 +70,7 @@ class NodeRendezvousTest : public ::testing::TestWithParam<int> {};
 
 // Every node starts the same attempt (node 0's port and run id) and ends with the same verdict.
 TEST_P(NodeRendezvousTest, EveryNodeStartsTogetherAndExitsZero) {
-  const int port = internal::free_port_on("127.0.0.1");
+  const int port = free_port("127.0.0.1");
   std::vector<AttemptPlan> plans(GetParam());
   run_nodes(GetParam(), [&](int k) {
     auto r = join(options(GetParam(), k, port));
@@ -93,7 +94,7 @@ TEST_P(NodeRendezvousTest, EveryNodeStartsTogetherAndExitsZero) {
 // A rank of the last node fails: every other node is told (naming the rank, its node and code),
 // node 0 restarts everyone, and the second attempt's success ends the job with 0.
 TEST_P(NodeRendezvousTest, AFailureStopsEveryNodeAndRestartsThemAll) {
-  const int n = GetParam(), port = internal::free_port_on("127.0.0.1");
+  const int n = GetParam(), port = free_port("127.0.0.1");
   run_nodes(n, [&](int k) {
     auto r = join(options(n, k, port));
     ASSERT_NE(r, nullptr);
@@ -125,7 +126,7 @@ INSTANTIATE_TEST_SUITE_P(Nodes, NodeRendezvousTest, ::testing::Values(2, 3, 5));
 // No restarts left: every node gets the failing rank's code; a signal is never restarted.
 TEST(NodeRendezvousVerdictTest, NoRestartsLeftOrASignalEndEveryNodeWithTheCode) {
   for (const bool signalled : {false, true}) {
-    const int port = internal::free_port_on("127.0.0.1");
+    const int port = free_port("127.0.0.1");
     run_nodes(2, [&](int k) {
       auto r = join(options(2, k, port, /*max_restarts=*/signalled ? 5 : 0));
       ASSERT_NE(r, nullptr);
@@ -147,7 +148,7 @@ TEST(NodeRendezvousVerdictTest, NoRestartsLeftOrASignalEndEveryNodeWithTheCode) 
 }
 
 TEST(NodeRendezvousJoinTest, NodesThatDisagreeAreRefusedOnBothSides) {
-  const int port = internal::free_port_on("127.0.0.1");
+  const int port = free_port("127.0.0.1");
   run_nodes(2, [&](int k) {
     NodeRendezvousOptions o = options(2, k, port);
     if (k == 1) o.nproc_per_node = 4;
@@ -163,7 +164,7 @@ TEST(NodeRendezvousJoinTest, NodesThatDisagreeAreRefusedOnBothSides) {
 }
 
 TEST(NodeRendezvousJoinTest, NoNodeZeroIsADeadlineNamingItsAddress) {
-  NodeRendezvousOptions o = options(2, 1, internal::free_port_on("127.0.0.1"));
+  NodeRendezvousOptions o = options(2, 1, free_port("127.0.0.1"));
   o.join_timeout = 700ms;
   absl::StatusOr<std::unique_ptr<NodeRendezvous>> r = NodeRendezvous::join(o);
   ASSERT_FALSE(r.ok());
@@ -173,7 +174,7 @@ TEST(NodeRendezvousJoinTest, NoNodeZeroIsADeadlineNamingItsAddress) {
 }
 
 TEST(NodeRendezvousJoinTest, NodeZeroNamesTheNodesThatNeverCame) {
-  NodeRendezvousOptions o = options(3, 0, internal::free_port_on("127.0.0.1"));
+  NodeRendezvousOptions o = options(3, 0, free_port("127.0.0.1"));
   o.join_timeout = 500ms;
   auto r = join(o);
   ASSERT_NE(r, nullptr);
@@ -186,7 +187,7 @@ TEST(NodeRendezvousJoinTest, NodeZeroNamesTheNodesThatNeverCame) {
 // Bytes from something that is not a launcher (a port scanner, a line too long, a bad hello)
 // change nothing: the real node still joins and the attempt starts.
 TEST(NodeRendezvousJoinTest, StrangersAreDroppedAndTheJobStarts) {
-  const int port = internal::free_port_on("127.0.0.1");
+  const int port = free_port("127.0.0.1");
   run_nodes(2, [&](int k) {
     if (k == 1) {
       for (const std::string junk :
@@ -213,7 +214,7 @@ TEST(NodeRendezvousJoinTest, StrangersAreDroppedAndTheJobStarts) {
 // Node 1's launcher goes away mid-attempt: node 0 is told it was lost, restarts, and the next
 // attempt waits for a new launcher of node 1 to join.
 TEST(NodeRendezvousLossTest, ALostNodeFailsTheAttemptAndMustJoinAgain) {
-  const int port = internal::free_port_on("127.0.0.1");
+  const int port = free_port("127.0.0.1");
   std::thread node1([&] {  // (no ASSERT in the test body before join: a failure must not abort)
     {
       auto r = join(options(2, 1, port));
@@ -247,7 +248,7 @@ TEST(NodeRendezvousLossTest, ALostNodeFailsTheAttemptAndMustJoinAgain) {
 // A node 0 that accepts the connection and then says nothing (its host cut off, no reset): the
 // other node's launcher gives up after the heartbeat timeout instead of waiting for ever.
 TEST(NodeRendezvousLossTest, ASilentNodeZeroIsLostAfterTheHeartbeatTimeout) {
-  const int port = internal::free_port_on("127.0.0.1");
+  const int port = free_port("127.0.0.1");
   absl::StatusOr<int> listener = internal::listen_on("127.0.0.1", port);
   ASSERT_TRUE(listener.ok()) << listener.status();
   auto r = join(options(2, 1, port));  // the kernel completes the connection; nobody answers

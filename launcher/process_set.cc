@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -50,18 +51,24 @@ void write_all(int fd, const std::string& s) {
 
 }  // namespace
 
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
+int free_port(const std::string& addr) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* ai = nullptr;
+  if (::getaddrinfo(addr.c_str(), "0", &hints, &ai) != 0 || ai == nullptr) return 29500;
   int port = 29500;
-  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
+  const int fd = ::socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_storage bound{};
+  socklen_t len = sizeof(bound);
+  if (fd >= 0 && ::bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len) == 0) {
+    port = bound.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
+                                       : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
   }
   if (fd >= 0) ::close(fd);
+  ::freeaddrinfo(ai);
   return port;
 }
 

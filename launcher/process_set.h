@@ -33,8 +33,9 @@
 
 namespace dtrain::comm {
 
-// A TCP port on 127.0.0.1 that was free a moment ago (29500 when none could be found).
-int free_port();
+// A TCP port on `addr` (an address of this host or a name resolving to one) that was free a moment
+// ago; 29500 when none could be found.
+int free_port(const std::string& addr = "127.0.0.1");
 
 struct ProcessSpec {
   // argv[0] is looked up on PATH when it has no '/'. REQUIRES non-empty.

@@ -143,21 +143,4 @@ absl::StatusOr<int> connect_to(const std::string& addr, int port) {
   return fd;
 }
 
-int free_port_on(const std::string& addr) {
-  absl::StatusOr<addrinfo*> ai = resolve(addr, 0, true);
-  if (!ai.ok()) return 29500;
-  int port = 29500;
-  const int fd = ::socket((*ai)->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_storage bound{};
-  socklen_t len = sizeof(bound);
-  if (fd >= 0 && ::bind(fd, (*ai)->ai_addr, (*ai)->ai_addrlen) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len) == 0) {
-    port = bound.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
-                                       : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-  }
-  if (fd >= 0) ::close(fd);
-  ::freeaddrinfo(*ai);
-  return port;
-}
-
 }  // namespace dtrain::comm::internal

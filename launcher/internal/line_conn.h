@@ -61,8 +61,6 @@ class LineConn {
 absl::StatusOr<int> listen_on(const std::string& addr, int port);
 // A connected socket, or Unavailable with the reason; gives up on one try after 2 s.
 absl::StatusOr<int> connect_to(const std::string& addr, int port);
-// A port free on `addr` a moment ago (29500 when none could be had).
-int free_port_on(const std::string& addr);
 
 }  // namespace dtrain::comm::internal
 
