@@ -3,9 +3,12 @@
 // the CPU (which the CPU suites hold to PyTorch's numerics). One GPU cannot host two NCCL ranks;
 // NCCL's paths are in comm:collectives_gpu_test at world size 1 and in the NCCL case here.
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -69,8 +72,22 @@ std::string name(Kind k) {
   return n[static_cast<int>(k)];
 }
 
+// ~100 ms of matrix products queued on the current stream of the GPU.
+void queue_busy_work(const torch::Device& cuda) {
+  torch::Tensor a = torch::rand({2048, 2048}, cuda), b = torch::rand({2048, 2048}, cuda) / 2048;
+  for (int i = 0; i < 40; ++i) a = torch::tanh(torch::mm(a, b));
+}
+
 // Rank `g.rank()`'s parameters (on the CPU) after kSteps steps of `kind` with the model on `device`.
-std::vector<torch::Tensor> train(comm::Group& g, Kind kind, const torch::Device& device) {
+// With `side_stream`, every step runs on a stream from the pool, queued behind busy work: a hook
+// that issued its collectives on any other stream would read its buckets before they were filled.
+std::vector<torch::Tensor> train(comm::Group& g, Kind kind, const torch::Device& device,
+                                 bool side_stream = false) {
+  std::optional<c10::StreamGuard> on_side_stream;
+  if (side_stream) {
+    on_side_stream.emplace(
+        c10::impl::VirtualGuardImpl(device.type()).getStreamFromGlobalPool(device, false));
+  }
   Net net = make_net(device);
   DDPOptions d;
   d.group = g;
@@ -116,6 +133,7 @@ std::vector<torch::Tensor> train(comm::Group& g, Kind kind, const torch::Device&
             .to(device);
     if (plain) plain->zero_grad();
     if (zero) zero->zero_grad();
+    if (side_stream) queue_busy_work(device);
     ddp.forward([&] { return torch::mse_loss(net->forward(x), y); }).backward();
     if (zero && kind != Kind::kZeroOverlap) {
       zero->clip_grad_norm_(1.0);
@@ -167,6 +185,30 @@ INSTANTIATE_TEST_SUITE_P(Hooks, DdpOnGpuTest,
                                            Kind::kZeroOverlap, Kind::kPostLocalSGD),
                          [](const auto& info) { return name(info.param); });
 
+// Hooks run their chains on a worker thread (ddp_hooks/internal/ordered_worker.h), which must issue
+// them on the stream backward ran on: here a side stream, behind ~100 ms of kernels every step.
+class HookStreamTest : public ::testing::TestWithParam<Kind> {};
+
+TEST_P(HookStreamTest, HooksRunOnTheCallersStream) {
+  DTRAIN_GPU_TEST_OR_SKIP();
+  const Kind kind = GetParam();
+  comm::testing::run_ranks_as_processes(2, [&](comm::Group& g) {
+    const torch::Device cuda(torch::kCUDA, 0);
+    const std::vector<torch::Tensor> plain = train(g, kind, cuda);
+    const std::vector<torch::Tensor> side = train(g, kind, cuda, /*side_stream=*/true);
+    for (size_t i = 0; i < plain.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(side[i], plain[i], 1e-5, 1e-5))
+          << name(kind) << " rank " << g.rank() << " parameter " << i << ": max difference "
+          << (side[i] - plain[i]).abs().max().item<double>();
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Chained, HookStreamTest,
+                         ::testing::Values(Kind::kAllReduce, Kind::kPowerSGD, Kind::kZero2,
+                                           Kind::kZeroOverlap),
+                         [](const auto& info) { return name(info.param); });
+
 // NCCL at world size 1: DDP and ZeRO construct (their agreement checks run on the GPU) and train.
 TEST(DdpOnGpuTest, NcclWorldOfOneTrainsDdpAndZero) {
   DTRAIN_GPU_TEST_OR_SKIP();
@@ -192,12 +234,7 @@ TEST(DdpOnGpuTest, ReductionWaitsForKernelsQueuedBeforeBackward) {
       d.group = g;
       DistributedDataParallel ddp(net.ptr(), d);
       torch::Tensor x = ((torch::arange(kBatch, torch::kLong) * 3 + g.rank()) % 40).to(cuda);
-      if (busy) {
-        torch::Tensor a = torch::rand({2048, 2048}, cuda),
-                      b = torch::rand({2048, 2048}, cuda) / 2048;
-        for (int i = 0; i < 40; ++i) a = torch::tanh(torch::mm(a, b));
-        x = x + a.sum().isnan().to(torch::kLong);  // x, once the products are done
-      }
+      if (busy) queue_busy_work(cuda);
       ddp.forward([&] { return net->forward(x).square().mean(); }).backward();
       for (auto& p : net->parameters()) (busy ? slow : grads).push_back(p.grad().cpu());
     }

@@ -16,11 +16,11 @@
 namespace dtrain::ddp_hooks {
 namespace {
 
-#define DTRAIN_NEEDS_TWO_GPUS()                                             \
-  DTRAIN_GPU_TEST_OR_SKIP();                                                \
-  if (torch::cuda::device_count() < 2) {                                    \
-    GTEST_SKIP() << "needs 2 GPUs (NCCL refuses two ranks on one device); " \
-                 << torch::cuda::device_count() << " visible";              \
+#define DTRAIN_NEEDS_TWO_GPUS()                                                  \
+  DTRAIN_GPU_TEST_OR_SKIP();                                                     \
+  if (torch::cuda::device_count() < 2) {                                         \
+    GTEST_SKIP() << "needs 2 GPUs (NCCL refuses two ranks on one device); "      \
+                 << static_cast<int>(torch::cuda::device_count()) << " visible"; \
   }
 
 TEST(NcclTwoGpusTest, CollectivesOnEachRanksOwnGpu) {
