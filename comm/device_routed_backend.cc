@@ -23,6 +23,11 @@ class DeviceRoutedBackend final : public C10dGroup {
                 "DeviceRoutedBackend: the CPU and CUDA backends disagree on rank or size");
   }
   const std::string getBackendName() const override { return "cpu:gloo,cuda:nccl"; }
+  // Overrides Backend::shutdown where it has one (libtorch_compat.h): both backends go down.
+  void shutdown() {
+    shutdown_backend(*cpu_);
+    shutdown_backend(*cuda_);
+  }
 
   WorkPtr broadcast(Tensors& t, const c10d::BroadcastOptions& o) override {
     return of(t)->broadcast(t, o);

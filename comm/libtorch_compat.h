@@ -26,6 +26,13 @@ using C10dGroup = c10d::Backend;
 // its Work's isCompleted() stays false even after wait()), and the list form throws "does not
 // support", so comm/reduce_scatter.h uses an all-to-all on Gloo.
 
+// Shuts a backend down (NCCL: its communicators destroyed; the others: nothing to do) where
+// c10d::Backend has shutdown() (2.11 and 2.14 do; 2.6 has none, and no 2.6 build here has NCCL).
+template <typename Backend>
+void shutdown_backend(Backend& backend) {
+  if constexpr (requires(Backend & b) { b.shutdown(); }) backend.shutdown();
+}
+
 // TCPStore options with the classic (non-libuv) server. LibTorch 2.4+ defaults to the libuv
 // server, which distribution builds (Debian's among them) leave out ("use_libuv was requested but
 // PyTorch was build without libuv support"); the classic one exists in every version.

@@ -3,11 +3,14 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <exception>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <utility>
+#include <vector>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -26,6 +29,30 @@ namespace dtrain::comm {
 
 bool nccl_available() { return DTRAIN_HAS_NCCL != 0; }
 
+struct Group::State::Lifetime {
+  std::atomic<bool> destroyed{false};
+  std::mutex mu;
+  std::vector<std::weak_ptr<State>> subgroups;  // made by new_group from this group
+};
+
+void destroy_process_group(const Group& group) {
+  TORCH_CHECK(group.state_ != nullptr,
+              "destroy_process_group: default-constructed Group; pass one made by "
+              "init_process_group or new_group");
+  std::vector<std::shared_ptr<Group::State>> pending = {group.state_};
+  while (!pending.empty()) {
+    const std::shared_ptr<Group::State> state = std::move(pending.back());
+    pending.pop_back();
+    if (state->lifetime->destroyed.exchange(true)) continue;
+    if (state->pg) shutdown_backend(*state->pg);
+    std::lock_guard<std::mutex> lock(state->lifetime->mu);
+    for (const auto& weak : state->lifetime->subgroups) {
+      if (std::shared_ptr<Group::State> sub = weak.lock()) pending.push_back(std::move(sub));
+    }
+    state->lifetime->subgroups.clear();
+  }
+}
+
 const Group::State& Group::state() const {
   TORCH_CHECK(state_ != nullptr,
               "default-constructed Group: create one with init_process_group or new_group");
@@ -35,6 +62,10 @@ const c10::intrusive_ptr<C10dGroup>& Group::pg() const {
   TORCH_CHECK(is_member(), "this rank is not a member of the group (world ranks ",
               state_ ? absl::StrJoin(state_->global_ranks, ",") : std::string("none"),
               "): only members may use it; check is_member() first");
+  TORCH_CHECK(!state_->lifetime->destroyed.load(std::memory_order_relaxed),
+              "this group (world ranks ", absl::StrJoin(state_->global_ranks, ","),
+              ") was destroyed by destroy_process_group: create a new one with "
+              "init_process_group or new_group");
   return state_->pg;
 }
 int Group::rank() const { return pg()->getRank(); }
@@ -212,6 +243,7 @@ absl::StatusOr<Group> init_process_group(const InitOptions& options) {
   if (!device.ok()) return device.status();
   state->device = *device;
   state->nccl_blocking_wait = options.nccl_blocking_wait;
+  state->lifetime = std::make_shared<Group::State::Lifetime>();
   auto pg =
       make_pg(*backend, c10::make_intrusive<c10d::PrefixStore>(state->prefix + "/pg", rv->store),
               rv->rank, rv->world_size, options.timeout, state->gloo_hostname, options.gloo_threads,
@@ -258,6 +290,12 @@ absl::StatusOr<Group> new_group(const Group& parent, std::vector<int> ranks) {
   state->device = ps.device;
   state->nccl_blocking_wait = ps.nccl_blocking_wait;
   for (int r : ranks) state->global_ranks.push_back(ps.global_ranks[r]);
+  state->lifetime = std::make_shared<Group::State::Lifetime>();
+  {  // destroy_process_group(parent) destroys this group too
+    std::lock_guard<std::mutex> lock(ps.lifetime->mu);
+    std::erase_if(ps.lifetime->subgroups, [](const auto& weak) { return weak.expired(); });
+    ps.lifetime->subgroups.push_back(state);
+  }
   Group g;
   const int me = parent.rank();
   auto it = std::find(ranks.begin(), ranks.end(), me);

@@ -122,6 +122,8 @@ class Group {
     c10::Device device = c10::Device(c10::kCPU);
     bool nccl_blocking_wait = true;
     int64_t children = 0;  // subgroups created from this group (names them)
+    struct Lifetime;       // destroyed yet, and the subgroups destroyed with it (process_group.cc)
+    std::shared_ptr<Lifetime> lifetime;
   };
   std::shared_ptr<State> state_;
   const State& state() const;  // TORCH_CHECKs that the Group was initialised
@@ -129,6 +131,7 @@ class Group {
   friend absl::StatusOr<Group> init_process_group(const InitOptions& options);
   friend absl::StatusOr<Group> new_group(const Group& parent, std::vector<int> ranks);
   friend Group counting_group(const Group& group, std::shared_ptr<ByteCounter> counter);
+  friend void destroy_process_group(const Group& group);
 };
 
 // Rendezvous and create the world group. Blocks until all world_size ranks have joined or the
@@ -140,6 +143,16 @@ class Group {
 //   DeadlineExceeded the master (named host:port) unreachable or peers missing within the timeout;
 //   Unavailable      the master port cannot be bound, other transport failures.
 absl::StatusOr<Group> init_process_group(const InitOptions& options);
+
+// Shuts down `group`'s backends (NCCL's communicators, as torch.distributed.destroy_process_group
+// does) and every group created from it with new_group/new_subgroups, directly or not: for the
+// world group, every group of the job, as PyTorch's destroy_process_group() of the default group.
+// Afterwards any use of those groups (and of copies of them) is a TORCH_CHECK failure saying they
+// were destroyed. Local, not collective; wait for the collectives you issued first. Calling it
+// again is a no-op; a non-member's Group is only marked. An NCCL group left undestroyed at exit
+// makes PyTorch 2.x warn "destroy_process_group() was not called before program exit".
+// REQUIRES: `group` was made by init_process_group or new_group.
+void destroy_process_group(const Group& group);
 
 // Only the rendezvous of init_process_group (the store, this rank, the world size), for layers
 // that bring their own transport (rpc/'s TensorPipe agent). Same options and errors; `backend`

@@ -17,6 +17,7 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include "comm/testing/test_harness.h"
+#include "testing/test_util.h"
 
 namespace dtrain::comm {
 namespace {
@@ -277,6 +278,36 @@ TEST(SubgroupTest, ValidationErrors) {
                 HasSubstr("rank 5 is out of range"));
     EXPECT_THAT(std::string(new_subgroups_by_enumeration(world, {{0, 1}, {1}}).status().message()),
                 HasSubstr("Rank 1 has appeared in both subgroup 0 and 1"));
+  });
+}
+
+// destroy_process_group: the group, its copies and every group made from it refuse use, naming the
+// call; the groups it was not made from keep working; a second call is a no-op.
+TEST(SubgroupTest, DestroyedGroupsRefuseUseNamingTheCall) {
+  run_ranks_as_threads(4, [](Group& world) {
+    auto pairs = new_subgroups(world, 2);
+    ASSERT_TRUE(pairs.ok()) << pairs.status();
+    auto single = new_group(pairs->mine, {0});  // made from this rank's pair
+    ASSERT_TRUE(single.ok()) << single.status();
+    const std::string destroyed = "was destroyed by destroy_process_group";
+    destroy_process_group(pairs->all[0]);  // ranks 0 and 1's pair (a non-member's copy elsewhere)
+    std::vector<at::Tensor> t = {at::ones({1})};
+    world->allreduce(t)->wait();
+    EXPECT_EQ(t[0].item<double>(), 4.0);
+    if (world.rank() < 2) {
+      test_util::expect_error([&] { (void)pairs->mine.size(); }, destroyed);
+      if (single->is_member()) test_util::expect_error([&] { (void)single->rank(); }, destroyed);
+    } else {
+      EXPECT_EQ(pairs->mine.size(), 2);
+      if (single->is_member()) EXPECT_EQ(single->size(), 1);
+    }
+    const Group copy = world;
+    destroy_process_group(world);
+    destroy_process_group(world);
+    test_util::expect_error([&] { (void)copy.rank(); }, destroyed);
+    test_util::expect_error([&] { (void)pairs->mine.rank(); }, destroyed);
+    if (single->is_member()) test_util::expect_error([&] { (void)single->size(); }, destroyed);
+    test_util::expect_error([&] { destroy_process_group(Group()); }, "default-constructed Group");
   });
 }
 

@@ -34,6 +34,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/step_checkpoints.h"
+#include "comm/process_group.h"
 #include "examples/train_checkpoint.h"
 #include "examples/train_config.h"
 #include "examples/train_job.h"
@@ -136,8 +137,7 @@ void print_summary(const Config& c, const Job& job, checkpoint::StepCheckpoints&
   std::fflush(stdout);
 }
 
-int train(const Config& c) {
-  const Job job = join_job(c);
+int train_in(const Config& c, const Job& job) {
   // Until train() returns, allocations and kernels without a device index use this rank's GPU.
   c10::OptionalDeviceGuard current_device(
       job.device.is_cuda() ? std::optional<c10::Device>(job.device) : std::nullopt);
@@ -158,6 +158,13 @@ int train(const Config& c) {
   const RunResult r = run_steps(c, job, ckpts, t, progress, start);
   print_summary(c, job, ckpts, t, r, start);
   return 0;
+}
+
+int train(const Config& c) {
+  const Job job = join_job(c);
+  const int code = train_in(c, job);
+  comm::destroy_process_group(job.world);  // after the trainer's hooks and DDP have gone
+  return code;
 }
 
 // Without torchrun's variables: checks what only the launching process can (ranks, GPUs, the
