@@ -14,6 +14,7 @@
 #include "comm/reduce_scatter.h"
 #include "comm/testing/gpu_testing.h"
 #include "comm/testing/test_harness.h"
+#include "testing/test_util.h"
 
 namespace dtrain::comm {
 namespace {
@@ -30,6 +31,35 @@ TEST(NcclWorldOfOneTest, GroupDeviceIsTheCurrentGpu) {
         EXPECT_EQ(g.backend(), "nccl");
         EXPECT_TRUE(g.device().is_cuda()) << g.device();
         EXPECT_EQ(g.device().index(), 0);
+      },
+      testing::with_backend("nccl"));
+}
+
+// comm::barrier as a group's first collective: on the group's GPU by default (PyTorch would guess
+// the current device, warning), on the ids given, and an id that is no GPU here is named.
+TEST(NcclWorldOfOneTest, BarrierRunsOnTheGroupsGpu) {
+  DTRAIN_GPU_TEST_OR_SKIP();
+  run_ranks_as_threads(
+      1,
+      [](Group& g) {
+        barrier(g)->wait();
+        barrier(g, {g.device().index()})->wait();
+        test_util::expect_error([&] { barrier(g, {99}); },
+                                "device id 99 is not a GPU visible here");
+      },
+      testing::with_backend("nccl"));
+}
+
+// destroy_process_group shuts NCCL's communicator down after a collective; the group then refuses.
+TEST(NcclWorldOfOneTest, DestroyShutsTheCommunicatorDown) {
+  DTRAIN_GPU_TEST_OR_SKIP();
+  run_ranks_as_threads(
+      1,
+      [](Group& g) {
+        std::vector<at::Tensor> t = {at::ones({4}, on(g))};
+        g->allreduce(t)->wait();
+        destroy_process_group(g);
+        test_util::expect_error([&] { (void)g.rank(); }, "was destroyed by destroy_process_group");
       },
       testing::with_backend("nccl"));
 }

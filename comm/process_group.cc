@@ -53,6 +53,26 @@ void destroy_process_group(const Group& group) {
   }
 }
 
+c10::intrusive_ptr<c10d::Work> barrier(const Group& group, std::vector<int64_t> device_ids) {
+  c10d::BarrierOptions opts;
+  opts.timeout = group.timeout();
+  opts.device = group.device();
+  if (group.backend() == "nccl") {
+    if (device_ids.empty()) device_ids.push_back(group.device().index());
+#if DTRAIN_HAS_NCCL
+    const int64_t visible = c10::cuda::device_count();
+    for (int64_t id : device_ids) {
+      TORCH_CHECK(id >= 0 && id < visible, "barrier: device id ", id,
+                  " is not a GPU visible here (", visible,
+                  " visible); pass this rank's GPU, Group::device() (cuda:",
+                  static_cast<int>(group.device().index()), "), or no device_ids");
+    }
+#endif
+    opts.device_ids = std::move(device_ids);
+  }
+  return group->barrier(opts);
+}
+
 const Group::State& Group::state() const {
   TORCH_CHECK(state_ != nullptr,
               "default-constructed Group: create one with init_process_group or new_group");

@@ -18,6 +18,7 @@
 
 #include <c10/core/Device.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include "absl/status/statusor.h"
 #include "comm/libtorch_compat.h"
@@ -153,6 +154,15 @@ absl::StatusOr<Group> init_process_group(const InitOptions& options);
 // makes PyTorch 2.x warn "destroy_process_group() was not called before program exit".
 // REQUIRES: `group` was made by init_process_group or new_group.
 void destroy_process_group(const Group& group);
+
+// torch.distributed.barrier(group, device_ids=...): returns the barrier's Work; its wait() returns
+// once every member has called barrier. An NCCL group runs it on `device_ids` (GPU indices visible
+// here), by default the group's device -- PyTorch uses the device a group was bound to and, with
+// none, guesses the current one with a warning that a wrong guess can hang -- and a device id
+// that is not a visible GPU is a TORCH_CHECK failure naming it. Other groups ignore `device_ids`,
+// as PyTorch's Gloo does ("cpu:gloo,cuda:nccl" included: its barrier is Gloo's). Timeout: the
+// group's. REQUIRES: group.is_member(); collective over the group.
+c10::intrusive_ptr<c10d::Work> barrier(const Group& group, std::vector<int64_t> device_ids = {});
 
 // Only the rendezvous of init_process_group (the store, this rank, the world size), for layers
 // that bring their own transport (rpc/'s TensorPipe agent). Same options and errors; `backend`

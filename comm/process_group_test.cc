@@ -3,7 +3,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -278,6 +280,17 @@ TEST(SubgroupTest, ValidationErrors) {
                 HasSubstr("rank 5 is out of range"));
     EXPECT_THAT(std::string(new_subgroups_by_enumeration(world, {{0, 1}, {1}}).status().message()),
                 HasSubstr("Rank 1 has appeared in both subgroup 0 and 1"));
+  });
+}
+
+// barrier: no member leaves it before the last arrives; device ids mean nothing to Gloo.
+TEST(ProcessGroupTest, BarrierHoldsEveryRankUntilTheLastArrives) {
+  std::atomic<int> arrived{0};
+  run_ranks_as_threads(3, [&](Group& g) {
+    if (g.rank() == 2) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    ++arrived;
+    barrier(g, g.rank() == 1 ? std::vector<int64_t>{7} : std::vector<int64_t>{})->wait();
+    EXPECT_EQ(arrived.load(), 3) << "rank " << g.rank() << " left the barrier early";
   });
 }
 
