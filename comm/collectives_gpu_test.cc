@@ -1,10 +1,13 @@
 // comm/ on a GPU (tags = ["gpu"]; comm/testing/gpu_testing.h): NCCL at world size 1 through every
 // collective path dtrain uses, Gloo with CUDA tensors on two ranks sharing the GPU, and stream
 // order: a collective issued right after a long kernel still sees that kernel's result.
+#include <chrono>
+#include <iostream>
 #include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "comm/agreement.h"
@@ -62,6 +65,42 @@ TEST(NcclWorldOfOneTest, DestroyShutsTheCommunicatorDown) {
         test_util::expect_error([&] { (void)g.rank(); }, "was destroyed by destroy_process_group");
       },
       testing::with_backend("nccl"));
+}
+
+// A collective that cannot finish within the group's timeout -- queued behind seconds of fp32
+// matrix products, timeout 2 s -- makes wait() throw naming it (nccl_blocking_wait, dtrain's
+// default), neither hanging nor the watchdog taking the process down. In a process of its own:
+// NCCL aborts the communicator after a timeout.
+TEST(NcclWorldOfOneTest, TimedOutCollectiveThrowsNamingIt) {
+  DTRAIN_GPU_TEST_OR_SKIP();
+  testing::HarnessOptions options = testing::with_backend("nccl");
+  options.timeout = std::chrono::seconds(2);
+  testing::run_ranks_as_processes(
+      1,
+      [](Group& g) {
+        std::vector<at::Tensor> t = {at::ones({4}, on(g))};
+        g->allreduce(t)->wait();  // NCCL makes its communicator here, synchronising the device
+        // Few long kernels (~150 ms each in fp32 on an H100/H200), so that the host is not held
+        // back by CUDA's launch queue and issues the all-reduce at once.
+        const at::Tensor a = at::rand({16384, 16384}, on(g));
+        at::Tensor c;
+        for (int i = 0; i < 60; ++i) c = at::mm(a, a);
+        const auto start = std::chrono::steady_clock::now();
+        try {
+          g->allreduce(t)->wait();
+          ADD_FAILURE() << "the all-reduce's wait() returned after "
+                        << std::chrono::duration_cast<std::chrono::milliseconds>(
+                               std::chrono::steady_clock::now() - start)
+                               .count()
+                        << " ms without an error (timeout 2000 ms)";
+        } catch (const c10::Error& e) {
+          const std::string what = e.what_without_backtrace();
+          EXPECT_THAT(what, ::testing::HasSubstr("ALLREDUCE"));
+          std::cerr << "wait() threw: " << what.substr(0, what.find('\n')) << "\n";
+        }
+        EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+      },
+      options);
 }
 
 TEST(NcclWorldOfOneTest, TensorCollectives) {
