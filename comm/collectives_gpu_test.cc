@@ -39,7 +39,8 @@ TEST(NcclWorldOfOneTest, GroupDeviceIsTheCurrentGpu) {
 }
 
 // comm::barrier as a group's first collective: on the group's GPU by default (PyTorch would guess
-// the current device, warning), on the ids given, and an id that is no GPU here is named.
+// the current device, warning), on the ids given, and an id that is no GPU here is named. With one
+// GPU the guess would be right too: only the refusal can fail here.
 TEST(NcclWorldOfOneTest, BarrierRunsOnTheGroupsGpu) {
   DTRAIN_GPU_TEST_OR_SKIP();
   run_ranks_as_threads(

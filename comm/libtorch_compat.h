@@ -29,8 +29,16 @@ using C10dGroup = c10d::Backend;
 // Shuts a backend down (NCCL: its communicators destroyed; the others: nothing to do) where
 // c10d::Backend has shutdown() (2.11 and 2.14 do; 2.6 has none, and no 2.6 build here has NCCL).
 template <typename Backend>
+inline constexpr bool kHasShutdown = requires(Backend& b) {
+  b.shutdown();
+};
+inline constexpr bool kBackendHasShutdown = kHasShutdown<C10dGroup>;
+static_assert(kBackendHasShutdown || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 11),
+              "c10d::Backend::shutdown() is expected from LibTorch 2.11 on: without it NCCL groups "
+              "are never shut down (comm/libtorch_compat.h)");
+template <typename Backend>
 void shutdown_backend(Backend& backend) {
-  if constexpr (requires(Backend & b) { b.shutdown(); }) backend.shutdown();
+  if constexpr (kHasShutdown<Backend>) backend.shutdown();
 }
 
 // TCPStore options with the classic (non-libuv) server. LibTorch 2.4+ defaults to the libuv

@@ -39,18 +39,29 @@ void destroy_process_group(const Group& group) {
   TORCH_CHECK(group.state_ != nullptr,
               "destroy_process_group: default-constructed Group; pass one made by "
               "init_process_group or new_group");
-  std::vector<std::shared_ptr<Group::State>> pending = {group.state_};
+  // Every group of the tree is marked first (new_group from a marked group is refused under the
+  // same lock), then each backend is shut down; one that throws does not keep the others up.
+  std::vector<std::shared_ptr<Group::State>> marked, pending = {group.state_};
   while (!pending.empty()) {
-    const std::shared_ptr<Group::State> state = std::move(pending.back());
+    std::shared_ptr<Group::State> state = std::move(pending.back());
     pending.pop_back();
-    if (state->lifetime->destroyed.exchange(true)) continue;
-    if (state->pg) shutdown_backend(*state->pg);
     std::lock_guard<std::mutex> lock(state->lifetime->mu);
+    if (state->lifetime->destroyed.exchange(true)) continue;
     for (const auto& weak : state->lifetime->subgroups) {
       if (std::shared_ptr<Group::State> sub = weak.lock()) pending.push_back(std::move(sub));
     }
     state->lifetime->subgroups.clear();
+    marked.push_back(std::move(state));
   }
+  std::exception_ptr first_error;
+  for (const auto& state : marked) {
+    try {
+      if (state->pg) shutdown_backend(*state->pg);
+    } catch (...) {
+      if (!first_error) first_error = std::current_exception();
+    }
+  }
+  if (first_error) std::rethrow_exception(first_error);
 }
 
 c10::intrusive_ptr<c10d::Work> barrier(const Group& group, std::vector<int64_t> device_ids) {
@@ -313,6 +324,11 @@ absl::StatusOr<Group> new_group(const Group& parent, std::vector<int> ranks) {
   state->lifetime = std::make_shared<Group::State::Lifetime>();
   {  // destroy_process_group(parent) destroys this group too
     std::lock_guard<std::mutex> lock(ps.lifetime->mu);
+    if (ps.lifetime->destroyed) {
+      return absl::FailedPreconditionError(
+          "new_group: the parent group was destroyed by destroy_process_group; make subgroups "
+          "from a live group");
+    }
     std::erase_if(ps.lifetime->subgroups, [](const auto& weak) { return weak.expired(); });
     ps.lifetime->subgroups.push_back(state);
   }

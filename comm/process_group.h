@@ -148,9 +148,11 @@ absl::StatusOr<Group> init_process_group(const InitOptions& options);
 // Shuts down `group`'s backends (NCCL's communicators, as torch.distributed.destroy_process_group
 // does) and every group created from it with new_group/new_subgroups, directly or not: for the
 // world group, every group of the job, as PyTorch's destroy_process_group() of the default group.
-// Afterwards any use of those groups (and of copies of them) is a TORCH_CHECK failure saying they
-// were destroyed. Local, not collective; wait for the collectives you issued first. Calling it
-// again is a no-op; a non-member's Group is only marked. An NCCL group left undestroyed at exit
+// Afterwards whatever needs their process group -- collectives, rank(), size(), new_group -- on
+// them or on copies of them fails saying they were destroyed (what is only recorded, such as
+// global_ranks(), stays readable). Local, not collective; wait for the collectives you issued
+// first. Every backend is shut down even if one throws (the first error is rethrown). Calling
+// it again is a no-op; a non-member's Group is only marked. Thread-safe, also against new_group. An NCCL group left undestroyed at exit
 // makes PyTorch 2.x warn "destroy_process_group() was not called before program exit".
 // REQUIRES: `group` was made by init_process_group or new_group.
 void destroy_process_group(const Group& group);

@@ -324,6 +324,21 @@ TEST(SubgroupTest, DestroyedGroupsRefuseUseNamingTheCall) {
   });
 }
 
+// destroy_process_group's shutdown reaches a backend's own shutdown() through C10dGroup& (on every
+// LibTorch whose Backend has one; libtorch_compat.h asserts 2.11 on have it).
+TEST(SubgroupTest, ShutdownReachesTheBackendsOverride) {
+  if (!kBackendHasShutdown) GTEST_SKIP() << "this LibTorch's c10d::Backend has no shutdown()";
+  struct Fake final : C10dGroup {
+    Fake() : C10dGroup(0, 1) {}
+    const std::string getBackendName() const override { return "fake"; }
+    void shutdown() { down = true; }  // overrides where Backend::shutdown exists
+    bool down = false;
+  };
+  auto fake = c10::make_intrusive<Fake>();
+  shutdown_backend(static_cast<C10dGroup&>(*fake));
+  EXPECT_TRUE(fake->down);
+}
+
 // A one-rank Gloo group on an in-process store, then a write into a pipe nobody reads: the write
 // must fail with EPIPE instead of killing the process (it exits 0 when it fails, 1 when it wrote).
 [[noreturn]] void init_then_write_to_a_closed_pipe() {

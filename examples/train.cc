@@ -138,7 +138,7 @@ void print_summary(const Config& c, const Job& job, checkpoint::StepCheckpoints&
 }
 
 int train_in(const Config& c, const Job& job) {
-  // Until train() returns, allocations and kernels without a device index use this rank's GPU.
+  // Until train_in() returns, allocations and kernels without a device index use this rank's GPU.
   c10::OptionalDeviceGuard current_device(
       job.device.is_cuda() ? std::optional<c10::Device>(job.device) : std::nullopt);
   Progress progress = make_progress(c, job);
@@ -163,7 +163,12 @@ int train_in(const Config& c, const Job& job) {
 int train(const Config& c) {
   const Job job = join_job(c);
   const int code = train_in(c, job);
-  comm::destroy_process_group(job.world);  // after the trainer's hooks and DDP have gone
+  try {
+    comm::destroy_process_group(job.world);  // after the trainer's hooks and DDP have gone
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train: rank %d: shutting the process group down failed: %s\n", job.rank,
+                 e.what());
+  }
   return code;
 }
 

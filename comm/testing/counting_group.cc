@@ -63,6 +63,9 @@ class CountingGroup final : public C10dGroup {
         counter_(std::move(counter)) {}
 
   const std::string getBackendName() const override { return inner_->getBackendName(); }
+  // Overrides Backend::shutdown where it has one (libtorch_compat.h): destroy_process_group of a
+  // counting view shuts the group it counts down.
+  void shutdown() { shutdown_backend(*inner_); }
 
   WorkPtr broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) override {
     return counted("broadcast", share(bytes_of(tensors)), inner_->broadcast(tensors, opts));
