@@ -262,7 +262,7 @@ TEST(NodeRendezvousLossTest, ASilentNodeZeroIsLostAfterTheHeartbeatTimeout) {
   EXPECT_THAT(plan.status().message(),
               HasSubstr("lost node 0's launcher at 127.0.0.1:" + std::to_string(port) +
                         " (no word for 1 s) while waiting for its start of attempt 0"));
-  EXPECT_LT(seconds, 3.0);
+  EXPECT_LT(seconds, 10.0);  // 10x the 1 s heartbeat timeout: a loaded machine cannot miss it
   ::close(*listener);
 }
 
