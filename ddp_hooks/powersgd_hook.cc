@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "ddp_hooks/default_hooks.h"
 #include "ddp_hooks/internal/ordered_worker.h"
+#include "ddp_hooks/internal/powersgd_plan.h"
 
 namespace dtrain::ddp_hooks {
 namespace {
@@ -175,29 +176,25 @@ c10::intrusive_ptr<c10::ivalue::Future> PowerSGDHook::run(c10d::GradBucket& buck
   }
   c10::NoGradGuard no_grad;
   const int64_t index = static_cast<int64_t>(bucket.getIndex());
-  // I. Split into compressed and uncompressed tensors (views of the bucket).
-  std::vector<at::Tensor> to_compress, uncompressed;
-  int64_t ps_size = 0, qs_size = 0, numel_before = 0, numel_after = 0;
-  for (const at::Tensor& grad : bucket.getGradients()) {
-    const int64_t n = grad.dim() == 0 ? 1 : grad.size(0);
-    const int64_t m = grad.numel() / std::max<int64_t>(n, 1);
-    const int64_t r = std::min({n, m, s.matrix_approximation_rank});
-    const int64_t before = n * m, after = (n + m) * r;
-    numel_before += before;
-    if (grad.dim() >= 2 &&
-        static_cast<double>(after) * s.min_compression_rate < static_cast<double>(before)) {
-      to_compress.push_back(grad.view({n, m}));
-      ps_size += n * r;
-      qs_size += m * r;
-      numel_after += after;
-    } else {
-      uncompressed.push_back(grad);
-      numel_after += before;
-    }
+  // I. Split into compressed and uncompressed tensors (views of the bucket), the compressed ones
+  // in batches (internal/powersgd_plan.h: what check_state_dict checks a loaded state against).
+  const std::vector<at::Tensor> grads = bucket.getGradients();
+  std::vector<std::vector<int64_t>> shapes;
+  for (const at::Tensor& grad : grads) shapes.push_back(grad.sizes().vec());
+  const internal::PowerSGDPlan plan = internal::plan_bucket(shapes, s);
+  const int64_t ps_size = plan.ps_size, qs_size = plan.qs_size;
+  std::vector<at::Tensor> uncompressed;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (!plan.compressed[i]) uncompressed.push_back(grads[i]);
+  }
+  std::vector<std::vector<at::Tensor>> batches;
+  for (const internal::PowerSGDPlan::Batch& batch : plan.batches) {
+    batches.emplace_back();
+    for (size_t i : batch.members) batches.back().push_back(grads[i].view({batch.n, batch.m}));
   }
   adopt_loaded(s, index, bucket.isLast(), input, ps_size, qs_size);  // before anything changes
-  s.total_numel_before_compression += numel_before;
-  s.total_numel_after_compression += numel_after;
+  s.total_numel_before_compression += plan.numel;
+  s.total_numel_after_compression += plan.numel_after;
   at::Tensor input_copy;
   if (s.use_error_feedback) {
     auto it = s.error_dict.find(index);
@@ -220,22 +217,6 @@ c10::intrusive_ptr<c10::ivalue::Future> PowerSGDHook::run(c10d::GradBucket& buck
     randomize_qs = true;
     s.p_memory_dict[index] = at::empty({ps_size}, input.options());
     s.q_memory_dict[index] = at::empty({qs_size}, input.options());
-  }
-  // Batches of matrices: same-shape ones stacked when asked.
-  std::vector<std::vector<at::Tensor>> batches;
-  if (s.batch_tensors_with_same_shape) {
-    std::map<std::pair<int64_t, int64_t>, size_t> by_shape;
-    for (const auto& t : to_compress) {
-      auto key = std::make_pair(t.size(0), t.size(1));
-      auto it = by_shape.find(key);
-      if (it == by_shape.end()) {
-        it = by_shape.emplace(key, batches.size()).first;
-        batches.emplace_back();
-      }
-      batches[it->second].push_back(t);
-    }
-  } else {
-    for (const auto& t : to_compress) batches.push_back({t});
   }
   std::vector<at::Tensor> mats, ps, qs;
   int64_t p_idx = 0, q_idx = 0;

@@ -10,8 +10,11 @@
 //   state->start_powerSGD_iter = 10;
 //   ddp.register_comm_hook(std::make_unique<dtrain::ddp_hooks::PowerSGDHook>(state));
 //   c10::IValue saved = state->state_dict();   // CPU tensors, for checkpoint::save_state
-//   ...   // later, a state constructed with the same settings (PyTorch #75666):
-//   absl::Status s = state->load_state_dict(*checkpoint::load_state(file), /*expected_iter=*/step);
+//   ...   // later, a state constructed with the same settings (PyTorch #75666), on every rank:
+//   PowerSGDExpected expected{.iter = step, .buckets = powersgd_buckets(ddp), .file = file};
+//   absl::Status s = state->check_state_dict(*checkpoint::load_state(file), expected);
+//   ...   // the ranks agree on the verdict (comm::first_failure), then, when all are ok:
+//   state->load_state_dict(*checkpoint::load_state(file), expected);
 //
 // The hook does its work when DDP hands it a bucket (the all-reduces run to completion there),
 // so it overlaps less with backward than the plain all-reduce does. Buckets may be on any device:
@@ -26,6 +29,8 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <string>
+#include <vector>
 
 #include <torch/csrc/distributed/c10d/comm.hpp>
 
@@ -34,6 +39,33 @@
 #include "ddp_hooks/bucket_hook.h"
 
 namespace dtrain::ddp_hooks {
+
+class DistributedDataParallel;
+
+// One DDP bucket as the PowerSGD hook sees it: what a loaded state's memories must fit.
+struct PowerSGDBucket {
+  std::vector<std::vector<int64_t>> shapes;  // its gradients' (the parameters'), in bucket order
+  at::ScalarType dtype = at::kFloat;         // the bucket's: the error, P and Q memories'
+};
+
+// The buckets of `ddp`, by index, as its hook gets them: in the parameters' dtype, or in
+// `hook_dtype` when the hook runs inside a CompressWrapper (fp16/bf16_compress_wrapper). Not a
+// collective.
+std::vector<PowerSGDBucket> powersgd_buckets(const DistributedDataParallel& ddp,
+                                             std::optional<at::ScalarType> hook_dtype = {});
+
+// What a state to resume must fit besides the running state's settings, rank and world size.
+struct PowerSGDExpected {
+  // The iteration it was written at: examples:train's checkpoint step (the hook counts one
+  // iteration per backward, no_sync passes not included). Unset: any in [0, 10^12].
+  std::optional<int64_t> iter;
+  // The model's buckets (powersgd_buckets). Unset: the memories' lengths and dtypes, and that
+  // every bucket has them, are checked by the hook at each bucket's first use instead (a c10::Error
+  // on that rank only, while the others may already be inside a collective: pass them).
+  std::optional<std::vector<PowerSGDBucket>> buckets;
+  // The file the state was read from, named by every message ("PowerSGD state file F: ...").
+  std::string file;
+};
 
 struct PowerSGDState {
   explicit PowerSGDState(comm::Group group) : group(std::move(group)) {}
@@ -72,26 +104,43 @@ struct PowerSGDState {
   // compression_rate = numel before / numel after, over everything sent so far.
   double compression_rate() const;
 
-  // Everything needed to resume (hyper-parameters, iter, error / P / Q memories, RNG), with
-  // every tensor a CPU copy (what checkpoint::save_state writes), whatever the buckets' device.
+  // Everything needed to resume (hyper-parameters, iter, error / P / Q memories, RNG, and the
+  // group's rank and world size: a per-rank state), with every tensor a CPU copy (what
+  // checkpoint::save_state writes), whatever the buckets' device. PyTorch's __getstate__ keys
+  // where PyTorch has the field; docs/checkpoints.md lists dtrain's others.
   c10::IValue state_dict() const;
 
-  // Resumes from a state_dict() read back from a file (untrusted: every field's type and range is
-  // checked before anything changes; a refused load leaves this state as it was). The settings
-  // (matrix_approximation_rank, start_powerSGD_iter, min_compression_rate, use_error_feedback,
-  // warm_start, orthogonalization_epsilon, random_seed, batch_tensors_with_same_shape) must equal
-  // this state's: a state is resumed, not reconfigured. With `expected_iter`, `iter` must equal
-  // it (the hook counts one iteration per backward, no_sync passes not included: a training loop
-  // of one backward per step, as examples:train, passes the checkpoint's step); `iter` is always
-  // in [0, 10^12]. Before start_powerSGD_iter the hook keeps no memories, so such a state must
-  // hold none. Not while a backward runs the hook.
-  // The memories are kept as CPU tensors; the hook checks each against its bucket (length and
-  // dtype, which only the model tells) and moves it to the bucket's device at its first use,
-  // failing there (c10::Error, before any collective) when it does not fit.
-  // Errors: DataLoss (not a dict, a missing or unknown key, a value of the wrong type or out of
-  // range, a malformed tensor or RNG state) and InvalidArgument (a setting that differs from this
-  // state's, `iter` other than `expected_iter`), each naming the key, what was found and what was
-  // expected.
+  // Checks a state_dict() read back from a file (untrusted) completely, changing nothing and
+  // without any collective, so that every rank can check its own file and the ranks agree on the
+  // verdict before the first collective. OK when load_state_dict would accept it:
+  //  - a dict of exactly the keys state_dict() writes, each of its type and range;
+  //  - the settings (matrix_approximation_rank, start_powerSGD_iter, min_compression_rate,
+  //    use_error_feedback, warm_start, orthogonalization_epsilon, random_seed,
+  //    batch_tensors_with_same_shape) equal to this state's: a state is resumed, not reconfigured;
+  //  - 'rank' and 'world_size' equal to this state's group's (a file without them, written before
+  //    dtrain recorded them, is refused: another rank's file could not be told from it);
+  //  - 'iter' equal to expected.iter; no memory and no count up to start_powerSGD_iter (the hook
+  //    keeps and counts nothing before it compresses);
+  //  - every memory a 1-D tensor of finite numbers (no NaN or inf), and with expected.buckets:
+  //    only for buckets the model has, of its bucket's dtype and length (error: the bucket's
+  //    length; P and Q: internal/powersgd_plan.h's), and, once the state has compressed (iter >
+  //    start_powerSGD_iter), for every bucket (error_dict with use_error_feedback, P and Q with
+  //    warm_start); with orthogonalization_epsilon 0, no Q whose orthogonalisation at the next
+  //    step divides by zero (a column of zeros: PyTorch's hook would train NaN from there).
+  //    All-zero error memories are PyTorch's own state after an error-feedback reset, and zero Q
+  //    columns with orthogonalization_epsilon > 0 its state after a vanishing gradient: accepted.
+  // Errors: DataLoss (the file's content is not such a state) and InvalidArgument (a setting,
+  // rank, world size or iter that differs from this run's), one line naming expected.file, the
+  // key, the bucket where there is one, what was found and what was expected.
+  absl::Status check_state_dict(const c10::IValue& state_dict,
+                                const PowerSGDExpected& expected) const;
+
+  // check_state_dict, then resumes from it (a refused load leaves this state as it was). The
+  // memories are kept as CPU tensors; the hook moves each to its bucket's device at its first use
+  // (without expected.buckets it checks it there first: a c10::Error before any collective on
+  // this rank). Not while a backward runs the hook.
+  absl::Status load_state_dict(const c10::IValue& state_dict, const PowerSGDExpected& expected);
+  // load_state_dict(state_dict, {.iter = expected_iter}): the buckets checked at first use.
   absl::Status load_state_dict(const c10::IValue& state_dict, std::optional<int64_t> expected_iter);
   // The same, throwing c10::Error with that message (the torch-style form).
   void load_state_dict(const c10::IValue& state_dict);
