@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <new>
 #include <optional>
 #include <string>
 #include <vector>
@@ -31,7 +32,6 @@
 #include <torch/torch.h>  // and torch/version.h (TORCH_VERSION)
 
 #include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/step_checkpoints.h"
 #include "comm/process_group.h"
@@ -218,11 +218,7 @@ int launch_locally(const Config& config, int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "Trains a small MLP with DDP + a communication hook + ZeroRedundancyOptimizer(Adam) on local "
-      "ranks it "
-      "launches, or as one rank of a torchrun-style job (RANK, WORLD_SIZE, MASTER_ADDR, "
-      "MASTER_PORT).");
+  examples::set_flags_usage();  // --help lists train's flags (they live in train_config.cc)
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   if (rest.size() > 1)
     die(2, absl::StrCat("unexpected argument '", rest[1], "'; flags look like --steps=100"));
@@ -235,9 +231,12 @@ int main(int argc, char** argv) {
     return train(config);
   } catch (const c10::Error& e) {
     die(1, absl::StrCat("rank ", std::getenv("RANK") ? std::getenv("RANK") : "?", ": ",
-                        e.what_without_backtrace(), heartbeat_stalls()));
+                        e.what_without_backtrace(), heartbeat_cause(e)));
+  } catch (const std::bad_alloc&) {
+    die(1, absl::StrCat("rank ", std::getenv("RANK") ? std::getenv("RANK") : "?",
+                        ": out of memory (std::bad_alloc); lower --hidden or --batch_size"));
   } catch (const std::exception& e) {
     die(1, absl::StrCat("rank ", std::getenv("RANK") ? std::getenv("RANK") : "?", ": ", e.what(),
-                        heartbeat_stalls()));
+                        heartbeat_cause(e)));
   }
 }

@@ -37,6 +37,17 @@ std::string kind_of(mode_t mode) {
   return "a file of another kind";
 }
 
+// "a symbolic link to <target>, which does not exist" when `p` is a link whose target is
+// missing, else "".
+std::string dangling_link(const std::filesystem::path& p) {
+  struct stat st;
+  if (::lstat(p.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return "";
+  std::error_code ec;
+  const std::filesystem::path target = std::filesystem::read_symlink(p, ec);
+  return absl::StrCat("a symbolic link to ", ec ? "a path it cannot read" : target.string(),
+                      ", which does not exist");
+}
+
 }  // namespace
 
 absl::Status check_checkpoint_dir(const std::string& dir) {
@@ -62,6 +73,12 @@ absl::Status check_checkpoint_dir(const std::string& dir) {
     const int err = errno;
     if (err != ENOENT && err != ENOTDIR)
       return unusable(absl::StrCat("cannot look at ", p.string(), ": ", os_error(err)));
+    // A symbolic link to nothing: creating the directory would fail with "File exists".
+    if (const std::string dangling = dangling_link(p); !dangling.empty()) {
+      return unusable(p == fs::path(path)
+                          ? absl::StrCat("it is ", dangling)
+                          : absl::StrCat("it cannot be created: ", p.string(), " is ", dangling));
+    }
     const fs::path parent = p.parent_path();
     if (parent.empty() || parent == p) break;  // the current directory, or the root
     p = parent;

@@ -58,7 +58,8 @@ absl::StatusOr<TrainCheckpoint> read_train_checkpoint(const checkpoint::StepChec
 // removes should this process be killed while it exists). Errors: FailedPrecondition, one line
 // "--checkpoint_dir=<dir>: <problem>; <what to do>", the problem naming the path at fault: "it is a
 // regular file, not a directory", "it cannot be created: <parent> is a regular file, not a
-// directory", "cannot create it: <OS error>", "cannot write in it (creating <probe> failed: <OS
+// directory", "it is a symbolic link to <target>, which does not exist" (or "it cannot be
+// created: <ancestor> is a symbolic link ..."), "cannot create it: <OS error>", "cannot write in it (creating <probe> failed: <OS
 // error>)".
 absl::Status check_checkpoint_dir(const std::string& dir);
 

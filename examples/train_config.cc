@@ -1,22 +1,28 @@
 #include "examples/train_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <vector>
 
 #include <torch/cuda.h>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "comm/process_group.h"
 #include "launcher/local_launcher.h"
 
 ABSL_FLAG(int, nproc_per_node, 2,
-          "Ranks to launch on this machine (ignored when RANK/WORLD_SIZE are set).");
+          "Ranks to launch on this machine, at least 1 (x --nnodes at most 2^20; ignored when "
+          "RANK/WORLD_SIZE are set).");
 ABSL_FLAG(int, nnodes, 1,
-          "Nodes in the job (torchrun's flag); nnodes x nproc_per_node ranks in all.");
+          "Nodes in the job (torchrun's flag), 1-2^20; nnodes x nproc_per_node ranks in all.");
 ABSL_FLAG(int, node_rank, 0, "This node's index in [0, nnodes) (torchrun's flag).");
 ABSL_FLAG(std::string, master_addr, "127.0.0.1",
           "Address of node 0, where rank 0 and the rendezvous store run (torchrun's flag); the "
@@ -24,37 +30,48 @@ ABSL_FLAG(std::string, master_addr, "127.0.0.1",
 ABSL_FLAG(int, master_port, 0,
           "Port of the rendezvous store (torchrun's flag); 0: a free port on one node, 29500 on "
           "several.");
-ABSL_FLAG(int, steps, 300, "Total optimizer steps (a resumed run continues up to this step).");
+ABSL_FLAG(int, steps, 300,
+          "Total optimizer steps, at least 1 (a resumed run continues up to this step).");
 ABSL_FLAG(std::string, hook, "allreduce",
           "DDP communication hook: allreduce|fp16|bf16|powersgd|post_local_sgd|noop.");
 ABSL_FLAG(std::string, zero, "sorted_greedy",
-          "Optimizer sharding: off|sorted_greedy|flat|stage2 (ZeRO-2: grads too).");
+          "Optimizer sharding: off|sorted_greedy|flat|stage2 (ZeRO-2: grads too; needs "
+          "--hook=allreduce).");
 ABSL_FLAG(bool, zero_overlap, false,
-          "Step ZeRO inside the DDP hook, bucket by bucket (needs --zero=sorted_greedy).");
+          "Step ZeRO inside the DDP hook, bucket by bucket (needs --zero=sorted_greedy and "
+          "--hook=allreduce|fp16|bf16).");
 ABSL_FLAG(bool, bucket_view, true,
           "Gradients (DDP) and parameters (ZeRO) as views into communication buckets.");
 ABSL_FLAG(std::string, checkpoint_dir, "/tmp/dtrain-train",
           "Where checkpoints go (created if missing; checked writable before the first step); "
           "empty: no checkpoints.");
-ABSL_FLAG(int, checkpoint_every, 100, "Steps between checkpoints (and one at the end).");
+ABSL_FLAG(int, checkpoint_every, 100,
+          "Steps between checkpoints, at least 1 (and one at the end).");
 ABSL_FLAG(int, keep_checkpoints, 2,
-          "Committed steps kept in --checkpoint_dir (step-N directories; the newest is current).");
-ABSL_FLAG(bool, resume, false, "Continue from the checkpoint in --checkpoint_dir.");
+          "Committed steps kept in --checkpoint_dir, at least 1 (step-N directories; the newest "
+          "is current).");
+ABSL_FLAG(bool, resume, false,
+          "Continue from the checkpoint in --checkpoint_dir (needs one; every rank checks what it "
+          "loads and all stop together, naming the file, if one is bad).");
 ABSL_FLAG(bool, sharded_checkpoint, false,
           "With ZeRO: every rank writes its own optimizer-state shard "
           "(--checkpoint_dir/optimizer/) instead of "
           "gathering the state on rank 0; resumable at any rank count and --zero strategy.");
-ABSL_FLAG(double, lr, 3e-3, "Adam learning rate.");
-ABSL_FLAG(int, batch_size, 64, "Samples per rank per step.");
-ABSL_FLAG(int, hidden, 256, "Width of the student's hidden layers.");
+ABSL_FLAG(double, lr, 3e-3, "Adam learning rate, positive and finite.");
+ABSL_FLAG(int, batch_size, 64,
+          "Samples per rank per step, 1-1048576 (--batch_size x --hidden at most 2^28).");
+ABSL_FLAG(int, hidden, 256,
+          "Width of the student's hidden layers, 1-16384 (16384: about 10 GiB per rank of "
+          "weights, gradients and Adam's state).");
 ABSL_FLAG(int, log_every, 0,
-          "Steps between progress lines when stdout is not a terminal; 0: steps / 10.");
+          "Steps between progress lines when stdout is not a terminal, at least 0; 0: steps / "
+          "10.");
 ABSL_FLAG(int, timeout_s, 60,
           "Seconds a collective may wait for the other ranks before the job fails, naming the rank "
-          "that stopped.");
+          "that stopped; 1-604800 (a week).");
 ABSL_FLAG(int, rendezvous_timeout_s, 300,
           "Seconds for every rank to join the job at startup (and, with --nnodes > 1 and "
-          "--max_restarts, for every node's launcher to join each attempt).");
+          "--max_restarts, for every node's launcher to join each attempt); 1-604800 (a week).");
 ABSL_FLAG(int, max_restarts, 0,
           "Times to restart all ranks after one fails (torchrun's flag, 0-100); they resume from "
           "this job's newest step.");
@@ -62,7 +79,8 @@ ABSL_FLAG(std::string, rdzv_id, "",
           "The job's id (torchrun's flag), recorded in each checkpoint; empty: random per launch.");
 ABSL_FLAG(
     int, fail_at_step, 0,
-    "Testing only: rank 1 kills itself (SIGKILL) before this step on the first attempt; 0: never.");
+    "Testing only: rank 1 kills itself (SIGKILL) before this step on the first attempt, at least "
+    "0; 0: never.");
 ABSL_FLAG(uint64_t, seed, 0, "Seed of the teacher, the student's initial weights and the data.");
 ABSL_FLAG(std::string, device, "cpu",
           "Where the model, the data and the optimizer state live: cpu|cuda (cuda: each rank on "
@@ -82,6 +100,43 @@ namespace {
 
 absl::Status usage(const std::string& message) { return absl::InvalidArgumentError(message); }
 
+// "--<name> must be in [lo, hi]<why>, got <value>", or OK.
+absl::Status in_range(const char* name, int64_t value, int64_t lo, int64_t hi,
+                      const std::string& why = "") {
+  if (value >= lo && value <= hi) return absl::OkStatus();
+  if (hi == std::numeric_limits<int>::max()) {
+    return usage(absl::StrCat("--", name, " must be at least ", lo, why, ", got ", value));
+  }
+  return usage(absl::StrCat("--", name, " must be in [", lo, ", ", hi, "]", why, ", got ", value));
+}
+
+// Every number that sizes the run (memory, steps, time), bounded before anything is allocated.
+absl::Status check_sizes(const TrainConfig& c) {
+  constexpr int kAny = std::numeric_limits<int>::max();
+  const std::string week = " (seconds; at most a week)";
+  for (const absl::Status& s :
+       {in_range("steps", c.steps, 1, kAny),
+        in_range("hidden", c.hidden, 1, kMaxHidden,
+                 " (the student's two hidden x hidden layers: 16384 is about 10 GiB per rank of "
+                 "weights, gradients and Adam's state)"),
+        in_range("batch_size", c.batch_size, 1, kMaxBatchSize),
+        in_range("checkpoint_every", c.checkpoint_every, 1, kAny),
+        in_range("log_every", c.log_every, 0, kAny),
+        in_range("timeout_s", c.timeout_s, 1, kMaxTimeoutSeconds, week),
+        in_range("rendezvous_timeout_s", c.rendezvous_timeout_s, 1, kMaxTimeoutSeconds, week)}) {
+    if (!s.ok()) return s;
+  }
+  if (static_cast<int64_t>(c.batch_size) * c.hidden > kMaxActivations) {
+    return usage(
+        absl::StrCat("--batch_size x --hidden = ", static_cast<int64_t>(c.batch_size) * c.hidden,
+                     " is more than ", kMaxActivations,
+                     " (each hidden layer's activations, 1 GiB at that size); lower one of them"));
+  }
+  if (!(c.lr > 0) || !std::isfinite(c.lr))
+    return usage(absl::StrCat("--lr must be positive and finite, got ", c.lr));
+  return absl::OkStatus();
+}
+
 // The checks that need only the flags' values, in the order the messages were always given.
 absl::Status check_values(const TrainConfig& c, const std::string& backend) {
   const std::vector<std::string> hooks = {"allreduce", "fp16",           "bf16",
@@ -100,10 +155,7 @@ absl::Status check_values(const TrainConfig& c, const std::string& backend) {
     return usage(
         absl::StrCat("unknown --zero=", c.zero, "; choose one of ", absl::StrJoin(zeros, "|")));
   }
-  if (c.steps < 1) return usage(absl::StrCat("--steps must be at least 1, got ", c.steps));
-  if (c.batch_size < 1 || c.hidden < 1)
-    return usage("--batch_size and --hidden must be at least 1");
-  if (!(c.lr > 0)) return usage(absl::StrCat("--lr must be positive, got ", c.lr));
+  if (absl::Status s = check_sizes(c); !s.ok()) return s;
   if (c.keep_checkpoints < 1) {
     return usage(absl::StrCat("--keep_checkpoints must be at least 1, got ", c.keep_checkpoints));
   }
@@ -113,12 +165,6 @@ absl::Status check_values(const TrainConfig& c, const std::string& backend) {
   }
   if (c.fail_at_step < 0)
     return usage(absl::StrCat("--fail_at_step must be at least 0, got ", c.fail_at_step));
-  if (c.timeout_s < 1 || c.rendezvous_timeout_s < 1) {
-    return usage("--timeout_s and --rendezvous_timeout_s must be at least 1");
-  }
-  if (c.checkpoint_every < 1) {
-    return usage(absl::StrCat("--checkpoint_every must be at least 1, got ", c.checkpoint_every));
-  }
   if (c.hook == "post_local_sgd" && c.zero != "off") {
     return usage(
         "--hook=post_local_sgd lets ranks drift apart between averagings, which ZeRO's parameter "
@@ -205,6 +251,24 @@ absl::Status check_cuda() {
 }
 
 }  // namespace
+
+void set_flags_usage() {
+  absl::SetProgramUsageMessage(
+      "Trains a small MLP with DDP + a communication hook + ZeroRedundancyOptimizer(Adam) on "
+      "local ranks it launches, or as one rank of a torchrun-style job (RANK, WORLD_SIZE, "
+      "MASTER_ADDR, MASTER_PORT).\n\n  train [--flag=value ...]     (--helpfull: Abseil's own "
+      "flags too)");
+  absl::FlagsUsageConfig config;
+  // The flags of train.cc and train_config.cc (where __FILE__ ends so), in --help and --helpshort.
+  auto train_file = [](absl::string_view file) {
+    return absl::EndsWith(file, "examples/train_config.cc") ||
+           absl::EndsWith(file, "examples/train.cc");
+  };
+  config.contains_helpshort_flags = train_file;
+  config.contains_help_flags = train_file;
+  config.contains_helppackage_flags = train_file;
+  absl::SetFlagsUsageConfig(config);
+}
 
 absl::StatusOr<TrainConfig> read_flags() {
   TrainConfig c;

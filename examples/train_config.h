@@ -1,6 +1,7 @@
 // examples:train's command line: its flags (defined in train_config.cc), read into one struct and
 // checked together, every problem one message that says what was wrong and what to do.
 //
+//   set_flags_usage();                                  // --help lists the flags below
 //   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
 //   absl::StatusOr<TrainConfig> config = read_flags();
 //   if (!config.ok()) die(2, config.status().message());   // "--steps must be at least 1, got 0"
@@ -14,6 +15,12 @@
 #include "absl/status/statusor.h"
 
 namespace dtrain::examples {
+
+// The bounds of the flags that size the run, checked by read_flags() before anything is allocated.
+inline constexpr int kMaxHidden = 16384;                      // --hidden
+inline constexpr int kMaxBatchSize = 1 << 20;                 // --batch_size
+inline constexpr int64_t kMaxActivations = int64_t{1} << 28;  // --batch_size x --hidden
+inline constexpr int kMaxTimeoutSeconds = 7 * 24 * 3600;      // --timeout_s, --rendezvous_timeout_s
 
 // One field per flag, under the flag's name (see train_config.cc for each flag's help text).
 struct TrainConfig {
@@ -56,6 +63,11 @@ struct TrainConfig {
 
   bool cuda() const { return device == "cuda"; }
 };
+
+// Sets the usage message and makes --help and --helpshort list train's flags with their checks
+// (Abseil's --help lists only the flags of the main file, train.cc, and these live in
+// train_config.cc). Call before absl::ParseCommandLine.
+void set_flags_usage();
 
 // Reads every flag (call after absl::ParseCommandLine) and checks them, together and against this
 // build and machine: --device=cuda needs a build with CUDA (comm::nccl_available()) and a visible

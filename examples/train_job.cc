@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "comm/agreement.h"
+#include "comm/exception_status.h"
 #include "comm/heartbeat.h"
 #include "ddp_hooks/zero_hook.h"
 #include "examples/train_checkpoint.h"
@@ -47,9 +48,32 @@ namespace {
 std::unique_ptr<comm::Heartbeat> g_heartbeat;
 }  // namespace
 
-// What the heartbeats say, for an error message: "; rank 1 stopped responding (...)", or "".
+namespace {
+
 std::string heartbeat_stalls() {
   return g_heartbeat == nullptr ? "" : absl::StrCat("; ", g_heartbeat->describe_stalls());
+}
+
+// Whether a message is a collective's or its transport's (see heartbeat_cause).
+bool is_communication_failure(absl::string_view what) {
+  if (comm::is_timeout_message(what)) return true;
+  for (absl::string_view word :
+       {"gloo", "Gloo", "NCCL", "nccl", "onnection", "peer", "Broken pipe", "ocket",
+        "broadcast_object", "gather_object", "agreeing whether every rank"}) {
+    if (absl::StrContains(what, word)) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::string heartbeat_cause(const std::exception& e) {
+  const bool dist = dynamic_cast<const c10::DistError*>(&e) != nullptr;
+  return dist || is_communication_failure(e.what()) ? heartbeat_stalls() : "";
+}
+
+std::string heartbeat_cause(const absl::Status& s) {
+  return !s.ok() && is_communication_failure(s.message()) ? heartbeat_stalls() : "";
 }
 
 torch::Generator generator(uint64_t seed) { return at::detail::createCPUGenerator(seed); }
@@ -126,7 +150,8 @@ void check_checkpoint_dir_everywhere(const Config& c, const Job& job) {
   const absl::Status usable =
       writes ? examples::check_checkpoint_dir(c.checkpoint_dir) : absl::OkStatus();
   const absl::Status all = comm::first_failure(job.world, usable);
-  if (!usable.ok()) die(2, std::string(usable.message()));
+  // "rank R:" tells this rank's check (on its host) from the launching process's.
+  if (!usable.ok()) die(2, absl::StrCat("rank ", job.rank, ": ", usable.message()));
   if (!all.ok()) {
     die_after_peer(
         2, absl::StrCat("rank ", job.rank, ": stopping before the first step: ", all.message(),

@@ -50,8 +50,13 @@ inline constexpr char kShardedNeedsZero[] =
 [[noreturn]] void die_after_peer(int code, const std::string& message);
 // "checkpoint: <message>", once: checkpoint/'s own messages already start with "checkpoint".
 std::string checkpoint_error(absl::string_view message);
-// What the heartbeats say, for an error message: "; rank 1 stopped responding (...)", or "".
-std::string heartbeat_stalls();
+// What the heartbeats say about a failure, for its message: "; rank 1 stopped responding (...)",
+// "; every rank is alive (heartbeats continue)" (a hang, not a lost rank) or why it cannot tell,
+// when the failure is a collective's or its transport's (a c10d DistError, a timeout, Gloo's or
+// NCCL's errors, a closed connection, an object collective); else "" -- a bad file or an
+// allocation has nothing to do with the heartbeats. Asking takes up to three heartbeat periods.
+std::string heartbeat_cause(const std::exception& e);
+std::string heartbeat_cause(const absl::Status& s);
 // The CPU generator of the weights and of each step's batch.
 torch::Generator generator(uint64_t seed);
 
