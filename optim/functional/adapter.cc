@@ -5,6 +5,7 @@
 
 #include "checkpoint/optimizer_state_dict.h"
 #include "optim/functional/registry.h"
+#include "optim/functional/state_checks.h"
 
 namespace dtrain::optim {
 
@@ -123,15 +124,46 @@ c10::IValue FunctionalOptimizerAdapter::state_dict() {
 }
 
 void FunctionalOptimizerAdapter::load_state_dict(const c10::IValue& state_dict) {
+  load_state_dict(state_dict, {});
+}
+
+void FunctionalOptimizerAdapter::load_state_dict(const c10::IValue& state_dict,
+                                                 const std::vector<int64_t>& file_index) {
   sync_groups();
+  const std::string what = name_ + ".load_state_dict";
   absl::StatusOr<checkpoint::OptimizerStateDict> sd =
-      checkpoint::parse_optimizer_state_dict(state_dict, "load_state_dict: the state dict");
-  TORCH_CHECK(sd.ok(), sd.status().message());
-  TORCH_CHECK(sd->param_groups.size() == functionals_.size(), "loaded state dict has ",
+      checkpoint::parse_optimizer_state_dict(state_dict, what + ": the state dict");
+  TORCH_CHECK(sd.ok(), sd.status().message(), "; ", kLoadAdvice);
+  TORCH_CHECK(sd->param_groups.size() == functionals_.size(), what, ": the state dict has ",
               sd->param_groups.size(), " parameter groups, this optimizer has ",
-              functionals_.size());
+              functionals_.size(), "; ", kLoadAdvice);
+  size_t count = 0;
   for (size_t g = 0; g < functionals_.size(); ++g) {
-    functionals_[g]->load_state_dict(checkpoint::to_ivalue(checkpoint::group_slice(*sd, g)));
+    const size_t here = param_groups_[g].params().size();
+    TORCH_CHECK(sd->param_groups[g].params.size() == here, what, ": param_groups[", g, "] has ",
+                sd->param_groups[g].params.size(), " parameters in the state dict and ", here,
+                " here; ", kLoadAdvice);
+    count += here;
+  }
+  TORCH_CHECK(file_index.empty() || file_index.size() == count, what, ": file_index has ",
+              file_index.size(), " entries for ", count, " parameters");
+  absl::Status indices = check_param_indices(*sd, count, what);
+  TORCH_CHECK(indices.ok(), indices.message());
+  // Every group checked and converted before any changes.
+  std::vector<FunctionalOptimizer::Loaded> loaded;
+  for (size_t g = 0; g < functionals_.size(); ++g) {
+    FunctionalOptimizer::StateDictSource source;
+    source.file_group = g;
+    for (int64_t i : sd->param_groups[g].params) {
+      source.file_index.push_back(file_index.empty() ? i : file_index.at(static_cast<size_t>(i)));
+    }
+    absl::StatusOr<FunctionalOptimizer::Loaded> group = functionals_[g]->build_loaded(
+        checkpoint::to_ivalue(checkpoint::group_slice(*sd, g)), source);
+    TORCH_CHECK(group.ok(), group.status().message());
+    loaded.push_back(*std::move(group));
+  }
+  for (size_t g = 0; g < functionals_.size(); ++g) {
+    functionals_[g]->commit_loaded(std::move(loaded[g]));
     // Keep the LibTorch-side group options in step with what was loaded.
     OptionsDict opts = functionals_[g]->options_dict();
     param_groups_[g].set_options(std::make_unique<DictOptions>(opts));

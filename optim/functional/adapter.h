@@ -61,7 +61,14 @@ class FunctionalOptimizerAdapter : public torch::optim::Optimizer {
 
   // PyTorch format over all groups: state by global parameter index (groups concatenated).
   c10::IValue state_dict();
+  // Loads such a dict: as many groups as here, each with as many parameters, the groups' "params"
+  // together holding each index 0..n-1 once; every group is checked as
+  // FunctionalOptimizer::load_state_dict checks its one (step, slots, shapes, dtypes, finite
+  // values, options) before any group changes. Errors (c10::Error, one line) name the key and
+  // the parameter's index in the dict, or file_index[index] where given (ZeroRedundancyOptimizer
+  // passes the file's index of each of its local parameters).
   void load_state_dict(const c10::IValue& state_dict);
+  void load_state_dict(const c10::IValue& state_dict, const std::vector<int64_t>& file_index);
 
   const std::string& functional_name() const { return name_; }
   // The functional optimizer of group `group` (created on demand).

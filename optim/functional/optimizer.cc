@@ -5,7 +5,10 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "checkpoint/optimizer_state_dict.h"
+#include "optim/functional/state_checks.h"
 
 namespace dtrain::optim {
 
@@ -168,78 +171,204 @@ c10::IValue FunctionalOptimizer::state_dict() const {
   return checkpoint::to_ivalue(sd);
 }
 
-void FunctionalOptimizer::load_state_dict(const c10::IValue& state_dict) {
-  absl::StatusOr<checkpoint::OptimizerStateDict> sd = checkpoint::parse_optimizer_state_dict(
-      state_dict, name() + ".load_state_dict: the state dict");
-  TORCH_CHECK(sd.ok(), sd.status().message());
-  TORCH_CHECK(sd->param_groups.size() == 1, name(),
-              ".load_state_dict: functional optimizers have one parameter "
-              "group, the state dict has ",
-              sd->param_groups.size());
-  const checkpoint::ParamGroup& group = sd->param_groups[0];
-  TORCH_CHECK(group.params.size() == params_.size(), name(),
-              ".load_state_dict: loaded state dict has a "
-              "parameter group of ",
-              group.params.size(), " parameters, this optimizer has ", params_.size());
-  const std::vector<int64_t>& saved_index = group.params;
+namespace {
 
-  // Build everything first, so a bad entry leaves the optimizer as it was.
-  OptionsDict options = new_options_dict();
-  std::vector<std::pair<std::string, c10::IValue>> kept;
-  const OptionsDict known = options_dict();
-  for (const auto& kv : group.options) {
-    const std::string& key = kv.key().toStringRef();
-    if (!known.contains(key)) kept.emplace_back(key, kv.value());
-    if (known.contains(key) || is_torch_only_option(key)) options.insert(kv.key(), kv.value());
+// The file's index of the dict's parameter `k`.
+int64_t file_index_of(const FunctionalOptimizer::StateDictSource& source, int64_t k) {
+  if (source.file_index.empty()) return k;
+  return k >= 0 && k < static_cast<int64_t>(source.file_index.size())
+             ? source.file_index[static_cast<size_t>(k)]
+             : k;
+}
+
+absl::Status invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
+
+// "step, exp_avg, exp_avg_sq, max_exp_avg_sq": the state keys an optimizer keeps.
+std::string known_keys(const std::array<const char*, 4>& names, bool step) {
+  std::vector<std::string> keys;
+  if (step) keys.emplace_back("step");
+  for (const char* n : names) {
+    if (n != nullptr && n[0] != '\0') keys.emplace_back(n);
   }
-  std::vector<ParamState> loaded(params_.size());
-  const auto names = slot_names();
-  for (size_t i = 0; i < params_.size(); ++i) {
-    auto found = sd->state.find(saved_index[i]);
-    if (found == sd->state.end()) continue;
-    const checkpoint::StateEntry& entry = found->second;
-    ParamState& s = loaded[i];
-    s.initialized = true;
-    for (const auto& kv : entry) {
-      const std::string k = kv.key().toStringRef();
-      const c10::IValue& v = kv.value();
-      if (k == "step") {
-        TORCH_CHECK(step_kind() != StepKind::kNone, name(), ".load_state_dict: parameter ", i,
-                    " has a 'step' entry, which ", name(), " does not keep");
-        s.step = v.isTensor()   ? static_cast<int64_t>(v.toTensor().item<double>())
-                 : v.isDouble() ? static_cast<int64_t>(v.toDouble())
-                                : v.toInt();
-        continue;
-      }
-      size_t slot = names.size();
-      for (size_t n = 0; n < names.size() && names[n] != nullptr && names[n][0] != '\0'; ++n) {
-        if (k == names[n]) slot = n;
-      }
-      TORCH_CHECK(slot < names.size(), name(), ".load_state_dict: parameter ", i,
-                  " has unknown state key '", k, "'");
-      if (v.isNone()) continue;
-      TORCH_CHECK(v.isTensor(), name(), ".load_state_dict: state '", k, "' of parameter ", i,
-                  " is not a tensor");
-      const at::Tensor& t = v.toTensor();
-      const std::vector<int64_t> shape = slot_shape(slot, params_[i]);
-      if (params_[i].sizes().equals(shape)) {
-        TORCH_CHECK(t.sizes() == params_[i].sizes(), name(), ".load_state_dict: state '", k,
-                    "' of parameter ", i, " has shape ", t.sizes(), ", the parameter has shape ",
-                    params_[i].sizes());
-        s.slots[slot] = at::empty_like(params_[i]).copy_(t);
-      } else {
-        TORCH_CHECK(t.sizes().equals(shape), name(), ".load_state_dict: state '", k,
-                    "' of parameter ", i, " has shape ", t.sizes(), ", ", name(),
-                    " keeps it with shape ", c10::IntArrayRef(shape), " for a parameter of shape ",
-                    params_[i].sizes(), "; load a state dict saved for these parameters");
-        // PyTorch casts every state tensor but "step" to its parameter's dtype and device.
-        s.slots[slot] = at::empty(shape, params_[i].options()).copy_(t);
+  return absl::StrJoin(keys, ", ");
+}
+
+}  // namespace
+
+absl::Status FunctionalOptimizer::loaded_options(
+    const OptionsDict& group_options, size_t file_group, OptionsDict* options,
+    std::vector<std::pair<std::string, c10::IValue>>* kept, OptionsDict* merged) const {
+  const std::string what = name() + ".load_state_dict";
+  const OptionsDict known = options_dict();
+  for (const auto& kv : group_options) {
+    const std::string& key = kv.key().toStringRef();
+    if (!known.contains(key)) kept->emplace_back(key, kv.value());
+    if (known.contains(key) || is_torch_only_option(key)) options->insert(kv.key(), kv.value());
+  }
+  try {
+    *merged = merged_options(name(), known, *options);
+    check_options(*merged);
+  } catch (const c10::Error& e) {
+    // PyTorch's message names the check ("Invalid learning rate: -1.0"); the key that fails it
+    // alone is named too.
+    std::string key;
+    for (const auto& kv : *options) {
+      OptionsDict one = new_options_dict();
+      one.insert(kv.key(), kv.value());
+      try {
+        check_options(merged_options(name(), known, one));
+      } catch (const c10::Error&) {
+        key = absl::StrCat("['", kv.key().toStringRef(), "']");
+        break;
       }
     }
+    return invalid(absl::StrCat(what, ": param_groups[", file_group, "]", key, ": ",
+                                e.what_without_backtrace(), "; ", kLoadAdvice));
   }
-  set_options(options);
-  state_ = std::move(loaded);
-  kept_group_keys_ = std::move(kept);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ParamState> FunctionalOptimizer::entry_state(const checkpoint::StateEntry& entry,
+                                                            const at::Tensor& param,
+                                                            int64_t file_index,
+                                                            const OptionsDict& merged,
+                                                            bool copy) const {
+  const std::string what = name() + ".load_state_dict";
+  const auto names = slot_names();
+  ParamState s;
+  s.initialized = true;
+  bool has_step = false;
+  for (const auto& kv : entry) {
+    const std::string k = kv.key().toStringRef();
+    const c10::IValue& v = kv.value();
+    if (k == "step") {
+      if (step_kind() == StepKind::kNone) {
+        return invalid(absl::StrCat(what, ": parameter ", file_index, " has a 'step' entry, which ",
+                                    name(), " does not keep; ", kLoadAdvice));
+      }
+      absl::StatusOr<int64_t> step = loaded_step(v);
+      if (!step.ok()) return state_error(what, k, file_index, step.status());
+      s.step = *step;
+      has_step = true;
+      continue;
+    }
+    size_t slot = names.size();
+    for (size_t n = 0; n < names.size() && names[n] != nullptr && names[n][0] != '\0'; ++n) {
+      if (k == names[n]) slot = n;
+    }
+    if (slot == names.size()) {
+      return invalid(absl::StrCat(
+          what, ": parameter ", file_index, " has unknown state key '", k, "' (", name(), " keeps ",
+          known_keys(names, step_kind() != StepKind::kNone), "); ", kLoadAdvice));
+    }
+    if (v.isNone()) continue;  // as never created (SGD's momentum_buffer=None)
+    if (!v.isTensor()) {
+      return state_error(what, k, file_index,
+                         invalid(absl::StrCat("is a ", v.tagKind(), ", not a tensor")));
+    }
+    const at::Tensor& t = v.toTensor();
+    const std::vector<int64_t> shape = slot_shape(slot, param);
+    if (absl::Status ok = check_state_tensor(t, param, shape, name()); !ok.ok()) {
+      return state_error(what, k, file_index, ok);
+    }
+    if (!copy) {
+      s.slots[slot] = t;
+    } else if (param.sizes().equals(shape)) {
+      s.slots[slot] = at::empty_like(param).copy_(t);
+    } else {
+      // PyTorch casts every state tensor but "step" to its parameter's dtype and device.
+      s.slots[slot] = at::empty(shape, param.options()).copy_(t);
+    }
+  }
+  if (step_kind() != StepKind::kNone && !has_step) {
+    return invalid(absl::StrCat(what, ": parameter ", file_index, " has state but no 'step' (",
+                                name(), " counts the steps of every parameter with state); ",
+                                kLoadAdvice));
+  }
+  const std::array<bool, 4> fresh = required_slots(param, merged);
+  for (size_t n = 0; n < fresh.size(); ++n) {
+    if (fresh[n] && !s.slots[n].defined()) {
+      return invalid(absl::StrCat(what, ": parameter ", file_index, " has state but no '", names[n],
+                                  "' (", name(),
+                                  " keeps it for every parameter with "
+                                  "state under these options); ",
+                                  kLoadAdvice));
+    }
+  }
+  return s;
+}
+
+absl::StatusOr<FunctionalOptimizer::Loaded> FunctionalOptimizer::build_loaded(
+    const c10::IValue& state_dict, const StateDictSource& source) const {
+  const std::string what = name() + ".load_state_dict";
+  absl::StatusOr<checkpoint::OptimizerStateDict> sd =
+      checkpoint::parse_optimizer_state_dict(state_dict, what + ": the state dict");
+  if (!sd.ok()) return invalid(absl::StrCat(sd.status().message(), "; ", kLoadAdvice));
+  if (sd->param_groups.size() != 1) {
+    return invalid(absl::StrCat(what,
+                                ": functional optimizers have one parameter group, the "
+                                "state dict has ",
+                                sd->param_groups.size()));
+  }
+  const checkpoint::ParamGroup& group = sd->param_groups[0];
+  if (group.params.size() != params_.size()) {
+    return invalid(absl::StrCat(what, ": loaded state dict has a parameter group of ",
+                                group.params.size(), " parameters, this optimizer has ",
+                                params_.size(), "; ", kLoadAdvice));
+  }
+  if (absl::Status s = check_param_indices(*sd, params_.size(), what, source.file_group); !s.ok())
+    return s;
+  if (absl::Status s = check_option_numbers(group, source.file_group, what); !s.ok()) return s;
+  Loaded loaded;
+  OptionsDict merged = new_options_dict();
+  absl::Status options_ok =
+      loaded_options(group.options, source.file_group, &loaded.options, &loaded.kept, &merged);
+  if (!options_ok.ok()) return options_ok;
+  loaded.state.resize(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto found = sd->state.find(group.params[i]);
+    if (found == sd->state.end()) continue;
+    absl::StatusOr<ParamState> s =
+        entry_state(found->second, params_[i], file_index_of(source, group.params[i]), merged,
+                    /*copy=*/true);
+    if (!s.ok()) return s.status();
+    loaded.state[i] = *std::move(s);
+  }
+  return loaded;
+}
+
+void FunctionalOptimizer::commit_loaded(Loaded loaded) {
+  set_options(loaded.options);  // checked by build_loaded where the optimizer can (check_options)
+  state_ = std::move(loaded.state);
+  kept_group_keys_ = std::move(loaded.kept);
+}
+
+void FunctionalOptimizer::load_state_dict(const c10::IValue& state_dict) {
+  load_state_dict(state_dict, StateDictSource{});
+}
+
+void FunctionalOptimizer::load_state_dict(const c10::IValue& state_dict,
+                                          const StateDictSource& source) {
+  absl::StatusOr<Loaded> loaded = build_loaded(state_dict, source);
+  TORCH_CHECK(loaded.ok(), loaded.status().message());
+  commit_loaded(*std::move(loaded));
+}
+
+absl::Status FunctionalOptimizer::check_state_dict(const c10::IValue& state_dict,
+                                                   const StateDictSource& source) const {
+  return build_loaded(state_dict, source).status();
+}
+
+absl::Status FunctionalOptimizer::check_state_entry(const checkpoint::StateEntry& entry,
+                                                    const at::Tensor& param, int64_t file_index,
+                                                    const OptionsDict& group_options,
+                                                    size_t file_group) const {
+  OptionsDict options = new_options_dict();
+  OptionsDict merged = new_options_dict();
+  std::vector<std::pair<std::string, c10::IValue>> kept;
+  absl::Status ok = loaded_options(group_options, file_group, &options, &kept, &merged);
+  if (!ok.ok()) return ok;
+  return entry_state(entry, param, file_index, merged, /*copy=*/false).status();
 }
 
 }  // namespace dtrain::optim

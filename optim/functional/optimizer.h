@@ -22,6 +22,10 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "checkpoint/optimizer_state_dict.h"
+
 namespace dtrain::optim {
 
 // A PyTorch param_group without "params": option name -> float, bool, (float, float) tuple,
@@ -45,6 +49,15 @@ struct ParamState {
   // so `step` stays the truth and nothing reads the device back. state_dict() writes `step`.
   at::Tensor device_step;
   int64_t device_step_value = -1;
+};
+
+// Where a state dict handed to FunctionalOptimizer::load_state_dict came from, for its messages:
+// file_index[k] is the index the dict's parameter k has in the file (the adapter's index across
+// its groups, ZeroRedundancyOptimizer's global one); empty: k itself. file_group: the file's param
+// group that the optimizer's one group is.
+struct StateDictSource {
+  std::vector<int64_t> file_index;
+  size_t file_group = 0;
 };
 
 class FunctionalOptimizer {
@@ -94,14 +107,33 @@ class FunctionalOptimizer {
   // fused path keeps it on the device, and its load_state_dict moves a CPU one there), so that
   // saving reads nothing back from the GPU.
   c10::IValue state_dict() const;
+  using StateDictSource = optim::StateDictSource;
   // Loads a state_dict of the format above (from dtrain, or converted from PyTorch/LibTorch):
-  // exactly one param group whose "params" has params().size() entries; state tensors must have
-  // their slot_shape() (normally the parameter's) and are cast to the parameter's dtype and device.
-  // Errors name the index and key.
+  // exactly one param group whose "params" holds each of 0..params().size()-1 once. Everything is
+  // checked before anything changes (optim/functional/state_checks.h): option types, PyTorch's
+  // option checks and finite numbers; per parameter with state, "step" (a whole number >= 0) where
+  // this optimizer counts steps, every slot a fresh state of it would have under the loaded
+  // options (exp_avg and exp_avg_sq for Adam, ...), no unknown key, each tensor floating point,
+  // of its slot_shape() (normally the parameter's) and finite. Tensors are cast to the
+  // parameter's dtype and device, as PyTorch's Optimizer.load_state_dict does. Errors (c10::Error,
+  // one line): "<Name>.load_state_dict: state 'step' of parameter 3 is nan, ...; load a state dict
+  // ...", naming the key and the parameter's index in the file.
   // Param-group keys this optimizer does not use (an LR scheduler's "initial_lr", PyTorch 2.x's
   // "foreach"/"maximize"/..., a user's own) are kept and handed back by state_dict(), as PyTorch
   // keeps them; set_options() still refuses an unknown key (a typo there is an error).
   void load_state_dict(const c10::IValue& state_dict);
+  void load_state_dict(const c10::IValue& state_dict, const StateDictSource& source);
+  // What load_state_dict checks, changing nothing: OK, or InvalidArgument with its message.
+  absl::Status check_state_dict(const c10::IValue& state_dict,
+                                const StateDictSource& source = {}) const;
+  // One parameter's state entry against `param` (shaped as a parameter of this optimizer, not
+  // necessarily one of params(): ZeroRedundancyOptimizer checks every rank's parameters) under
+  // the loaded param group's options `group_options` (keys this optimizer does not use ignored;
+  // the others checked as load_state_dict would apply them), the file's param_groups[file_group].
+  // InvalidArgument naming `file_index` (or the group, for an option).
+  absl::Status check_state_entry(const checkpoint::StateEntry& entry, const at::Tensor& param,
+                                 int64_t file_index, const OptionsDict& group_options,
+                                 size_t file_group = 0) const;
 
   // True once the parameter at `index` has optimizer state.
   bool has_state(size_t index) const;
@@ -136,6 +168,16 @@ class FunctionalOptimizer {
   virtual std::vector<int64_t> slot_shape(size_t slot, const at::Tensor& param) const {
     return param.sizes().vec();
   }
+  // The slots a loaded entry for `param` must have under the full options `merged`
+  // (options_dict()'s keys): those the update takes as there once a parameter has state. The
+  // default (a user's optimizer): none.
+  virtual std::array<bool, 4> required_slots(const at::Tensor& param,
+                                             const OptionsDict& merged) const {
+    return {};
+  }
+  // Validates the full options `merged` without applying them (c10::Error with PyTorch's
+  // message). The default: nothing (apply_options checks them when load_state_dict applies them).
+  virtual void check_options(const OptionsDict& merged) const {}
 
   std::vector<at::Tensor> params_;
   std::vector<ParamState> state_;
@@ -143,6 +185,28 @@ class FunctionalOptimizer {
  private:
   // Param-group keys load_state_dict() kept without using them (see there), in load order.
   std::vector<std::pair<std::string, c10::IValue>> kept_group_keys_;
+
+  // A checked state dict, ready to replace the current state and options (load_state_dict's two
+  // halves; the adapter checks every group before it commits any).
+  struct Loaded {
+    OptionsDict options = new_options_dict();  // for set_options
+    std::vector<std::pair<std::string, c10::IValue>> kept;
+    std::vector<ParamState> state;
+  };
+  friend class FunctionalOptimizerAdapter;
+  absl::StatusOr<Loaded> build_loaded(const c10::IValue& state_dict,
+                                      const StateDictSource& source) const;
+  void commit_loaded(Loaded loaded);
+  // The group's options split into what set_options takes and the keys kept unused, and the full
+  // options they make (options_dict() with them applied), checked. InvalidArgument on error.
+  absl::Status loaded_options(const OptionsDict& group_options, size_t file_group,
+                              OptionsDict* options,
+                              std::vector<std::pair<std::string, c10::IValue>>* kept,
+                              OptionsDict* merged) const;
+  // One entry checked and (with `copy`) converted; InvalidArgument naming `file_index`.
+  absl::StatusOr<ParamState> entry_state(const checkpoint::StateEntry& entry,
+                                         const at::Tensor& param, int64_t file_index,
+                                         const OptionsDict& merged, bool copy) const;
 
   void check_grad(size_t index, const at::Tensor& grad) const;
 };

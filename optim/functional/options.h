@@ -255,6 +255,15 @@ class TypedFunctionalOptimizer : public FunctionalOptimizer {
   bool none_for_undefined_slots() const override;
   std::vector<int64_t> slot_shape(size_t slot, const at::Tensor& param) const override;
   bool takes_sparse_gradients() const override;
+  // The descriptor's own lazy initialisation, run on a meta tensor of the parameter's shape (no
+  // memory): the slots its first update creates, less those an update creates whenever they are
+  // missing (SGD's momentum_buffer, None in PyTorch 1.13's files), are what a loaded entry must
+  // hold.
+  std::array<bool, 4> required_slots(const at::Tensor& param,
+                                     const OptionsDict& merged) const override;
+  void check_options(const OptionsDict& merged) const override {
+    option_table().validate(option_table().from_dict(merged, options_));
+  }
 
   Options options_;
 };

@@ -394,6 +394,29 @@ bool TypedFunctionalOptimizer<Options>::takes_sparse_gradients() const {
   return internal::Descriptor<Options>::kSparseGradients;
 }
 
+template <typename Options>
+std::array<bool, 4> TypedFunctionalOptimizer<Options>::required_slots(
+    const at::Tensor& param, const OptionsDict& merged) const {
+  using D = internal::Descriptor<Options>;
+  const Options o = option_table().from_dict(merged, options_);
+  const at::Tensor meta = at::empty(param.sizes(), param.options().device(at::kMeta));
+  ParamState fresh_state;  // a parameter's first update
+  D::prepare(fresh_state, meta, meta, o);
+  ParamState later;  // an update of a parameter that has state, but no slots
+  later.initialized = true;
+  later.step = 1;
+  try {
+    D::prepare(later, meta, meta, o);
+  } catch (const c10::Error&) {
+    // It needs its slots (NAdam's mu_product): every slot of a fresh state is required.
+  }
+  std::array<bool, 4> required{};
+  for (size_t k = 0; k < required.size(); ++k) {
+    required[k] = fresh_state.slots[k].defined() && !later.slots[k].defined();
+  }
+  return required;
+}
+
 }  // namespace dtrain::optim
 
 #endif  // DTRAIN_OPTIM_FUNCTIONAL_INTERNAL_OPTIMIZER_IMPL_H_
