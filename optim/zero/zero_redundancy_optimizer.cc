@@ -13,6 +13,7 @@
 #include "comm/object_collectives.h"
 #include "comm/rendezvous_checks.h"
 #include "optim/functional/registry.h"
+#include "optim/functional/state_checks.h"
 #include "optim/functional/torch_state.h"
 #include "optim/functional/torch_twins.h"
 #include "optim/zero/internal/layout.h"
@@ -313,30 +314,71 @@ c10::IValue ZeroRedundancyOptimizer::state_dict() const {
 }
 
 void ZeroRedundancyOptimizer::load_state_dict(const c10::IValue& state_dict) {
-  TORCH_CHECK(state_dict.isGenericDict(), "load_state_dict: expected a dict");
+  const std::string what = "ZeroRedundancyOptimizer.load_state_dict";
+  TORCH_CHECK(state_dict.isGenericDict(), what, ": expected a dict, got ", state_dict.tagKind());
   absl::StatusOr<checkpoint::OptimizerStateDict> sd =
-      checkpoint::parse_optimizer_state_dict(state_dict, "load_state_dict: the state dict");
-  TORCH_CHECK(sd.ok(), sd.status().message());
+      checkpoint::parse_optimizer_state_dict(state_dict, what + ": the state dict");
+  TORCH_CHECK(sd.ok(), sd.status().message(), "; ", kLoadAdvice);
   const auto count = static_cast<int64_t>(layout_->params().size());
   for (const auto& [index, entry] : sd->state) {
-    TORCH_CHECK(index >= 0 && index < count,
-                "load_state_dict: the state dict has state for parameter index ", index,
+    TORCH_CHECK(index >= 0 && index < count, what,
+                ": the state dict has state for parameter index ", index,
                 " but this optimizer has ", count, " parameters (indices 0..", count - 1,
                 "): it was saved for "
                 "another model or another parameter order");
   }
-  load_local_state(sd->param_groups, internal::local_state_from_global(
-                                         sd->state, layout_->entries(), layout_->params()));
+  // Every entry against every parameter, on every rank, before this rank's part is cut out.
+  auto* adapter = dynamic_cast<FunctionalOptimizerAdapter*>(local_.get());
+  const internal::EntryCheck check = [&](size_t group, const checkpoint::StateEntry& entry,
+                                         const at::Tensor& param, int64_t file_index,
+                                         const OptionsDict& options) {
+    if (adapter != nullptr && group < adapter->param_groups().size()) {
+      return adapter->functional(group).check_state_entry(entry, param, file_index, options, group);
+    }
+    return check_generic_entry(entry, param, file_index, what);
+  };
+  absl::StatusOr<internal::CheckedGlobal> global =
+      internal::checked_global_state(*sd, layout_->params(), layout_->group_counts(), check, what);
+  TORCH_CHECK(global.ok(), global.status().message());
+  const std::vector<internal::LocalEntry>& entries = layout_->entries();
+  std::vector<int64_t> file_index;
+  for (const internal::LocalEntry& e : entries) {
+    file_index.push_back(global->file_index[static_cast<size_t>(e.param)]);
+  }
+  load_local_state(global->groups,
+                   internal::local_state_from_global(global->state, entries, layout_->params()),
+                   file_index);
 }
 
 void ZeroRedundancyOptimizer::load_local_state(
     const std::vector<checkpoint::ParamGroup>& groups,
-    std::map<int64_t, checkpoint::StateEntry> local_state) {
+    std::map<int64_t, checkpoint::StateEntry> local_state, const std::vector<int64_t>& file_index) {
   checkpoint::OptimizerStateDict local;
   local.param_groups =
       internal::local_param_groups(groups, layout_->entries(), layout_->group_counts());
   local.state = std::move(local_state);
-  load_optimizer_state_dict(*local_, checkpoint::to_ivalue(local));
+  if (auto* adapter = dynamic_cast<FunctionalOptimizerAdapter*>(local_.get())) {
+    adapter->load_state_dict(checkpoint::to_ivalue(local), file_index);
+  } else {
+    // A LibTorch optimizer: what is known of any optimizer's state, checked here.
+    const std::string what = "ZeroRedundancyOptimizer.load_state_dict";
+    std::vector<at::Tensor> local_params;
+    for (const auto& g : local_->param_groups()) {
+      local_params.insert(local_params.end(), g.params().begin(), g.params().end());
+    }
+    for (size_t g = 0; g < local.param_groups.size(); ++g) {
+      absl::Status numbers = check_option_numbers(local.param_groups[g], g, what);
+      TORCH_CHECK(numbers.ok(), numbers.message());
+    }
+    for (const auto& [k, entry] : local.state) {
+      const auto i = static_cast<size_t>(k);
+      TORCH_CHECK(i < local_params.size() && i < file_index.size(), what, ": local state ", k,
+                  " is beyond this rank's ", local_params.size(), " parameters");
+      absl::Status ok = check_generic_entry(entry, local_params[i], file_index[i], what);
+      TORCH_CHECK(ok.ok(), ok.message());
+    }
+    load_optimizer_state_dict(*local_, checkpoint::to_ivalue(local));
+  }
   state_loaded_ = true;
   sync_options(/*to_local=*/false);
   consolidated_ = c10::IValue();
@@ -356,8 +398,13 @@ void ZeroRedundancyOptimizer::load_sharded_state(const checkpoint::ShardedState&
   absl::StatusOr<std::vector<checkpoint::ParamGroup>> groups = checkpoint::parse_param_groups(
       state.param_groups, "load_sharded_state: the state's param groups");
   TORCH_CHECK(groups.ok(), groups.status().message());
-  load_local_state(*groups, internal::local_state_from_sharded(state, layout_->entries(),
-                                                               layout_->params(), rank()));
+  // A sharded state is keyed by global parameter index, as the file's.
+  std::vector<int64_t> file_index;
+  for (const internal::LocalEntry& e : layout_->entries()) file_index.push_back(e.param);
+  load_local_state(
+      *groups,
+      internal::local_state_from_sharded(state, layout_->entries(), layout_->params(), rank()),
+      file_index);
 }
 
 absl::Status ZeroRedundancyOptimizer::save_sharded(const std::string& dir,

@@ -141,8 +141,14 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public comm::Joi
   c10::IValue state_dict() const;
   // Loads this rank's part of a global state dict (from state_dict() here, from an unsharded
   // optimizer, or saved at another world size) into the local optimizer, and the groups' options.
-  // Errors (c10::Error): a malformed dict; state for a parameter index outside [0, parameters)
-  // (PyTorch: IndexError); state of the wrong shape.
+  // Not a collective. Every rank checks the whole dict against every parameter before anything
+  // changes -- as FunctionalOptimizer::load_state_dict checks its own: "params" holding each index
+  // once, finite options, "step" a whole number >= 0, the slots the optimizer keeps, shapes,
+  // floating dtypes, finite values; for a LibTorch local optimizer the step, shapes, dtypes and
+  // finiteness (optim/functional/state_checks.h) -- so every rank refuses a bad dict with the
+  // same message, naming the key and the parameter's index in the dict.
+  // Errors (c10::Error, one line): those; state for a parameter index outside [0, parameters)
+  // (PyTorch: IndexError).
   void load_state_dict(const c10::IValue& state_dict);
 
   // Sharded checkpoints (checkpoint/sharded.h), with no rank holding more than its own shard.
@@ -214,8 +220,10 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public comm::Joi
   void check_add_param_group_agreement(bool calling);
   // The local optimizer's state dict, with the wrapper's group options.
   c10::IValue synced_local_state_dict();
+  // Loads a local dict (local index k: layout_->entries()[k], the file's parameter file_index[k]).
   void load_local_state(const std::vector<checkpoint::ParamGroup>& groups,
-                        std::map<int64_t, checkpoint::StateEntry> local_state);
+                        std::map<int64_t, checkpoint::StateEntry> local_state,
+                        const std::vector<int64_t>& file_index);
 
   LocalOptimizer local_factory_;
   ZeroOptions options_;

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "optim/functional/state_checks.h"
 
 namespace dtrain::optim::internal {
 namespace {
@@ -142,6 +143,48 @@ std::vector<ParamGroup> local_param_groups(const std::vector<ParamGroup>& groups
     local_groups.push_back(std::move(local));
   }
   return local_groups;
+}
+
+absl::StatusOr<CheckedGlobal> checked_global_state(const OptimizerStateDict& sd,
+                                                   const std::vector<at::Tensor>& params,
+                                                   const std::vector<size_t>& group_counts,
+                                                   const EntryCheck& check,
+                                                   const std::string& what) {
+  if (sd.param_groups.size() != group_counts.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": the state dict has ", sd.param_groups.size(),
+        " parameter groups, this optimizer has ", group_counts.size(), "; ", kLoadAdvice));
+  }
+  for (size_t g = 0; g < group_counts.size(); ++g) {
+    if (sd.param_groups[g].params.size() != group_counts[g]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": param_groups[", g, "] has ", sd.param_groups[g].params.size(),
+          " parameters in the state dict and ", group_counts[g], " here; ", kLoadAdvice));
+    }
+    absl::Status numbers = check_option_numbers(sd.param_groups[g], g, what);
+    if (!numbers.ok()) return numbers;
+  }
+  absl::Status indices = check_param_indices(sd, params.size(), what);
+  if (!indices.ok()) return indices;
+  CheckedGlobal out;
+  out.groups = sd.param_groups;
+  std::vector<size_t> group_of;
+  std::map<int64_t, int64_t> position_of;  // file index -> parameter index here
+  for (size_t g = 0; g < sd.param_groups.size(); ++g) {
+    for (int64_t file : sd.param_groups[g].params) {
+      position_of[file] = static_cast<int64_t>(out.file_index.size());
+      out.file_index.push_back(file);
+      group_of.push_back(g);
+    }
+  }
+  for (const auto& [file, entry] : sd.state) out.state.emplace(position_of.at(file), entry);
+  for (const auto& [i, entry] : out.state) {
+    const auto k = static_cast<size_t>(i);
+    absl::Status ok = check(group_of[k], entry, params[k], out.file_index[k],
+                            sd.param_groups[group_of[k]].options);
+    if (!ok.ok()) return ok;
+  }
+  return out;
 }
 
 std::map<int64_t, partition::Range> owned_ranges(const std::vector<LocalEntry>& entries) {

@@ -18,6 +18,7 @@
 #define DTRAIN_OPTIM_ZERO_INTERNAL_STATE_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -25,6 +26,7 @@
 #include <ATen/core/ivalue.h>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "checkpoint/optimizer_state_dict.h"
 #include "checkpoint/sharded.h"
 
@@ -69,6 +71,28 @@ IndexedState local_state_from_global(const IndexedState& state,
 std::vector<checkpoint::ParamGroup> local_param_groups(
     const std::vector<checkpoint::ParamGroup>& groups, const std::vector<LocalEntry>& entries,
     const std::vector<size_t>& group_counts);
+
+// Checks one state entry of a loaded global dict: (param group, entry, the parameter, its index
+// in the file, the group's options in the file) -> OK or InvalidArgument naming the index.
+using EntryCheck = std::function<absl::Status(size_t group, const checkpoint::StateEntry& entry,
+                                              const at::Tensor& param, int64_t file_index,
+                                              const c10::impl::GenericDict& group_options)>;
+// A global dict, checked, keyed by this optimizer's parameter index (groups concatenated).
+struct CheckedGlobal {
+  IndexedState state;
+  std::vector<checkpoint::ParamGroup> groups;  // the file's options; params as in the file
+  std::vector<int64_t> file_index;             // parameter i's index in the file
+};
+// The whole global dict against every parameter (not only this rank's: every rank refuses a bad
+// dict with the same message, whichever rank owns the bad part): group and parameter counts,
+// "params" holding each of 0..n-1 once (a permutation maps the file's index to this position, as
+// PyTorch's load_state_dict zips the groups' params), finite option numbers, and each entry by
+// `check`, in parameter order. InvalidArgument "<what>: ..." naming the group or file index.
+absl::StatusOr<CheckedGlobal> checked_global_state(const checkpoint::OptimizerStateDict& sd,
+                                                   const std::vector<at::Tensor>& params,
+                                                   const std::vector<size_t>& group_counts,
+                                                   const EntryCheck& check,
+                                                   const std::string& what);
 
 // The pieces this rank owns (global index -> element range), empty ranges left out.
 std::map<int64_t, partition::Range> owned_ranges(const std::vector<LocalEntry>& entries);
