@@ -207,5 +207,52 @@ TEST(FunctionalAdapterTest, SparseEmbeddingWithSparseAdamAndMuonAndNAdam) {
       embedding->weight.detach().index_select(0, torch::tensor({0, 2, 9})).equal(untouched));
 }
 
+// A bad entry in the second group is refused naming its index in the dict (across the groups),
+// not its index inside the group, and no group changes, the first one included.
+TEST(FunctionalAdapterTest, LoadNamesTheDictsIndexAndChangesNoGroupOnError) {
+  std::vector<at::Tensor> a = {torch::zeros({2}), torch::zeros({3})}, b = {torch::zeros({4})};
+  std::vector<torch::optim::OptimizerParamGroup> groups = {torch::optim::OptimizerParamGroup(a),
+                                                           torch::optim::OptimizerParamGroup(b)};
+  FunctionalOptimizerAdapter adam(groups, "Adam", opts({{"lr", 0.1}}));
+  for (auto& p : a) p.mutable_grad() = torch::ones_like(p);
+  for (auto& p : b) p.mutable_grad() = torch::ones_like(p);
+  adam.step();
+  c10::IValue sd = adam.state_dict();
+  FunctionalOptimizerAdapter fresh(groups, "Adam", opts({{"lr", 0.1}}));
+  c10::IValue bad = sd.deepcopy();
+  bad.toGenericDict().at("state").toGenericDict().at(2).toGenericDict().insert_or_assign(
+      "exp_avg", torch::full({4}, NAN));
+  try {
+    fresh.load_state_dict(bad);
+    FAIL() << "a NaN exp_avg was accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_THAT(e.what_without_backtrace(),
+                HasSubstr("Adam.load_state_dict: state 'exp_avg' of parameter 2 holds nan"));
+  }
+  EXPECT_FALSE(fresh.functional(0).has_state(0));
+  // And with the file's indices given (ZeroRedundancyOptimizer's local parameters).
+  try {
+    fresh.load_state_dict(bad, {10, 11, 12});
+    FAIL() << "a NaN exp_avg was accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_THAT(e.what_without_backtrace(), HasSubstr("'exp_avg' of parameter 12 holds nan"));
+  }
+  c10::IValue duplicated = sd.deepcopy();
+  duplicated.toGenericDict()
+      .at("param_groups")
+      .toList()
+      .get(1)
+      .toGenericDict()
+      .insert_or_assign("params", c10::List<int64_t>({0}));
+  try {
+    fresh.load_state_dict(duplicated);
+    FAIL() << "parameter 0 listed twice was accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_THAT(e.what_without_backtrace(), HasSubstr("parameter 0 is listed twice"));
+  }
+  fresh.load_state_dict(sd);
+  EXPECT_TRUE(fresh.functional(1).has_state(0));
+}
+
 }  // namespace
 }  // namespace dtrain::optim

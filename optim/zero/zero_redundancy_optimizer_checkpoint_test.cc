@@ -377,6 +377,14 @@ TEST(ZeroRedundancyOptimizerTest, ShardedLoadErrors) {
     auto& piece = wrong.params.begin()->second;
     piece.range.end -= 1;
     expect_error([&] { zero.load_sharded_state(wrong); }, "in the given state, but rank");
+    // A NaN in a piece is refused naming the parameter's global index, not its local one.
+    checkpoint::ShardedState poisoned = zero.sharded_state();
+    auto& [param, saved] = *poisoned.params.rbegin();
+    at::Tensor exp_avg = saved.entries.at("exp_avg").toTensor().clone();
+    exp_avg.view(-1)[0] = NAN;
+    saved.entries.insert_or_assign("exp_avg", exp_avg);
+    expect_error([&] { zero.load_sharded_state(poisoned); },
+                 "state 'exp_avg' of parameter " + std::to_string(param) + " holds nan");
   });
 }
 
