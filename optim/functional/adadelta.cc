@@ -13,7 +13,9 @@ struct Descriptor<AdadeltaOptions> : DescriptorDefaults {
         .eps()
         .weight_decay()
         .maximize()
-        .foreach ();
+        .fixed("capturable", false)
+        .foreach ()
+        .differentiable();
   }
   static constexpr StepKind kStep = StepKind::kFloatTensor;
   static constexpr std::array<const char*, 4> kSlots = {"square_avg", "acc_delta", "", ""};

@@ -17,6 +17,7 @@ struct Descriptor<AdagradOptions> : DescriptorDefaults {
                 non_negative("Invalid initial_accumulator_value value"))
         .foreach ()
         .maximize()
+        .differentiable()
         .fused()
         .check_order({"lr", "lr_decay", "weight_decay", "initial_accumulator_value", "eps"});
   }

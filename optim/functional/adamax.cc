@@ -15,8 +15,10 @@ struct Descriptor<AdamaxOptions> : DescriptorDefaults {
         .betas()
         .eps()
         .weight_decay()
-        .maximize()
         .foreach ()
+        .maximize()
+        .differentiable()
+        .fixed("capturable", false)
         .check_order({"lr", "eps", "betas", "weight_decay"});
   }
   static constexpr StepKind kStep = StepKind::kFloatTensor;

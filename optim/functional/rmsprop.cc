@@ -14,6 +14,7 @@ struct Descriptor<RMSpropOptions> : DescriptorDefaults {
         .eps()
         .option(DTRAIN_OPTION(centered))
         .weight_decay()
+        .fixed("capturable", false)
         .foreach ()
         .maximize()
         .differentiable()

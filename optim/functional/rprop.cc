@@ -18,7 +18,9 @@ struct Descriptor<RpropOptions> : DescriptorDefaults {
                 })
         .option(DTRAIN_OPTION(step_sizes))
         .foreach ()
-        .maximize();
+        .maximize()
+        .differentiable()
+        .fixed("capturable", false);
   }
   static constexpr StepKind kStep = StepKind::kFloatTensor;
   static constexpr std::array<const char*, 4> kSlots = {"prev", "step_size", "", ""};
