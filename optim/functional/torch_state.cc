@@ -1,5 +1,8 @@
 #include "optim/functional/torch_state.h"
 
+#include <memory>
+#include <vector>
+
 #include "checkpoint/optimizer_state_dict.h"
 #include "optim/functional/adapter.h"
 #include "optim/functional/registry.h"
@@ -45,7 +48,9 @@ void load_torch_optim_state_dict(torch::optim::Optimizer& optimizer,
   TORCH_CHECK(twin != nullptr,
               "load_torch_optim_state_dict: unsupported optimizer (SGD, Adam, AdamW, Adagrad, "
               "RMSprop are)");
+  // Everything is built first, so that a refused group or entry leaves the optimizer as it was.
   std::remove_reference_t<decltype(optimizer.state())> loaded;
+  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> options(sd->param_groups.size());
   for (size_t gi = 0; gi < sd->param_groups.size(); ++gi) {
     const checkpoint::ParamGroup& group = sd->param_groups[gi];
     auto& target = optimizer.param_groups()[gi];
@@ -53,8 +58,10 @@ void load_torch_optim_state_dict(torch::optim::Optimizer& optimizer,
                 "load_torch_optim_state_dict: group ", gi, " has ", group.params.size(),
                 " parameters in the state dict and ", target.params().size(), " in the optimizer");
     if (target.has_options()) {
-      if (const TorchTwin* own = twin_of(target.options()))
-        own->apply_options(target.options(), group.options);
+      if (const TorchTwin* own = twin_of(target.options())) {
+        options[gi] = target.options().clone();
+        own->apply_options(*options[gi], group.options);
+      }
     }
     for (size_t i = 0; i < group.params.size(); ++i) {
       auto it = sd->state.find(group.params[i]);
@@ -62,6 +69,9 @@ void load_torch_optim_state_dict(torch::optim::Optimizer& optimizer,
       const at::Tensor& p = target.params()[i];
       loaded[param_state_key(p)] = twin->state_from_entry(it->second, p, group.params[i]);
     }
+  }
+  for (size_t gi = 0; gi < options.size(); ++gi) {
+    if (options[gi]) optimizer.param_groups()[gi].set_options(std::move(options[gi]));
   }
   optimizer.state() = std::move(loaded);
 }

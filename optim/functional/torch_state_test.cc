@@ -1,5 +1,7 @@
 #include "optim/functional/torch_state.h"
 
+#include <cmath>
+
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -11,6 +13,7 @@
 
 #include "optim/functional/optimizers.h"
 #include "optim/functional/registry.h"
+#include "optim/libtorch_compat.h"
 
 namespace dtrain::optim {
 namespace {
@@ -101,6 +104,77 @@ TEST(TorchStateTest, MismatchedGroupsAreAnError) {
     EXPECT_THAT(e.what_without_backtrace(),
                 ::testing::HasSubstr("group 0 has 2 parameters in the state dict and 1"));
   }
+}
+
+// A param group whose math LibTorch's optimizer cannot follow (maximize=True; AdamW's decoupled
+// weight decay given to Adam) is refused, naming the key, and the optimizer keeps its options and
+// state: nothing is applied before everything is checked.
+TEST(TorchStateTest, LoadRefusesMathLibTorchCannotRun) {
+  std::vector<at::Tensor> p = {at::ones({2}).requires_grad_()};
+  torch::optim::Adam adam(p, torch::optim::AdamOptions(0.5));
+  p[0].mutable_grad() = at::ones({2});
+  adam.step();
+  auto lr_of = [&] {
+    return static_cast<const torch::optim::AdamOptions&>(adam.param_groups()[0].options()).lr();
+  };
+  auto expect_refused = [&](const c10::IValue& sd, const std::string& what) {
+    try {
+      load_torch_optim_state_dict(adam, sd);
+      ADD_FAILURE() << "accepted " << what;
+    } catch (const c10::Error& e) {
+      EXPECT_THAT(e.what_without_backtrace(), ::testing::HasSubstr(what));
+    }
+    EXPECT_EQ(lr_of(), 0.5);
+    EXPECT_EQ(adam.state().size(), 1u);
+  };
+  OptionsDict maximize = new_options_dict();
+  maximize.insert("lr", 0.1);
+  maximize.insert("maximize", true);
+  FunctionalAdam up({at::ones({2})}, AdamOptions());
+  up.set_options(maximize);
+  expect_refused(up.state_dict(), "maximize=True, which torch::optim::Adam cannot run");
+  if constexpr (kAdamHasDecoupledWeightDecay) {
+    FunctionalAdamW adamw({at::ones({2})}, AdamWOptions().lr(0.1));
+    expect_refused(adamw.state_dict(),
+                   "decoupled_weight_decay=True, which torch::optim::Adam cannot run");
+  }
+  // The same dicts with the value LibTorch has load.
+  maximize.insert_or_assign("maximize", false);
+  up.set_options(maximize);
+  load_torch_optim_state_dict(adam, up.state_dict());
+  EXPECT_EQ(lr_of(), 0.1);
+}
+
+// A "step" that is no step count is refused, naming the parameter, whatever its form.
+TEST(TorchStateTest, LoadRefusesABadStep) {
+  std::vector<at::Tensor> p = {at::ones({2}).requires_grad_()};
+  torch::optim::Adam adam(p, torch::optim::AdamOptions());
+  p[0].mutable_grad() = at::ones({2});
+  adam.step();
+  const c10::IValue good = torch_optim_state_dict(adam);
+  const std::vector<std::pair<c10::IValue, std::string>> bad = {
+      {at::scalar_tensor(std::nan(""), at::kFloat), "is nan"},
+      {at::scalar_tensor(-3.0, at::kFloat), "is -3"},
+      {at::scalar_tensor(1.5, at::kFloat), "is 1.5"},
+      {1e300, "is 1e+300"},
+      {int64_t{-1}, "is -1"},
+      {at::zeros({2}), "is not a number (a tensor of shape [2])"},
+      {c10::IValue("7"), "is not a number (String)"},
+  };
+  for (const auto& [step, what] : bad) {
+    SCOPED_TRACE(what);
+    c10::IValue sd = good.deepcopy();
+    sd.toGenericDict().at("state").toGenericDict().at(0).toGenericDict().insert_or_assign("step",
+                                                                                          step);
+    try {
+      load_torch_optim_state_dict(adam, sd);
+      ADD_FAILURE() << "accepted";
+    } catch (const c10::Error& e) {
+      EXPECT_THAT(e.what_without_backtrace(),
+                  ::testing::HasSubstr("state 'step' of parameter 0 " + what));
+    }
+  }
+  load_torch_optim_state_dict(adam, good);
 }
 
 }  // namespace

@@ -8,11 +8,16 @@
 //   OptionsDict d = twin->options_to_dict(optimizer.defaults());     // {"lr": ..., "betas": ...}
 //   c10::impl::GenericDict entry = twin->state_to_entry(*param_state);   // {"step", "exp_avg", ...}
 //
-// Guarantees: entries are PyTorch's -- the keys, their order and the "step" kind (a float32
-// 0-dim tensor for Adam, AdamW and Adagrad, an int for RMSprop, none for SGD, whose
-// "momentum_buffer" is None when it has no buffer) -- so a LibTorch optimizer's state loads into
-// its functional twin and into Python's optimizer, and back. Thread safety: the table is built
-// once and never changes.
+// Guarantees: option dicts and entries are PyTorch's, for the PyTorch of the LibTorch built
+// against. options_to_dict writes every key torch.optim's optimizer of that name puts in a
+// param_group -- LibTorch's options under PyTorch's names, and PyTorch's keys LibTorch has no
+// field for with the value that says what LibTorch does: maximize, capturable and differentiable
+// False, foreach and fused None, and (2.7+, whose Adam and AdamW carry it) decoupled_weight_decay
+// False for Adam, True for AdamW. Entries have PyTorch's keys and "step" kind: a float32 0-dim
+// tensor for Adam, AdamW, Adagrad and RMSprop, none for SGD (whose state, as PyTorch 2.x's, exists
+// only with momentum). optim/functional/state_keys_test compares both with what the installed
+// PyTorch writes. So a LibTorch optimizer's state loads into its functional twin and into
+// Python's optimizer, and back. Thread safety: the table is built once and never changes.
 #ifndef DTRAIN_OPTIM_FUNCTIONAL_TORCH_TWINS_H_
 #define DTRAIN_OPTIM_FUNCTIONAL_TORCH_TWINS_H_
 
@@ -39,15 +44,18 @@ struct TorchTwin {
   // REQUIRES owns_options(options): every option under PyTorch's name, in PyTorch's order.
   std::function<OptionsDict(const torch::optim::OptimizerOptions& options)> options_to_dict;
   // REQUIRES owns_options(options): the keys of `dict` this optimizer has are applied (ints taken
-  // as floats), the others ignored.
+  // as floats), the others ignored -- except a key that changes the math LibTorch cannot follow:
+  // maximize=True, or decoupled_weight_decay other than the optimizer's (True for AdamW, False
+  // for the rest) is an error (c10::Error naming the key; use the functional twin).
   std::function<void(torch::optim::OptimizerOptions& options, const OptionsDict& dict)>
       apply_options;
   // REQUIRES owns_state(state): PyTorch's state entry (name -> tensor | int | None).
   std::function<c10::impl::GenericDict(const torch::optim::OptimizerParamState& state)>
       state_to_entry;
   // The LibTorch state of `param` from PyTorch's entry (a missing or None tensor stays undefined;
-  // "step" may be an int, a float or a tensor). Errors (c10::Error): a tensor whose shape is not
-  // the parameter's, naming the state key and `index`.
+  // "step" may be an int, a float or a one-element tensor). Errors (c10::Error): a tensor whose
+  // shape is not the parameter's, naming the state key and `index`; a "step" that is not a whole
+  // number from 0 to 2^53.
   std::function<std::unique_ptr<torch::optim::OptimizerParamState>(
       const c10::impl::GenericDict& entry, const at::Tensor& param, int64_t index)>
       state_from_entry;
