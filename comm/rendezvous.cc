@@ -160,17 +160,18 @@ absl::Status store_error(const std::exception& e, const std::string& master,
   const std::string lower = absl::AsciiStrToLower(what);
   if (absl::StrContains(lower, "waiting for clients")) {
     // LibTorch 2.x: the master's store waits for every rank to connect before returning.
-    return absl::DeadlineExceededError(absl::StrCat(
-        "rendezvous on master ", master, ": not every rank connected within ", timeout.count(),
-        " ms: check that every rank started with the same MASTER_ADDR, MASTER_PORT and "
-        "WORLD_SIZE (",
-        first_line, ")"));
+    return absl::DeadlineExceededError(
+        absl::StrCat("rendezvous on master ", master, ": not every rank connected within ",
+                     seconds_text(timeout),
+                     ": check that every rank started with the same MASTER_ADDR, MASTER_PORT and "
+                     "WORLD_SIZE (",
+                     first_line, ")"));
   }
   if (is_timeout_message(what)) {
     // The client reached the master's port (wait_for_listener) but got no answer in time.
     return absl::DeadlineExceededError(absl::StrCat(
-        "rendezvous with master ", master, " did not complete within ", timeout.count(),
-        " ms: something accepts "
+        "rendezvous with master ", master, " did not complete within ", seconds_text(timeout),
+        ": something accepts "
         "connections there but does not answer as a c10d store; ",
         kCheckRank0,
         " and that no other program "
@@ -310,8 +311,8 @@ absl::StatusOr<Rendezvous> rendezvous(const InitOptions& o) {
   if (!store.ok()) {
     if (absl::IsDeadlineExceeded(store.status())) {
       return absl::DeadlineExceededError(
-          absl::StrCat(store.status().message(), " (rendezvous timeout ", timeout.count(),
-                       " ms): something accepts connections on ", master,
+          absl::StrCat(store.status().message(), " (rendezvous timeout ", seconds_text(timeout),
+                       "): something accepts connections on ", master,
                        " but does not answer as a c10d store; ", kCheckRank0,
                        " and that no other program listens on "
                        "MASTER_PORT"));
@@ -345,11 +346,11 @@ absl::StatusOr<Rendezvous> rendezvous(const InitOptions& o) {
   if (!arrived.ok()) {
     if (absl::IsDeadlineExceeded(arrived.status()) &&
         absl::StartsWith(arrived.status().message(), waiting)) {
-      return absl::DeadlineExceededError(absl::StrCat(arrived.status().message(),
-                                                      " (rendezvous timeout ", timeout.count(),
-                                                      " ms + 1 s): the c10d store that "
-                                                      "rank 0 serves stopped answering; ",
-                                                      kCheckRank0));
+      return absl::DeadlineExceededError(
+          absl::StrCat(arrived.status().message(), " (rendezvous timeout ", seconds_text(timeout),
+                       " + 1 s): the c10d store that "
+                       "rank 0 serves stopped answering; ",
+                       kCheckRank0));
     }
     return arrived.status();
   }

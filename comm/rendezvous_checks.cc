@@ -90,8 +90,8 @@ absl::Status wait_for_listener(const std::string& host, int port, Deadline deadl
   const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
       std::chrono::steady_clock::now() - start);
   return absl::DeadlineExceededError(absl::StrCat("cannot reach the master ", host, ":", port,
-                                                  " within ", waited.count(),
-                                                  " ms: ", cause(last)));
+                                                  " within ", seconds_text(waited), ": ",
+                                                  cause(last)));
 }
 
 absl::Status check_arrivals(c10d::Store& store, int rank, int world_size, Deadline deadline,

@@ -28,6 +28,12 @@ namespace dtrain::comm {
 
 using Deadline = std::chrono::steady_clock::time_point;
 
+// A duration for a message, in seconds to a tenth: "20 s" (also for 19999 ms, what a 20 s
+// deadline measures from a moment after it was set), "0.4 s", "1.5 s".
+inline std::string seconds_text(std::chrono::milliseconds d) {
+  return absl::StrCat(static_cast<double>((d.count() + 50) / 100) / 10, " s");
+}
+
 // Returns once a TCP connection to host:port succeeds (it is closed again at once), retrying until
 // `deadline`. DeadlineExceeded naming host:port and the last error ("connection refused: nothing
 // listens there yet", "no route to host", "timed out"); InvalidArgument when the host does not
@@ -35,8 +41,8 @@ using Deadline = std::chrono::steady_clock::time_point;
 absl::Status wait_for_listener(const std::string& host, int port, Deadline deadline);
 
 // Runs fn() on a helper thread and waits for it until `deadline`. When fn() has not returned by
-// then, returns DeadlineExceeded("<what> did not finish within N ms"), N being how long this call
-// waited, and abandons the thread (detached, still holding what fn captured by value: capture by
+// then, returns DeadlineExceeded("<what> did not finish within N s"), N being how long this call
+// waited (seconds_text), and abandons the thread (detached, still holding what fn captured by value: capture by
 // value or shared_ptr only); callers add what to check. An exception from fn() is returned as
 // Unavailable with its message.
 template <typename T>
@@ -56,7 +62,7 @@ absl::StatusOr<T> run_with_deadline(std::function<absl::StatusOr<T>()> fn, Deadl
     const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
         std::chrono::steady_clock::now() - start);
     return absl::DeadlineExceededError(
-        absl::StrCat(what, " did not finish within ", waited.count(), " ms"));
+        absl::StrCat(what, " did not finish within ", seconds_text(waited)));
   }
   return result.get();
 }

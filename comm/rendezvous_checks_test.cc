@@ -9,6 +9,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <future>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -122,7 +124,7 @@ TEST(RendezvousChecksTest, NothingListeningIsRefusedNotAHang) {
       wait_for_listener("127.0.0.1", port, Clock::now() + std::chrono::milliseconds(700));
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(std::string(s.message()), HasSubstr("connection refused: nothing listens there"));
-  EXPECT_LT(seconds_since(t0), 3);
+  EXPECT_LT(seconds_since(t0), 7);  // 10x the deadline: a loaded machine cannot miss it
   SilentListener l;
   EXPECT_TRUE(wait_for_listener("127.0.0.1", l.port, Clock::now() + std::chrono::seconds(2)).ok());
   EXPECT_EQ(
@@ -137,7 +139,7 @@ TEST(RendezvousChecksTest, AMasterPortThatAcceptsAndNeverAnswersEndsByTheDeadlin
   const auto t0 = Clock::now();
   auto g = init_process_group(tcp(l.port, 1, 2, std::chrono::milliseconds(1500)));
   EXPECT_EQ(g.status().code(), absl::StatusCode::kDeadlineExceeded) << g.status();
-  EXPECT_LT(seconds_since(t0), 6) << g.status();
+  EXPECT_LT(seconds_since(t0), 15) << g.status();  // 10x the timeout
   // Issue 29: it said "did not finish by its deadline (0 ms ago)" and suggested only another
   // program on MASTER_PORT; a stopped rank 0 looks the same (its kernel still accepts).
   const std::string message(g.status().message());
@@ -170,31 +172,43 @@ TEST(RendezvousChecksTest, AStoreThatStopsAnsweringSaysHowLongItWaitedAndWhatToC
   auto g = init_process_group(o);
   freezer.join();
   EXPECT_EQ(g.status().code(), absl::StatusCode::kDeadlineExceeded) << g.status();
-  EXPECT_LT(seconds_since(t0), 10) << g.status();
+  EXPECT_LT(seconds_since(t0), 30) << g.status();  // 10x the deadline
   const std::string message(g.status().message());
-  // Usually "rendezvous on ...: waiting for the c10d store did not finish within N ms (rendezvous
-  // timeout 2000 ms + 1 s): the c10d store that rank 0 serves stopped answering; check that rank
+  // Usually "rendezvous on ...: waiting for the c10d store did not finish within 3 s (rendezvous
+  // timeout 2 s + 1 s): the c10d store that rank 0 serves stopped answering; check that rank
   // 0 ..."; on a slow machine the freeze may come while connecting, which says the same.
   EXPECT_THAT(message, HasSubstr(" did not finish within "));
-  EXPECT_THAT(message, HasSubstr("rendezvous timeout 2000 ms"));
+  EXPECT_THAT(message, HasSubstr("rendezvous timeout 2 s"));
   EXPECT_THAT(message, HasSubstr(kCheckRank0));
   EXPECT_THAT(message, Not(HasSubstr("ms ago")));
 }
 
 TEST(RendezvousChecksTest, RunWithDeadlineSaysHowLongItWaited) {
+  // fn() is held until run_with_deadline has returned: it returns at the deadline, not when fn()
+  // does (order, not a time bound), and says how long it waited, in seconds.
+  auto release = std::make_shared<std::promise<void>>();
+  std::shared_future<void> released = release->get_future().share();
   absl::StatusOr<int> r = run_with_deadline<int>(
-      []() -> absl::StatusOr<int> {
-        std::this_thread::sleep_for(std::chrono::seconds(2));
+      [released]() -> absl::StatusOr<int> {
+        released.wait();
         return 1;
       },
       Clock::now() + std::chrono::milliseconds(400), "the step");
+  release->set_value();
   EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded) << r.status();
   const std::string message(r.status().message());
-  int waited = -1;
-  ASSERT_EQ(std::sscanf(message.c_str(), "the step did not finish within %d ms", &waited), 1)
+  double waited = -1;
+  ASSERT_EQ(std::sscanf(message.c_str(), "the step did not finish within %lf s", &waited), 1)
       << message;
-  EXPECT_GE(waited, 390) << message;
-  EXPECT_LT(waited, 1900) << message;
+  EXPECT_GE(waited, 0.4) << message;  // never before the deadline
+}
+
+TEST(RendezvousChecksTest, SecondsTextRoundsToATenth) {
+  EXPECT_EQ(seconds_text(std::chrono::milliseconds(19999)), "20 s");  // a 20 s deadline, measured
+  EXPECT_EQ(seconds_text(std::chrono::milliseconds(20000)), "20 s");
+  EXPECT_EQ(seconds_text(std::chrono::milliseconds(1549)), "1.5 s");
+  EXPECT_EQ(seconds_text(std::chrono::milliseconds(400)), "0.4 s");
+  EXPECT_EQ(seconds_text(std::chrono::milliseconds(0)), "0 s");
 }
 
 // A MASTER_PORT in use is one error, with nothing from c10d's logging before it (issue 29: four
@@ -218,7 +232,9 @@ TEST(RendezvousChecksTest, ALoneRankZeroNamesTheMissingRanksWithinItsTimeout) {
   auto g = init_process_group(tcp(testing::free_port(), 0, 3, std::chrono::milliseconds(1500)));
   EXPECT_EQ(g.status().code(), absl::StatusCode::kDeadlineExceeded) << g.status();
   EXPECT_THAT(std::string(g.status().message()), HasSubstr("ranks 1, 2 of 3 never arrived"));
-  EXPECT_LT(seconds_since(t0), 4);  // one timeout, not two
+  // One timeout, not a hang (10x it: a bound a loaded machine cannot miss); the missing ranks are
+  // named, which only the arrival check (the first deadline) does.
+  EXPECT_LT(seconds_since(t0), 15);
 }
 
 TEST(RendezvousChecksTest, WorldSizeMismatchIsNamed) {
@@ -250,11 +266,12 @@ TEST(RendezvousChecksTest, EveryRankOfAWorldSizeMismatchNamesTheCause) {
   const auto t0 = Clock::now();
   for (int r = 0; r < 3; ++r) {
     ranks.emplace_back([&, r] {
-      out[r] = init_process_group(tcp(port, r, worlds[r], std::chrono::seconds(20))).status();
+      out[r] = init_process_group(tcp(port, r, worlds[r], std::chrono::seconds(120))).status();
     });
   }
   for (auto& t : ranks) t.join();
-  EXPECT_LT(seconds_since(t0), 10) << "a rank waited for its timeout instead of failing at once";
+  // At once: well under the 120 s timeout, with a margin a loaded machine cannot use up.
+  EXPECT_LT(seconds_since(t0), 60) << "a rank waited for its timeout instead of failing at once";
   const char* expected[3] = {"this rank (RANK=0) has WORLD_SIZE=3 but rank 1 has WORLD_SIZE=2",
                              "this rank (RANK=1) has WORLD_SIZE=2 but rank 0 has WORLD_SIZE=3",
                              "this rank (RANK=2) has WORLD_SIZE=3 but rank 1 has WORLD_SIZE=2"};
@@ -271,13 +288,13 @@ TEST(RendezvousChecksTest, EveryRankOfAWorldSizeMismatchNamesTheCause) {
 // and so is the rank that has not arrived.
 TEST(RendezvousChecksTest, AWorldSizeMismatchNamesTheRanksNotArrived) {
   auto store = c10::make_intrusive<c10d::HashStore>();
-  const Deadline d = Clock::now() + std::chrono::seconds(20);
+  const Deadline d = Clock::now() + std::chrono::seconds(120);
   absl::Status zero, one;
   const auto t0 = Clock::now();
   std::thread first([&] { zero = check_arrivals(*store, 0, 3, d, "test"); });
   one = check_arrivals(*store, 1, 4, d, "test");  // rank 2 never comes
   first.join();
-  EXPECT_LT(seconds_since(t0), 10);
+  EXPECT_LT(seconds_since(t0), 60);  // at once, not at the 120 s deadline
   EXPECT_EQ(zero.code(), absl::StatusCode::kInvalidArgument) << zero;
   EXPECT_THAT(
       std::string(zero.message()),
