@@ -392,7 +392,8 @@ TEST(HarnessTest, HungCollectiveFailsWithinTimeout) {
                               },
                               testing::HarnessOptions{std::chrono::seconds(2)}),
                           "rank 0: ");
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+  // Not a hang: rank 1's 4 s, 10x over, a bound a loaded machine cannot miss.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(40));
 }
 
 TEST(HarnessTest, ThrowingRankIsReported) {

@@ -115,7 +115,8 @@ def link_cut():
         c.cut(1)
         cut_at = time.time()
         ended = [None, None]
-        while None in ended and time.time() < cut_at + 90:
+        # --timeout_s + 12 s (about 20 s) on a quiet machine; 240 s: 10x that, for a loaded one.
+        while None in ended and time.time() < cut_at + 240:
             for h, p in enumerate(procs):
                 if ended[h] is None and p.poll() is not None:
                     ended[h] = time.time() - cut_at
@@ -125,7 +126,7 @@ def link_cut():
             ended[0], procs[0].poll(), ended[1], procs[1].poll()), flush=True)
         for h in range(2):
             if ended[h] is None:
-                fail("host %d still running 90 s after its link was cut:\n%s" % (h, text[h][-2000:]))
+                fail("host %d still running 240 s after its link was cut:\n%s" % (h, text[h][-2000:]))
             elif procs[h].returncode == 0:
                 fail("host %d exited 0 after its link was cut" % h)
         print("host 0's last lines:\n" + "\n".join(text[0].splitlines()[-4:]), flush=True)

@@ -57,7 +57,8 @@ campaign() {  # name, extra flags...
 campaign single --hook=allreduce
 campaign powersgd --hook=powersgd --powersgd_start_iter=15  # compressing from step 15 of 60
 campaign sharded --sharded_checkpoint --zero=flat
-# A stopped rank (SIGSTOP) is reported within --timeout_s plus the heartbeat check, naming it.
+# A stopped rank (SIGSTOP) ends the job, naming it (README: within --timeout_s plus the heartbeat
+# check, about 11 s here; the bound below is 10x that, so that a loaded machine cannot miss it).
 "$TRAIN" --steps=100000 --log_every=1 --hidden=32 --batch_size=16 --checkpoint_dir= --timeout_s=5 \
   >"$TMP/stop.log" 2>&1 &
 launcher=$!
@@ -77,10 +78,10 @@ if [[ -z "$rank1" ]]; then
 else
   start=$SECONDS
   kill -STOP "$rank1"
-  for _ in $(seq 1 60); do kill -0 "$launcher" 2>/dev/null || break; sleep 1; done
+  for _ in $(seq 1 150); do kill -0 "$launcher" 2>/dev/null || break; sleep 1; done
   took=$((SECONDS - start))
   kill -CONT "$rank1" 2>/dev/null; kill -9 "$launcher" 2>/dev/null; wait "$launcher" 2>/dev/null
-  if grep -q "rank 1 stopped responding" "$TMP/stop.log" && [[ $took -le 40 ]]; then
+  if grep -q "rank 1 stopped responding" "$TMP/stop.log" && [[ $took -le 120 ]]; then
     echo "stopped rank 1: the job ended in ${took} s naming it: $(grep -o 'rank 1 stopped responding[^:]*' "$TMP/stop.log" | head -1)"
   else
     echo "FAIL: stopped rank 1: after ${took} s: $(tail -5 "$TMP/stop.log")"; other=$((other + 1))

@@ -34,7 +34,8 @@ TEST(RpcTest, StrayAddsToTheStoreCannotWedgeShutdown) {
   const auto start = std::chrono::steady_clock::now();
   run_workers(
       {"w0", "w1", "w2"}, [](Worker&) {}, std::chrono::seconds(5), nullptr, store);
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 30);
+  // 10x the 5 s timeout: a wedged shutdown fails, a loaded machine does not.
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 50);
 }
 
 TEST(RpcTest, CallsErrorsAndMalformedMessages) {
@@ -350,7 +351,8 @@ TEST(RpcTest, ShutdownDoesNotNeedTheRendezvousStore) {
         EXPECT_THAT(std::string(r.status().message()), HasSubstr("dtrain.test.nothing_registered"));
       },
       std::chrono::seconds(10), nullptr, store);
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+  // 10x the 10 s timeout: a wedged shutdown fails, a loaded machine does not.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(100));
 }
 
 TEST(RpcTest, ConcurrentClientsGiveTheResultOfSomeSerialOrder) {
@@ -392,6 +394,10 @@ TEST(RpcTest, ConcurrentClientsGiveTheResultOfSomeSerialOrder) {
 }
 
 TEST(RpcTest, AnOwnerThatDoesNotAnswerFailsTheStepWithinTheTimeout) {
+  // The owner's update is held until the trainer's step() has returned: the step fails by its
+  // timeout while the owner still works (order, not a time bound a loaded machine could miss).
+  static std::atomic<bool> release{false};
+  release = false;
   optim::FunctionalRegistry::global().register_optimizer(
       "Sleepy", [](std::vector<at::Tensor> p, const optim::OptionsDict&) {
         struct Sleepy : optim::FunctionalSGD {
@@ -399,7 +405,7 @@ TEST(RpcTest, AnOwnerThatDoesNotAnswerFailsTheStepWithinTheTimeout) {
               : optim::FunctionalSGD(std::move(p), optim::SGDOptions(0.1)) {}
           std::string name() const override { return "Sleepy"; }
           void update_all(const std::vector<at::Tensor>&) override {
-            std::this_thread::sleep_for(std::chrono::seconds(4));
+            while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
           }
         };
         return std::unique_ptr<optim::FunctionalOptimizer>(std::make_unique<Sleepy>(std::move(p)));
@@ -413,15 +419,12 @@ TEST(RpcTest, AnOwnerThatDoesNotAnswerFailsTheStepWithinTheTimeout) {
         ASSERT_TRUE(opt.ok()) << opt.status();
         GradientContext ctx(w.agent);
         ASSERT_TRUE(ctx.send({p}, {torch::ones({3})}).ok());
-        const auto t0 = std::chrono::steady_clock::now();
         absl::Status s = (*opt)->step(ctx.id());
-        const double seconds =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        release = true;  // the owner finishes its update only now
         EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
         EXPECT_THAT(std::string(s.message()), HasSubstr("'ps1'"));
-        EXPECT_LT(seconds, 3.0);
         std::this_thread::sleep_for(
-            std::chrono::seconds(3));  // let the owner finish before shutdown
+            std::chrono::seconds(1));  // let the owner finish before shutdown
       },
       std::chrono::seconds(1));
 }
@@ -459,7 +462,7 @@ TEST(RpcTest, ADeadOwnerFailsTheStepWithinTheTimeout) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     EXPECT_FALSE(s.ok());
     EXPECT_THAT(std::string(s.message()), HasSubstr("'ps1'"));
-    EXPECT_LT(seconds, 6.0);
+    EXPECT_LT(seconds, 50.0);  // 10x the 5 s timeout: a bound a loaded machine cannot miss
     std::_Exit(::testing::Test::HasFailure() ? 1 : 0);  // no collective shutdown: the peer is gone
   });
 }

@@ -53,9 +53,11 @@ def mbits(c, src, dst, mb):
 
 
 def expect_rate(what, got, limit):
+    # The shaping caps the rate (1.15x: a loaded machine only sends slower); the floor, 0.1x the
+    # limit, is 10x under what a quiet machine reaches (about the limit), so load cannot miss it.
     print("%s: %.1f Mbit/s (shaped to %.0f)" % (what, got, limit), flush=True)
-    if not 0.5 * limit <= got <= 1.15 * limit:
-        fail("%s: %.1f Mbit/s, outside [0.5, 1.15] x %.0f" % (what, got, limit))
+    if not 0.1 * limit <= got <= 1.15 * limit:
+        fail("%s: %.1f Mbit/s, outside [0.1, 1.15] x %.0f" % (what, got, limit))
 
 
 def expect_gone(prefix, procs=()):
@@ -109,7 +111,7 @@ def main():
     # The command-line tool: SIGTERM mid-run tears everything down.
     tool = subprocess.Popen([sys.executable, os.path.join(HERE, "netns_cluster.py"), "--hosts=3", "--", "sleep", "600"])
     prefix = "dtc%d-" % tool.pid
-    for _ in range(100):
+    for _ in range(300):  # up to 30 s (was 10 s), for a loaded machine
         if len(netns_cluster.leftovers(prefix)) == 4:
             break
         time.sleep(0.1)
