@@ -112,7 +112,13 @@ absl::Status save_sharded(const comm::Group& group, const std::string& dir,
   c10::IValue id{std::string()};
   if (group.rank() == 0)
     id = absl::StrFormat("%016x", std::random_device{}() * 4294967296ULL + std::random_device{}());
-  if (absl::Status s = comm::broadcast_object(group, id, 0); !s.ok()) return s;
+  // A transport failure names this rank and the step of the save it was in.
+  auto on_rank = [&](const absl::Status& s, const char* step) {
+    return absl::Status(s.code(), absl::StrCat("save_sharded(", dir, ") on rank ", group.rank(),
+                                               ", ", step, ": ", s.message()));
+  };
+  if (absl::Status s = comm::broadcast_object(group, id, 0); !s.ok())
+    return on_rank(s, "receiving the save's id from rank 0");
 
   // 2. This rank's shard, in parallel with the others.
   absl::Status written = absl::OkStatus();
@@ -137,7 +143,10 @@ absl::Status save_sharded(const comm::Group& group, const std::string& dir,
   // 3. Rank 0 collects every rank's outcome and description, commits, and tells everyone.
   if (!written.ok()) report.error = absl::StrCat("rank ", group.rank(), ": ", written.ToString());
   absl::StatusOr<std::vector<c10::IValue>> reports = comm::gather_object(group, report.encode(), 0);
-  if (!reports.ok()) return reports.status();
+  if (!reports.ok()) {
+    return on_rank(reports.status(), group.rank() == 0 ? "gathering every rank's outcome"
+                                                       : "sending its outcome to rank 0");
+  }
   absl::Status verdict;
   auto failed = [&](const std::string& why) {
     return absl::UnavailableError(
@@ -190,7 +199,13 @@ absl::Status save_sharded(const comm::Group& group, const std::string& dir,
       }
     }
   }
-  return comm::share_verdict(group, verdict, 0);
+  absl::Status shared = comm::share_verdict(group, verdict, 0);
+  // Rank 0's verdict names the save; anything else is the transport's failure.
+  if (!shared.ok() && !absl::StartsWith(shared.message(), "save_sharded(")) {
+    return on_rank(shared,
+                   group.rank() == 0 ? "sending the verdict" : "receiving rank 0's verdict");
+  }
+  return shared;
 }
 
 namespace {

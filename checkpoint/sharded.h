@@ -61,7 +61,9 @@ struct ShardedInfo {
 // Tensors may live on a GPU (the files record them as on the CPU: checkpoint/torch_file_writer.h);
 // the only collectives are object collectives, which run on the group's device.
 // Errors: the first failing rank's I/O error, on every rank; InvalidArgument for a range that
-// does not fit its shape or tensors that do not match their range.
+// does not fit its shape or tensors that do not match their range; a collective's failure (a rank
+// that stopped or lost its link: Unavailable, DeadlineExceeded) as "save_sharded(<dir>) on rank
+// <R>, <the step it was in>: <the transport's error>".
 absl::Status save_sharded(const comm::Group& group, const std::string& dir,
                           const ShardedState& mine, const std::string& strategy);
 

@@ -13,11 +13,14 @@
 namespace dtrain::comm {
 namespace {
 
-// The collective's failure: a timeout asks whether every rank made the call.
+// The collective's failure: a timeout says what keeps a peer from answering (callers that run
+// heartbeats, such as examples:train, name the rank).
 absl::Status transport_error(const char* op) {
   absl::Status s = current_exception_status(absl::StatusCode::kUnavailable, op);
   if (!absl::IsDeadlineExceeded(s)) return s;
-  return absl::DeadlineExceededError(absl::StrCat(s.message(), " (did every rank call ", op, "?)"));
+  return absl::DeadlineExceededError(
+      absl::StrCat(s.message(), " (a rank did not take part: it did not call ", op,
+                   ", or it stopped, crashed or lost its link)"));
 }
 
 // The object's pickle as a byte tensor on `device` (the group's: NCCL refuses CPU tensors).
