@@ -12,9 +12,9 @@
 //   c10::IValue saved = state->state_dict();   // CPU tensors, for checkpoint::save_state
 //   ...   // later, a state constructed with the same settings (PyTorch #75666), on every rank:
 //   PowerSGDExpected expected{.iter = step, .buckets = powersgd_buckets(ddp), .file = file};
-//   absl::Status s = state->check_state_dict(*checkpoint::load_state(file), expected);
-//   ...   // the ranks agree on the verdict (comm::first_failure), then, when all are ok:
-//   state->load_state_dict(*checkpoint::load_state(file), expected);
+//   absl::StatusOr<c10::IValue> sd = checkpoint::load_state(file);
+//   absl::Status s = sd.ok() ? state->load_state_dict(*sd, expected) : sd.status();  // no collective
+//   s = comm::first_failure(group, s);   // the ranks agree before the first step's collectives
 //
 // The hook does its work when DDP hands it a bucket (the all-reduces run to completion there),
 // so it overlaps less with backward than the plain all-reduce does. Buckets may be on any device:

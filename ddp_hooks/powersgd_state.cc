@@ -304,16 +304,23 @@ absl::Status check_kept(const PowerSGDState& s, const Loaded& l) {
                                   " and ", l.q_memory.size(),
                                   " entries, expected none: warm_start is false"));
   }
-  for (const auto& [mine, other, key] : {std::tuple(&l.p_memory, &l.q_memory, "q_memory_dict"),
-                                         std::tuple(&l.q_memory, &l.p_memory, "p_memory_dict")}) {
+  // Warm start keeps a P and a Q memory for every bucket it compressed, in the bucket's dtype.
+  for (const auto& [mine, other, key, other_key] :
+       {std::tuple(&l.p_memory, &l.q_memory, "p_memory_dict", "q_memory_dict"),
+        std::tuple(&l.q_memory, &l.p_memory, "q_memory_dict", "p_memory_dict")}) {
     for (const auto& [b, t] : *mine) {
       auto it = other->find(b);
-      if (it != other->end() && it->second.scalar_type() == t.scalar_type()) continue;
-      return malformed(
-          absl::StrCat("'", key, "'[", b, "] is ",
-                       it == other->end() ? "missing" : c10::toString(it->second.scalar_type()),
-                       ", expected the ", c10::toString(t.scalar_type()),
-                       " Q and P memories of every bucket together (warm start keeps both)"));
+      if (it == other->end()) {
+        return malformed(absl::StrCat("'", key, "'[", b, "] has no '", other_key, "'[", b,
+                                      "] beside it, expected both memories of every bucket "
+                                      "(warm start keeps them together)"));
+      }
+      if (it->second.scalar_type() != t.scalar_type()) {
+        return malformed(absl::StrCat("'", key, "'[", b, "] is ", c10::toString(t.scalar_type()),
+                                      " but '", other_key, "'[", b, "] ",
+                                      c10::toString(it->second.scalar_type()),
+                                      ", expected both in the bucket's dtype"));
+      }
     }
   }
   // The hook compresses from iteration start_powerSGD_iter on: before it has run one, it keeps

@@ -162,8 +162,9 @@ TEST(PowerSGDStateCheckTest, EveryMemoryOfTheWrongLengthOrDtypeIsRefusedNamingKe
       // P alone in another dtype: the pair disagrees; both: the bucket does.
       const GenericDict p =
           with_entry(base, "p_memory_dict", 0, entry(base, "p_memory_dict", 0).to(dtype));
-      EXPECT_THAT(refused(g, p), HasSubstr("'q_memory_dict'[0] is Float, expected the " + name +
-                                           " Q and P memories of every bucket together"));
+      EXPECT_THAT(refused(g, p), HasSubstr("'p_memory_dict'[0] is " + name +
+                                           " but 'q_memory_dict'[0] Float, expected both in the "
+                                           "bucket's dtype"));
       EXPECT_THAT(
           refused(g, with_entry(p, "q_memory_dict", 0, entry(base, "q_memory_dict", 0).to(dtype))),
           HasSubstr("'p_memory_dict'[0] holds 12 " + name +
