@@ -1,11 +1,14 @@
-// The machinery of examples:powersgd_state_mutation_test (see its comment): a PowerSGD hook state
-// file written once per test process, a model whose buckets the hook runs on, a Checker that loads
-// each mutant as examples:train resumes a hook state and compares its next step with the
-// original's, and helpers that edit a state dict.
+// The machinery of examples:powersgd_state_mutation_test (see its comment): the two ranks' PowerSGD
+// hook state files, written once per test process, a model whose buckets the hook runs on, a
+// Checker that resumes each mutant as examples:train resumes a hook state -- on two ranks: rank 0
+// loads the mutant, rank 1 its own file, each checks its file against the model's buckets, the
+// ranks agree on the verdict before any collective, and only then run the next step together --
+// and compares that step with the original files', and helpers that edit a state dict.
 //
 //   sweep("PowerSGD state file", 500, [](const c10::IValue& base, Checker& s) {
 //     s.value("iter = 7", with(base, "iter", int64_t{7}));   // a checksum-valid mutant
 //     s.bytes("cut at 10", read_file(original_file()).substr(0, 10));
+//     s.hostile("p_memory_dict[0] of 5", with_memory(...), "'p_memory_dict'[0]");  // must be refused
 //   });
 #ifndef DTRAIN_EXAMPLES_POWERSGD_STATE_MUTATION_CHECKER_H_
 #define DTRAIN_EXAMPLES_POWERSGD_STATE_MUTATION_CHECKER_H_
@@ -30,11 +33,14 @@
 #include "absl/strings/match.h"
 #include "checkpoint/fuzz_support.h"
 #include "checkpoint/state_file.h"
+#include "comm/agreement.h"
 #include "comm/process_group.h"
 #include "ddp_hooks/powersgd_hook.h"
 
 namespace dtrain::examples::mutation {
 
+using ddp_hooks::PowerSGDBucket;
+using ddp_hooks::PowerSGDExpected;
 using ddp_hooks::PowerSGDHook;
 using ddp_hooks::PowerSGDState;
 using GenericDict = c10::impl::GenericDict;
@@ -65,7 +71,17 @@ class Model {
       params_.push_back(std::move(params));
     }
   }
-  size_t buckets() const { return params_.size(); }
+  size_t bucket_count() const { return params_.size(); }
+  // What examples:train passes the load (ddp_hooks::powersgd_buckets of its DDP engine).
+  std::vector<PowerSGDBucket> buckets() const {
+    std::vector<PowerSGDBucket> out;
+    for (const auto& params : params_) {
+      PowerSGDBucket b{{}, at::kFloat};
+      for (const auto& p : params) b.shapes.push_back(p.sizes().vec());
+      out.push_back(std::move(b));
+    }
+    return out;
+  }
 
   // Iteration `iter`'s gradients of `rank` in bucket `b` (fixed seeds).
   at::Tensor gradients(int rank, int iter, size_t b) const {
@@ -108,143 +124,77 @@ class Model {
   std::vector<std::vector<at::Tensor>> params_;
 };
 
-// Rank 0's state file after kSavedIter iterations on two ranks; written once per test process.
-const std::string& original_file();
+// Rank `rank`'s state file (hook-rank<rank>.pt) after kSavedIter iterations on two ranks; both
+// written once per test process.
+const std::string& original_file(int rank = 0);
 
 enum class Outcome {
-  kRefusedAtLoad,
-  kRefusedAtState,
-  kRefusedAtFirstUse,
+  kRefusedAtLoad,      // checkpoint::load_state refused the file
+  kRefusedAtState,     // PowerSGDState::load_state_dict refused it, before any collective
+  kRefusedAtFirstUse,  // the hook refused it at its first use (the other rank may be in a collective)
   kIdentical,
   kSameStep,
   kDifferent,
-  kBroken
+  kSilentNaN,  // loaded, and the next step trained non-finite numbers
+  kBroken      // an exception escaped, or the ranks disagreed
 };
+const char* name(Outcome o);
 
 std::string read_file(const std::string& path);
 
-// Writes mutants to `path`, loads each as examples:train resumes a hook state, runs the next step
-// and compares it with the original file's; counts the outcomes.
+// Writes mutants to `path` (rank 0 only), resumes each on two ranks as examples:train resumes a
+// hook state, runs the next step when both ranks' files were accepted and compares it with the
+// original files'; counts the outcomes. Every method is called by both ranks, in the same order.
 class Checker {
  public:
   Checker(comm::Group& group, std::string path) : group_(group), path_(std::move(path)) {}
 
-  // The original file's next step: what a mutant that loads must reproduce. False on failure.
-  bool init(const std::string& original) {
-    absl::StatusOr<c10::IValue> loaded = checkpoint::load_state(original);
-    auto state = make_state(group_);
-    const absl::Status s =
-        loaded.ok() ? state->load_state_dict(*loaded, kSavedIter) : loaded.status();
-    EXPECT_TRUE(s.ok()) << s;
-    if (!s.ok()) return false;
-    PowerSGDHook hook(state);
-    reference_ = model_.step(hook, 0, kSavedIter);
-    EXPECT_FALSE(reference_.error.has_value()) << reference_.error.value_or("");
-    reference_state_ = state->state_dict();
-    return !reference_.error.has_value();
-  }
+  // The original files' next step: what a mutant that loads must reproduce. False on failure.
+  bool init();
 
+  bool leader() const { return group_.rank() == 0; }
   const std::string& path() const { return path_; }
   int mutants() const { return mutants_; }
 
   void bytes(const std::string& what, const std::string& b) {
-    std::ofstream(path_, std::ios::binary | std::ios::trunc) << b;
+    if (leader()) std::ofstream(path_, std::ios::binary | std::ios::trunc) << b;
     record(what);
   }
   // A checksum-valid file holding `v`.
   void value(const std::string& what, const c10::IValue& v) {
-    const absl::Status s = checkpoint::save_state(path_, v);
-    if (s.ok()) record(what);
-    if (!s.ok()) ADD_FAILURE() << what << ": cannot write the mutant: " << s;
+    if (write(what, v)) record(what);
   }
+  // A checksum-valid file holding `v` that must be refused at load, in one line naming the file
+  // and `names` (the key, and the bucket where there is one): counted apart (report_hostile).
+  void hostile(const std::string& what, const c10::IValue& v, const std::string& names);
+  // A checksum-valid file holding `v` that PyTorch's hook semantics make a legal state (documented
+  // in ddp_hooks/powersgd_hook.h): it must load and train `expected` (finite numbers).
+  void legal(const std::string& what, const c10::IValue& v, Outcome expected);
+  // Writes `v` to path() (rank 0); false (a test failure) when it cannot.
+  bool write(const std::string& what, const c10::IValue& v);
 
-  void report(const std::string& title) {
-    std::cout << title << ": " << mutants_ << " mutants: " << counts_[Outcome::kRefusedAtLoad]
-              << " refused at load (checkpoint::load_state), " << counts_[Outcome::kRefusedAtState]
-              << " refused at state (load_state_dict), " << counts_[Outcome::kRefusedAtFirstUse]
-              << " refused at the hook's first use, " << counts_[Outcome::kIdentical]
-              << " identical, " << counts_[Outcome::kSameStep]
-              << " the same step (only counters, the RNG state or unused entries "
-              << "differ), " << counts_[Outcome::kDifferent] << " different, "
-              << counts_[Outcome::kBroken] << " broken\n";
-  }
+  void report(const std::string& title) const;
+  void report_hostile(const std::string& title) const;
+  int hostile_files() const { return hostile_files_; }
+  int hostile_refused() const { return hostile_refused_; }
 
-  // The file at path()'s outcome (not counted).
-  Outcome check(const std::string& what) {
-    absl::StatusOr<c10::IValue> loaded = checkpoint::load_state(path_);
-    if (!loaded.ok()) {
-      EXPECT_TRUE(absl::StrContains(loaded.status().message(), path_))
-          << what << ": " << loaded.status();
-      EXPECT_TRUE(absl::IsDataLoss(loaded.status()) || absl::IsInvalidArgument(loaded.status()))
-          << what << ": " << loaded.status();
-      return Outcome::kRefusedAtLoad;
-    }
-    std::shared_ptr<PowerSGDState> state = make_state(group_);
-    absl::Status s;
-    Model::Step next;
-    c10::IValue after;
-    try {
-      s = state->load_state_dict(*loaded, kSavedIter);
-      if (s.ok()) {
-        PowerSGDHook hook(state);
-        next = model_.step(hook, 0, kSavedIter);  // catches the hook's c10::Error
-        after = state->state_dict();
-      }
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << what << ": an exception escaped loading it or the step after: " << e.what();
-      return Outcome::kBroken;
-    }
-    if (!s.ok()) {
-      EXPECT_TRUE(absl::StartsWith(s.message(), "PowerSGD state: ")) << what << ": " << s;
-      EXPECT_TRUE(absl::IsDataLoss(s) || absl::IsInvalidArgument(s)) << what << ": " << s;
-      EXPECT_TRUE(state->iter == 0 && state->error_dict.empty() && state->p_memory_dict.empty() &&
-                  !state->rng_seeded)
-          << what << ": the refused load changed the state";
-      return Outcome::kRefusedAtState;
-    }
-    if (next.error.has_value()) {
-      const bool named = absl::StrContains(*next.error, "PowerSGDHook: the loaded state") &&
-                         !absl::StrContains(*next.error, "INTERNAL ASSERT");
-      if (named && next.failed_bucket_unchanged) return Outcome::kRefusedAtFirstUse;
-      ADD_FAILURE() << what << ": the step after loading it failed "
-                    << (named ? "after changing the bucket: " : "without naming the loaded state: ")
-                    << *next.error;
-      return Outcome::kBroken;
-    }
-    if (!same_step(next, after)) return Outcome::kDifferent;
-    return checkpoint::testing::same_values(after, reference_state_) ? Outcome::kIdentical
-                                                                     : Outcome::kSameStep;
-  }
+  // The outcome of path() on rank 0 (rank 1: its own file), not counted; `message` gets rank 0's
+  // refusal.
+  Outcome check(const std::string& what, std::string* message = nullptr);
 
  private:
   void record(const std::string& what) {
     const Outcome o = check(what);
     ++mutants_;
     ++counts_[o];
-    if (o == Outcome::kDifferent)
-      ADD_FAILURE() << what << ": loaded, and trains another next step than the original";
+    if (leader() && (o == Outcome::kDifferent || o == Outcome::kSilentNaN))
+      ADD_FAILURE() << what << ": loaded, and trains " << name(o);
   }
-
-  // The same averaged gradients, iter, and error / P / Q memories of every bucket after the step
-  // (the counters, the RNG state, which the step did not use, and entries for buckets the model
-  // does not have may differ).
-  bool same_step(const Model::Step& next, const c10::IValue& after) const {
-    for (size_t b = 0; b < model_.buckets(); ++b) {
-      if (!next.buffers[b].equal(reference_.buffers[b])) return false;
-    }
-    const GenericDict x = after.toGenericDict(), y = reference_state_.toGenericDict();
-    if (!checkpoint::testing::same_values(x.at("iter"), y.at("iter"))) return false;
-    for (const char* key : {"error_dict", "p_memory_dict", "q_memory_dict"}) {
-      const GenericDict mx = x.at(key).toGenericDict(), my = y.at(key).toGenericDict();
-      for (size_t b = 0; b < model_.buckets(); ++b) {
-        const c10::IValue index(static_cast<int64_t>(b));
-        if (mx.contains(index) != my.contains(index)) return false;
-        if (mx.contains(index) && !checkpoint::testing::same_values(mx.at(index), my.at(index)))
-          return false;
-      }
-    }
-    return true;
-  }
+  // Loads this rank's file into a fresh state; rank 0's message checked.
+  absl::Status load(const std::string& what, const std::string& file,
+                    std::shared_ptr<PowerSGDState>& state, Outcome& refused);
+  Outcome compare(const Model::Step& next, const c10::IValue& after) const;
+  bool same_step(const Model::Step& next, const c10::IValue& after) const;
 
   comm::Group& group_;
   const Model model_;
@@ -253,6 +203,8 @@ class Checker {
   c10::IValue reference_state_;
   int mutants_ = 0;
   std::map<Outcome, int> counts_;
+  int hostile_files_ = 0, hostile_refused_ = 0, legal_files_ = 0;
+  std::map<Outcome, int> hostile_counts_;
 };
 
 // `base` (a state dict) with `key` set to `value`, or without `key`.

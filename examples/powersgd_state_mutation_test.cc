@@ -1,13 +1,17 @@
 // Property: whatever happens to a PowerSGD hook state file (examples:train's hook-rank<r>.pt) --
 // bytes flipped, cut, overwritten or appended, or a checksum-valid file with changed fields
-// (settings, iter, counters, the RNG state, the memories' shapes, dtypes, types and keys, keys
-// dropped or added) -- resuming from it is refused, by a Status from checkpoint::load_state or
-// PowerSGDState::load_state_dict or by the hook's c10::Error at its first use of a memory that does
-// not fit its bucket (before that bucket changed), or it trains the same next step as the original
-// file: the same averaged gradients and error / P / Q memories. Never a crash, an internal assert or
-// a silently different step. The file: rank 0's state after two ranks (threads) ran PowerSGD (rank 1,
-// from iteration 2) on two buckets for 5 iterations (3 compressed); the next step runs on one rank.
-// The mutants' machinery (the model, the checker, the edits) is in powersgd_state_mutation_checker.h.
+// (settings, iter, counters, the RNG state, rank, world size, the memories' shapes, dtypes, values,
+// types and keys, keys dropped or added, another rank's file) -- resuming from it is refused at
+// load, by a Status from checkpoint::load_state or PowerSGDState::load_state_dict (given the
+// model's buckets, as examples:train gives them), on the rank that reads it and before any
+// collective: the ranks agree on the verdict first, so one rank's bad file never leaves the other
+// inside a collective (it used to: a memory of another length was found by the hook at its first
+// use, and Gloo aborted rank 0); or it trains the same next step as the original file: the same
+// averaged gradients and error / P / Q memories. Never a crash, an internal assert, NaN or a
+// silently different step. The files: both ranks' states after two ranks (threads) ran PowerSGD
+// (rank 1, from iteration 2) on two buckets for 5 iterations (3 compressed); rank 0 resumes the
+// mutant, rank 1 its own file, and the next step runs on both. The machinery (the model, the
+// checker, the edits) is in powersgd_state_mutation_checker.h.
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -69,7 +73,7 @@ void fields_changed(const c10::IValue& base, Checker& s) {
       {"INT64_MAX", std::numeric_limits<int64_t>::max()},
       {"INT64_MIN", std::numeric_limits<int64_t>::min()},
       {"2^62 + 1", (int64_t{1} << 62) + 1}};
-  for (const auto& item : base.toGenericDict()) {  // all 16
+  for (const auto& item : base.toGenericDict()) {  // all 18
     const std::string key = item.key().toStringRef();
     for (const auto& [name, v] : odd) {
       if (key == "error_dict" && name == "{}") continue;  // no memory at all: the other test's case
@@ -78,8 +82,9 @@ void fields_changed(const c10::IValue& base, Checker& s) {
     s.value(absl::StrCat("no ", key), with(base, key, c10::IValue(), /*drop=*/true));
   }
   // Integers near and far from the saved ones (settings, iter, the counters).
-  for (const char* key : {"matrix_approximation_rank", "start_powerSGD_iter", "random_seed", "iter",
-                          "total_numel_before_compression", "total_numel_after_compression"}) {
+  for (const char* key :
+       {"matrix_approximation_rank", "start_powerSGD_iter", "random_seed", "iter",
+        "total_numel_before_compression", "total_numel_after_compression", "rank", "world_size"}) {
     const int64_t v = base.toGenericDict().at(key).toInt();
     for (int64_t x : {v - 1, v + 1, int64_t{0}, int64_t{1}, 2 * v, -v, int64_t{1} << 31,
                       int64_t{1'000'000'000'000}, int64_t{1'000'000'000'001}, int64_t{1} << 62}) {
@@ -206,15 +211,11 @@ void warm_start_memories_changed(const c10::IValue& base, Checker& s) {
 TEST(PowerSGDStateFileMutationTest, EveryMutantIsRefusedOrTrainsTheSameNextStep) {
   sweep("PowerSGD state file", 500, [](const c10::IValue& base, Checker& s) {
     // The comparison can fail: a memory with other numbers loads and trains another step.
-    ASSERT_TRUE(checkpoint::save_state(
-                    s.path(), with_memory(base, "error_dict",
-                                          [&](GenericDict& m) {
-                                            m.insert_or_assign(int64_t{0},
-                                                               entry(base, "error_dict", 0) * 2);
-                                          }))
-                    .ok());
-    EXPECT_EQ(s.check("control: error_dict[0] doubled"), Outcome::kDifferent)
-        << "the comparison sees nothing";
+    ASSERT_TRUE(s.write("control", with_memory(base, "error_dict", [&](GenericDict& m) {
+                          m.insert_or_assign(int64_t{0}, entry(base, "error_dict", 0) * 2);
+                        })));
+    const Outcome control = s.check("control: error_dict[0] doubled");
+    if (s.leader()) EXPECT_EQ(name(control), std::string(name(Outcome::kDifferent)));
     damaged_bytes(s);
     fields_changed(base, s);
     rng_texts_changed(base, s);
@@ -259,6 +260,107 @@ TEST(PowerSGDStateFileMutationTest, AMissingOrMovedBucketMemoryIsNotReplacedSile
       s.value(absl::StrCat(name, " empty"),
               edit(keys, [](GenericDict& m, const std::string&) { m.clear(); }));
     }
+  });
+}
+
+// The outside campaign's hostile files and more, each checksum-valid: every memory (error, P, Q)
+// of each bucket of another length, one number too many or too few, empty, in float64, half or
+// bfloat16, with a NaN, inf or -inf, missing, or for a bucket the model does not have; P and Q
+// both in float64; an all-zero Q (orthogonalization_epsilon 0: the next step would divide by
+// zero); the error memories of the two buckets swapped; rank 1's file on rank 0, a forged rank,
+// another world size, a file without rank and world size. Each must be refused at load on rank 0,
+// before any collective, in one line naming the file, the key and the bucket; rank 1 (its own
+// file, accepted) follows the agreed verdict. Then two legal states (powersgd_hook.h): all-zero
+// error memories (PyTorch's state after a reset) train another, finite step; an all-zero P
+// memory (overwritten before it is read) the same step.
+TEST(PowerSGDStateFileMutationTest, HostileHookFilesAreRefusedAtLoadNamingFileKeyAndBucket) {
+  sweep("PowerSGD hook files, hostile", 0, [](const c10::IValue& base, Checker& s) {
+    const double inf = std::numeric_limits<double>::infinity();
+    for (const std::string key : {"error_dict", "p_memory_dict", "q_memory_dict"}) {
+      for (int64_t b : {int64_t{0}, int64_t{1}}) {
+        const at::Tensor t = entry(base, key, b);
+        const int64_t n = t.numel();
+        const std::string where = absl::StrCat("'", key, "'[", b, "]");
+        auto set = [&](const std::string& what, const at::Tensor& v) {
+          s.hostile(absl::StrCat(key, "[", b, "] ", what),
+                    with_memory(base, key, [&](GenericDict& m) { m.insert_or_assign(b, v); }),
+                    where);
+        };
+        set("of 5 numbers", at::zeros({5}));
+        set("one number too many", at::cat({t, at::zeros({1})}));
+        set("one number too few", t.narrow(0, 0, n - 1).clone());
+        set("empty", at::empty({0}));
+        for (at::ScalarType dtype : {at::kDouble, at::kHalf, at::kBFloat16})
+          set(absl::StrCat("as ", c10::toString(dtype)), t.to(dtype));
+        for (const auto& [value, what] : std::vector<std::pair<double, std::string>>{
+                 {std::nan(""), "NaN"}, {inf, "inf"}, {-inf, "-inf"}}) {
+          at::Tensor v = t.clone();
+          v[n / 2] = value;
+          set(absl::StrCat("with a ", what), v);
+        }
+        s.hostile(
+            absl::StrCat(key, " without bucket ", b),
+            with_memory(base, key, [&](GenericDict& m) { m.erase(b); }),
+            key == "error_dict" ? absl::StrCat("'error_dict' has no entry for bucket ", b) : where);
+      }
+      s.hostile(
+          absl::StrCat(key, " with bucket 1's entry also for bucket 2 (not in the model)"),
+          with_memory(base, key,
+                      [&](GenericDict& m) { m.insert_or_assign(int64_t{2}, entry(base, key, 1)); }),
+          absl::StrCat("'", key, "'[2]"));
+    }
+    for (int64_t b : {int64_t{0}, int64_t{1}}) {
+      c10::IValue v = base;
+      for (const char* key : {"p_memory_dict", "q_memory_dict"}) {
+        const at::Tensor t = entry(base, key, b).to(at::kDouble);
+        v = with_memory(v, key, [&](GenericDict& m) { m.insert_or_assign(b, t); });
+      }
+      s.hostile(absl::StrCat("p_memory_dict[", b, "] and q_memory_dict[", b, "] as Double"), v,
+                absl::StrCat("'p_memory_dict'[", b, "]"));
+      s.hostile(absl::StrCat("q_memory_dict[", b, "] all zeros"),
+                with_memory(base, "q_memory_dict",
+                            [&](GenericDict& m) {
+                              m.insert_or_assign(b,
+                                                 at::zeros_like(entry(base, "q_memory_dict", b)));
+                            }),
+                absl::StrCat("'q_memory_dict'[", b, "]"));
+    }
+    s.hostile("error_dict[0] and error_dict[1] swapped",
+              with_memory(base, "error_dict",
+                          [&](GenericDict& m) {
+                            for (int64_t b : {0, 1})
+                              m.insert_or_assign(b, entry(base, "error_dict", 1 - b));
+                          }),
+              "'error_dict'[0]");
+    absl::StatusOr<c10::IValue> rank1 = checkpoint::load_state(original_file(1));
+    ASSERT_TRUE(rank1.ok()) << rank1.status();
+    s.hostile("rank 1's hook-rank1.pt copied over rank 0's", *rank1, "'rank' is 1");
+    s.hostile("rank 0's file with 'rank' 1", with(base, "rank", int64_t{1}), "'rank' is 1");
+    s.hostile("rank 0's file with 'world_size' 3", with(base, "world_size", int64_t{3}),
+              "'world_size' is 3");
+    s.hostile("rank 0's file with 'world_size' 1", with(base, "world_size", int64_t{1}),
+              "'world_size' is 1");
+    s.hostile("a file without 'rank' and 'world_size' (written before dtrain recorded them)",
+              with(with(base, "rank", c10::IValue(), true), "world_size", c10::IValue(), true),
+              "no 'rank' and 'world_size'");
+    s.legal("error_dict[0] all zeros",
+            with_memory(base, "error_dict",
+                        [&](GenericDict& m) {
+                          m.insert_or_assign(int64_t{0},
+                                             at::zeros_like(entry(base, "error_dict", 0)));
+                        }),
+            Outcome::kDifferent);
+    s.legal("p_memory_dict[0] all zeros",
+            with_memory(base, "p_memory_dict",
+                        [&](GenericDict& m) {
+                          m.insert_or_assign(int64_t{0},
+                                             at::zeros_like(entry(base, "p_memory_dict", 0)));
+                        }),
+            Outcome::kIdentical);
+    if (!s.leader()) return;
+    s.report_hostile("PowerSGD hook files, hostile");
+    EXPECT_GE(s.hostile_files(), 60);
+    EXPECT_EQ(s.hostile_refused(), s.hostile_files());
   });
 }
 
