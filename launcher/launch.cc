@@ -38,7 +38,9 @@ ABSL_FLAG(double, join_timeout, 600,
           "for an attempt, and the others for node 0 (torchrun's join_timeout; at most 86400).");
 ABSL_FLAG(std::string, rdzv_id, "",
           "The job's id, given to every rank as TORCHELASTIC_RUN_ID (as torchrun's); empty: a "
-          "random id per launch.");
+          "random id per launch. With --nnodes > 1 and --max_restarts every node's launcher must "
+          "be given the same (node 0 refuses others); empty means \"none\" there, as torchrun's "
+          "default.");
 
 namespace {
 

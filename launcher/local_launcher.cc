@@ -33,6 +33,10 @@ namespace {
 
 // master_port 0 on several nodes (torchrun's default port): every node must know it in advance.
 constexpr int kDefaultMultiNodePort = 29500;
+// rdzv_id "" on several nodes: the id their launchers meet under (torchrun's default --rdzv_id).
+constexpr char kDefaultRdzvId[] = "none";
+// Connections node 0 refuses that it reports on stderr; later ones are counted only.
+constexpr int kRefusalsShown = 10;
 
 int g_signal_pipe[2] = {-1, -1};
 
@@ -236,6 +240,14 @@ absl::StatusOr<int> launch_with_rendezvous(Job job) {
   r.master_addr = o.master_addr;
   r.master_port = o.master_port != 0 ? o.master_port : kDefaultMultiNodePort;
   r.run_id = job.run_id;
+  r.rdzv_id = o.rdzv_id.empty() ? kDefaultRdzvId : o.rdzv_id;
+  int refusals = 0;
+  r.on_refused = [&refusals](const std::string& why) {
+    if (++refusals <= kRefusalsShown) {
+      std::fprintf(stderr, "launch: node 0 refused a connection from %s; the job goes on%s\n",
+                   why.c_str(), refusals == kRefusalsShown ? " (further refusals not shown)" : "");
+    }
+  };
   r.join_timeout = std::chrono::milliseconds(static_cast<int64_t>(1000 * o.join_timeout_seconds));
   r.pending_signal = [&last_signal] {
     const int sig = pending_signal();

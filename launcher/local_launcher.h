@@ -58,7 +58,10 @@ struct LaunchOptions {
   // part): node 0's launcher listens at master_addr:master_port (29500 when 0) for the others',
   // a failure on any node stops every node's ranks, node 0 decides on the restart, and each
   // attempt's MASTER_PORT (rank 0's store) is a port node 0 picks afresh and hands to every node;
-  // every node must be given the same nproc_per_node and max_restarts (checked), and node 0's
+  // every node must be given the same nproc_per_node, max_restarts and rdzv_id (node 0 refuses
+  // a node's launcher with others, and a second launcher for a node whose launcher is alive; it
+  // reports each refused connection on stderr, "launch: node 0 refused a connection from
+  // HOST:PORT: <why>; the job goes on", and goes on waiting for a node that fits), and node 0's
   // run id is every node's TORCHELASTIC_RUN_ID. A node whose launcher is lost (no word for 30 s)
   // counts as failed and must join again before the next attempt; a lost node 0 ends the other
   // launches with an error. See launcher/node_rendezvous.h.
@@ -67,9 +70,12 @@ struct LaunchOptions {
   // attempt, and another node for node 0 (torchrun's join_timeout), in (0, kMaxJoinTimeoutSeconds].
   double join_timeout_seconds = 600;
   // torchrun's --rdzv_id: the job's id, handed to every rank as TORCHELASTIC_RUN_ID and the same in
-  // every attempt. Empty (the default): a random id per launch. Otherwise 1 to 128 characters from
-  // [A-Za-z0-9._-]. Give the same id to launches that should count as one job (a program that
-  // records the id in its checkpoints, as examples:train does, then treats them as its own).
+  // every attempt. Empty (the default): a random id per launch (node 0's on every node with
+  // nnodes > 1 and max_restarts > 0). Otherwise 1 to 128 characters from [A-Za-z0-9._-]. Give the
+  // same id to launches that should count as one job (a program that records the id in its
+  // checkpoints, as examples:train does, then treats them as its own). With nnodes > 1 and
+  // max_restarts > 0 the nodes' launchers meet under it, or under "none" (torchrun's default)
+  // when it is empty: give every node the same (or none).
   std::string rdzv_id;
 };
 

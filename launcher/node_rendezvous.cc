@@ -17,10 +17,13 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "launcher/internal/gate.h"
+#include "launcher/internal/hello.h"
 #include "launcher/internal/line_conn.h"
 #include "launcher/process_set.h"
 
@@ -44,16 +47,17 @@ bool ints(const std::vector<std::string>& w, size_t first, std::vector<int>& out
 // Node 0: listens, starts attempts, decides restarts.
 class Leader : public NodeRendezvous {
  public:
-  Leader(const NodeRendezvousOptions& o, int listen_fd) : o_(o), listen_fd_(listen_fd) {
+  Leader(const NodeRendezvousOptions& o, int listen_fd)
+      : o_(o),
+        job_{0, o.nproc_per_node, o.nnodes, o.max_restarts, o.rdzv_id},
+        gate_(listen_fd, o.heartbeat_interval, o.heartbeat_timeout) {
     nodes_.resize(o.nnodes);
   }
-  ~Leader() override { ::close(listen_fd_); }
 
   absl::StatusOr<AttemptPlan> next_attempt() override {
     const int next = attempt_ + 1;
     const Clock::time_point deadline = Clock::now() + o_.join_timeout;
     for (;;) {
-      if (!error_.ok()) return error_;
       if (const int sig = signalled(); sig != 0) return cancelled(sig);
       if (std::all_of(nodes_.begin() + 1, nodes_.end(),
                       [](const Node& n) { return n.conn.open() && n.ready_for >= 0; })) {
@@ -63,7 +67,9 @@ class Leader : public NodeRendezvous {
         return absl::DeadlineExceededError(absl::StrCat(
             "launch: nodes ", missing(), " did not join attempt ", next, " within ",
             o_.join_timeout.count() / 1000.0, " s (node 0 listens at ", o_.master_addr, ":",
-            o_.master_port, "); start their launchers with the same --nnodes and --master_addr"));
+            o_.master_port, "); start their launchers with the same --master_addr, --nnodes, ",
+            "--nproc_per_node, --max_restarts and --rdzv_id",
+            last_refusal_.empty() ? "" : "; the last connection node 0 refused: ", last_refusal_));
       }
       service(200);
     }
@@ -125,6 +131,7 @@ class Leader : public NodeRendezvous {
                          // again counts from 0: any READY will do)
     bool ended = true;   // it ended the current attempt (or none is running)
   };
+
   struct Failure {
     int node = 0;
     int code = 0;
@@ -171,27 +178,18 @@ class Leader : public NodeRendezvous {
 
   // Waits up to timeout_ms for messages, accepts connections, keeps heartbeats.
   void service(int timeout_ms) {
-    std::vector<pollfd> fds = {{listen_fd_, POLLIN, 0}};
-    for (const LineConn& c : pending_) fds.push_back({c.fd(), POLLIN, 0});
+    std::vector<pollfd> fds;
+    gate_.add_fds(fds);
     for (const Node& n : nodes_) fds.push_back({n.conn.fd(), POLLIN, 0});  // -1: ignored
     ::poll(fds.data(), fds.size(), timeout_ms);
-    if ((fds[0].revents & POLLIN) != 0) {
-      const int fd = ::accept(listen_fd_, nullptr, nullptr);
-      if (fd >= 0) pending_.emplace_back(fd, o_.heartbeat_interval);
+    service_nodes();  // first: a launcher that just left frees its node's place for its successor
+    for (internal::Arrival& a : gate_.arrivals()) {
+      const int k = hello(a);  // moves a.conn into nodes_[k], or refuses it
+      for (size_t i = 1; k > 0 && i < a.lines.size(); ++i) on_line(k, a.lines[i]);
     }
-    for (LineConn& c : pending_) {
-      std::vector<std::string> lines;
-      if (!c.receive(lines) || c.silent_for() > o_.heartbeat_timeout) {
-        c.close();  // gone, or silent: not a launcher
-      } else if (!lines.empty()) {
-        const int k = hello(c, lines[0]);  // moves c into nodes_[k]
-        if (k < 0) c.close();
-        for (size_t i = 1; k > 0 && i < lines.size(); ++i) on_line(k, lines[i]);
-      }
-    }
-    pending_.erase(std::remove_if(pending_.begin(), pending_.end(),
-                                  [](const LineConn& c) { return !c.open(); }),
-                   pending_.end());
+  }
+
+  void service_nodes() {
     for (size_t k = 1; k < nodes_.size(); ++k) {
       LineConn& c = nodes_[k].conn;
       if (!c.open()) continue;
@@ -208,32 +206,32 @@ class Leader : public NodeRendezvous {
     }
   }
 
-  // A new connection's first line: "HELLO node_rank nproc_per_node nnodes max_restarts". The
-  // node's index, or -1 when it is not a launcher's or does not fit this job.
-  int hello(LineConn& c, const std::string& line) {
-    const std::vector<std::string> w = absl::StrSplit(line, ' ');
-    std::vector<int> v;
-    if (w.size() != 5 || w[0] != "HELLO" || !ints(w, 1, v)) return -1;  // not a launcher
-    const int k = v[0];
-    if (k < 1 || k >= o_.nnodes) {  // another job's, or not a launcher: this job goes on
-      c.send(absl::StrCat("ERROR node_rank ", k, " is not in [1, ", o_.nnodes - 1, "]"));
+  // The node a connection's first line (internal/hello.h) admits it as, or -1: refused (another
+  // job's launcher, a misconfigured node, a stranger, or a second launcher for a node whose
+  // launcher is alive). A refusal is answered and forgotten: it is never this node's error.
+  int hello(internal::Arrival& a) {
+    const absl::StatusOr<int> k = internal::admit(a.lines[0], job_);
+    if (!k.ok()) {
+      refuse(a, "ERROR", std::string(k.status().message()));
       return -1;
     }
-    std::string bad;
-    if (v[1] != o_.nproc_per_node || v[2] != o_.nnodes || v[3] != o_.max_restarts) {
-      bad = absl::StrCat("node ", k, " has nproc_per_node ", v[1], ", nnodes ", v[2],
-                         ", max_restarts ", v[3], "; node 0 has ", o_.nproc_per_node, ", ",
-                         o_.nnodes, ", ", o_.max_restarts, "; give every node the same");
-    }
-    if (!bad.empty()) {
-      c.send("ERROR " + bad);
-      error_ = absl::InvalidArgumentError("launch: " + bad);
+    Node& n = nodes_[*k];
+    if (n.conn.open()) {  // alive: service_nodes() dropped it otherwise
+      refuse(a, "BUSY",
+             absl::StrCat("node ", *k, "'s launcher is connected and alive; another launcher for ",
+                          "node ", *k, " is let in once node 0 has lost it (its connection ",
+                          "closed, or no word for ", o_.heartbeat_timeout.count() / 1000.0, " s)"));
       return -1;
     }
-    if (nodes_[k].conn.open()) lose(k, "it joined again");  // its old launcher is gone
-    nodes_[k].conn = std::move(c);
-    nodes_[k].ready_for = -1;
-    return k;
+    n.conn = std::move(a.conn);
+    n.ready_for = -1;
+    return *k;
+  }
+
+  void refuse(internal::Arrival& a, const std::string& kind, const std::string& why) {
+    last_refusal_ = absl::StrCat(a.from, ": ", why);
+    gate_.refuse(std::move(a), absl::StrCat(kind, " ", why));
+    if (o_.on_refused) o_.on_refused(last_refusal_);
   }
 
   void on_line(size_t k, const std::string& line) {
@@ -252,24 +250,31 @@ class Leader : public NodeRendezvous {
   }
 
   NodeRendezvousOptions o_;
-  int listen_fd_;
+  internal::Hello job_;  // what a node's HELLO must match
+  internal::Gate gate_;
   std::vector<Node> nodes_;  // [0] is this node (never connected)
-  std::vector<LineConn> pending_;
   int attempt_ = -1;
   AttemptPlan plan_;
   std::optional<Failure> failure_;
   bool told_local_ = false;
-  absl::Status error_;
+  std::string last_refusal_;  // "host:port: why", for the join deadline's message
 };
 
 // Every other node: follows node 0.
 class Follower : public NodeRendezvous {
  public:
-  Follower(const NodeRendezvousOptions& o, LineConn conn) : o_(o), conn_(std::move(conn)) {}
+  Follower(const NodeRendezvousOptions& o, LineConn conn)
+      : o_(o),
+        conn_(std::move(conn)),
+        hello_(internal::hello_line(
+            {o.node_rank, o.nproc_per_node, o.nnodes, o.max_restarts, o.rdzv_id})) {
+    conn_.send(hello_);
+  }
 
   absl::StatusOr<AttemptPlan> next_attempt() override {
     const int next = attempt_ + 1;
-    conn_.send(absl::StrCat("READY ", next));
+    ready_ = absl::StrCat("READY ", next);
+    conn_.send(ready_);
     // Node 0 may wait up to its join timeout for the other nodes; then it answers.
     const Clock::time_point deadline = Clock::now() + 2 * o_.join_timeout;
     // A node that joined again after being lost starts at whatever attempt node 0 is in.
@@ -279,10 +284,7 @@ class Follower : public NodeRendezvous {
         return s;
       service(200);
     }
-    attempt_ = start_->attempt;
-    stop_.reset();
-    told_ = false;
-    verdict_.reset();
+    attempt_ = start_->attempt;  // (the START reset the last attempt's stop and verdict)
     return *start_;
   }
 
@@ -318,7 +320,7 @@ class Follower : public NodeRendezvous {
 
   absl::Status wait_status(Clock::time_point deadline, const std::string& what) {
     if (!error_.ok()) return error_;
-    if (!conn_.open()) {
+    if (!conn_.open() && !busy_) {
       return absl::UnavailableError(absl::StrCat("launch: lost node 0's launcher at ", where(),
                                                  " (", lost_why_, ") while waiting for ", what));
     }
@@ -327,9 +329,11 @@ class Follower : public NodeRendezvous {
       return absl::CancelledError(absl::StrCat("launch: got signal ", sig, "; stopping"));
     }
     if (Clock::now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("launch: node 0's launcher at ", where(),
-                                                      " sent no ", what, " within ",
-                                                      2 * o_.join_timeout.count() / 1000.0, " s"));
+      return absl::DeadlineExceededError(absl::StrCat(
+          "launch: node 0's launcher at ", where(), " sent no ", what, " within ",
+          2 * o_.join_timeout.count() / 1000.0, " s",
+          busy_why_.empty() ? "" : "; it said: ", busy_why_,
+          busy_why_.empty() ? "" : " (is another launcher running with this --node_rank?)"));
     }
     return absl::OkStatus();
   }
@@ -341,17 +345,42 @@ class Follower : public NodeRendezvous {
   }
 
   void service(int timeout_ms) {
-    if (!conn_.open()) return;
+    if (!conn_.open()) {
+      if (busy_) rejoin(timeout_ms);
+      return;
+    }
     pollfd p{conn_.fd(), POLLIN, 0};
     ::poll(&p, 1, timeout_ms);
     std::vector<std::string> lines;
     const bool open = conn_.receive(lines);
     for (const std::string& line : lines) on_line(line);  // node 0's verdict comes last
+    if (!open && busy_) return conn_.close();             // rejoin() tries again
     if (!open) return lose("its connection closed");
     if (conn_.silent_for() > o_.heartbeat_timeout) {
       return lose(absl::StrCat("no word for ", o_.heartbeat_timeout.count() / 1000.0, " s"));
     }
     conn_.heartbeat();
+  }
+
+  // Node 0 said BUSY: this node's place is held by a launcher it has not lost yet (this node's
+  // previous launcher, whose host went away). Connects again every heartbeat interval, until the
+  // join deadline, and says HELLO and READY again.
+  void rejoin(int timeout_ms) {
+    const Clock::time_point now = Clock::now();
+    if (now < *busy_) {
+      std::this_thread::sleep_for(
+          std::min<Clock::duration>(*busy_ - now, std::chrono::milliseconds(timeout_ms)));
+      return;
+    }
+    absl::StatusOr<int> fd = internal::connect_to(o_.master_addr, o_.master_port);
+    if (!fd.ok()) {
+      busy_ = Clock::now() + o_.heartbeat_interval;
+      return;
+    }
+    busy_.reset();
+    conn_ = LineConn(*fd, o_.heartbeat_interval);
+    conn_.send(hello_);
+    if (!ready_.empty()) conn_.send(ready_);
   }
 
   void on_line(const std::string& line) {
@@ -362,16 +391,24 @@ class Follower : public NodeRendezvous {
       int port = 0;
       if (absl::SimpleAtoi(w[1], &a) && rest.size() == 2 && absl::SimpleAtoi(rest[0], &port)) {
         start_ = AttemptPlan{a, port, rest[1]};
+        stop_.reset();
+        told_ = false;
+        verdict_.reset();
       }
-    } else if (w[0] == "STOP" && w.size() == 3 && absl::SimpleAtoi(w[1], &a) && a == attempt_) {
+      // A STOP may come in the same read as its START, before next_attempt() returns: it counts.
+    } else if (w[0] == "STOP" && w.size() == 3 && absl::SimpleAtoi(w[1], &a) && start_ &&
+               a == start_->attempt) {
       if (!stop_) stop_ = w[2];
     } else if (w[0] == "VERDICT" && w.size() >= 2) {
       if (w[1] == "restart") verdict_ = Verdict{false, 0};
       if (w[1] == "exit" && w.size() == 3 && absl::SimpleAtoi(w[2], &a))
         verdict_ = Verdict{true, a};
-    } else if (w[0] == "ERROR") {
+    } else if (w[0] == "ERROR" && w.size() >= 2) {
       error_ = absl::InvalidArgumentError(
           absl::StrCat("launch: node 0 refused this node: ", line.substr(6)));
+    } else if (w[0] == "BUSY" && w.size() >= 2 && attempt_ < 0) {  // an answer to HELLO
+      busy_why_ = line.substr(5);
+      busy_ = Clock::now() + o_.heartbeat_interval;
     }
   }
 
@@ -384,12 +421,21 @@ class Follower : public NodeRendezvous {
   std::optional<Verdict> verdict_;
   std::string lost_why_;
   absl::Status error_;
+  const std::string hello_;
+  std::string ready_;                      // the last READY, said again after a rejoin
+  std::optional<Clock::time_point> busy_;  // refused as BUSY: when to connect again
+  std::string busy_why_;                   // what node 0 said then
 };
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<NodeRendezvous>> NodeRendezvous::join(
     const NodeRendezvousOptions& o) {
+  if (!internal::valid_rdzv_id(o.rdzv_id)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "launch: rdzv_id \"", absl::CHexEscape(o.rdzv_id.substr(0, 160)), "\" must be 1 to ",
+        internal::kMaxRdzvIdLength, " characters from [A-Za-z0-9._-]"));
+  }
   if (o.node_rank == 0) {
     absl::StatusOr<int> fd = internal::listen_on(o.master_addr, o.master_port);
     if (!fd.ok()) return fd.status();
@@ -399,10 +445,8 @@ absl::StatusOr<std::unique_ptr<NodeRendezvous>> NodeRendezvous::join(
   for (;;) {
     absl::StatusOr<int> fd = internal::connect_to(o.master_addr, o.master_port);
     if (fd.ok()) {
-      LineConn conn(*fd, o.heartbeat_interval);
-      conn.send(absl::StrCat("HELLO ", o.node_rank, " ", o.nproc_per_node, " ", o.nnodes, " ",
-                             o.max_restarts));
-      return std::unique_ptr<NodeRendezvous>(new Follower(o, std::move(conn)));
+      return std::unique_ptr<NodeRendezvous>(
+          new Follower(o, LineConn(*fd, o.heartbeat_interval)));  // it says HELLO
     }
     if (const int sig = o.pending_signal ? o.pending_signal() : 0; sig != 0) {
       return absl::CancelledError(absl::StrCat("launch: got signal ", sig, "; stopping"));

@@ -20,6 +20,17 @@
 // heartbeat_interval, and a peer not heard from for heartbeat_timeout is lost: a lost node counts
 // as failed (it must join again before the next attempt starts, within join_timeout), a lost node
 // 0 ends the other nodes' launches with an error. Not thread-safe.
+//
+// Who may join (node 0's port is open to anyone who can reach it; README "Security"): a node's
+// first line, HELLO (internal/hello.h), must carry this job's rdzv_id, nnodes, nproc_per_node and
+// max_restarts and a node_rank in [1, nnodes) whose place is free. Node 0 answers any other
+// connection with one line -- "ERROR <why>" (the sender's join fails with it) or "BUSY <why>" (its
+// node's launcher is connected and alive: the sender keeps trying until its join timeout, in case
+// node 0 has yet to notice that its predecessor is gone) -- tells on_refused, and forgets it: a
+// refusal never becomes node 0's error, and the job goes on (a misconfigured node is refused
+// the same way: node 0 keeps waiting for a node that fits, and names the last refusal at its join
+// deadline). The rdzv_id is a job's name, not a secret: anyone who knows it and the job's settings
+// can take a node's free place before that node's launcher, or after node 0 lost it.
 #ifndef DTRAIN_LAUNCHER_NODE_RENDEZVOUS_H_
 #define DTRAIN_LAUNCHER_NODE_RENDEZVOUS_H_
 
@@ -41,6 +52,9 @@ struct NodeRendezvousOptions {
   std::string master_addr = "127.0.0.1";  // node 0 listens on this address only
   int master_port = 29500;                // in [1, 65535]
   std::string run_id;                     // node 0's is every node's TORCHELASTIC_RUN_ID
+  // The job's id (torchrun's --rdzv_id, "none" by default as there): every node must be given the
+  // same; node 0 refuses a HELLO with another. 1 to 128 characters from [A-Za-z0-9._-].
+  std::string rdzv_id = "none";
   // How long node 0 waits for every node to be ready for an attempt, and another node for node 0
   // to answer (torchrun's join_timeout: 600 s).
   std::chrono::milliseconds join_timeout = std::chrono::seconds(600);
@@ -48,6 +62,9 @@ struct NodeRendezvousOptions {
   std::chrono::milliseconds heartbeat_timeout = std::chrono::seconds(30);
   // Called while waiting; a nonzero signal number cancels the wait (Cancelled, naming it).
   std::function<int()> pending_signal;
+  // Node 0: called with "host:port: why" for each connection it refuses (a stranger, another
+  // job's launcher, a misconfigured node, a second launcher for a live node); the job goes on.
+  std::function<void(const std::string&)> on_refused;
 };
 
 // One attempt, the same on every node.
@@ -74,14 +91,16 @@ struct Verdict {
 class NodeRendezvous {
  public:
   // Node 0: listens (Unavailable when it cannot bind master_addr:master_port). Others: connect,
-  // retrying until join_timeout (DeadlineExceeded naming the address).
+  // retrying until join_timeout (DeadlineExceeded naming the address), and say HELLO.
+  // InvalidArgument for an rdzv_id that is not 1 to 128 characters from [A-Za-z0-9._-].
   static absl::StatusOr<std::unique_ptr<NodeRendezvous>> join(const NodeRendezvousOptions& o);
   virtual ~NodeRendezvous() = default;
 
   // Waits until every node is ready for the next attempt (node 0: every node joined and ready;
-  // others: node 0's start). InvalidArgument when nodes disagree on nproc_per_node, max_restarts or
-  // node ranks; DeadlineExceeded past join_timeout; Unavailable when node 0 is lost; Cancelled on
-  // a signal.
+  // others: node 0's start). Others: InvalidArgument when node 0 refused this node (another
+  // rdzv_id, nnodes, nproc_per_node or max_restarts, or a node rank outside [1, nnodes)),
+  // Unavailable when node 0 is lost. Both: DeadlineExceeded past join_timeout (node 0's names
+  // the nodes missing and the last connection it refused); Cancelled on a signal.
   virtual absl::StatusOr<AttemptPlan> next_attempt() = 0;
   // Never blocks. A line naming the node and rank that failed when another node's attempt failed
   // (this node must stop its ranks), else nullopt. Also sends and checks heartbeats.

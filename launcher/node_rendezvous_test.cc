@@ -17,54 +17,16 @@
 
 #include "absl/status/status.h"
 #include "launcher/internal/line_conn.h"
+#include "launcher/node_rendezvous_testing.h"
 #include "launcher/process_set.h"
 
 namespace dtrain::comm {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::StartsWith;
 using namespace std::chrono_literals;
-
-NodeRendezvousOptions options(int nnodes, int node_rank, int port, int max_restarts = 1) {
-  NodeRendezvousOptions o;
-  o.nnodes = nnodes;
-  o.node_rank = node_rank;
-  o.master_port = port;
-  o.max_restarts = max_restarts;
-  o.run_id = node_rank == 0 ? "job-of-node-0" : "job-of-node-" + std::to_string(node_rank);
-  o.join_timeout = 10s;
-  o.heartbeat_interval = 100ms;
-  o.heartbeat_timeout = 1s;
-  return o;
-}
-
-std::unique_ptr<NodeRendezvous> join(const NodeRendezvousOptions& o) {
-  absl::StatusOr<std::unique_ptr<NodeRendezvous>> r = NodeRendezvous::join(o);
-  EXPECT_TRUE(r.ok()) << r.status();
-  return r.ok() ? std::move(*r) : nullptr;
-}
-
-// Runs body(node) for every node of `nnodes` as threads, node 0 first.
-void run_nodes(int nnodes, const std::function<void(int)>& body) {
-  std::vector<std::thread> threads;
-  for (int k = 0; k < nnodes; ++k) threads.emplace_back(body, k);
-  for (std::thread& t : threads) t.join();
-}
-
-// Polls until a stop request arrives (or 5 s pass).
-std::optional<std::string> wait_for_stop(NodeRendezvous& r) {
-  for (auto end = std::chrono::steady_clock::now() + 5s; std::chrono::steady_clock::now() < end;) {
-    if (std::optional<std::string> why = r.poll()) return why;
-    std::this_thread::sleep_for(20ms);
-  }
-  return std::nullopt;
-}
-
-NodeResult succeeded() {
-  NodeResult r;
-  r.succeeded = true;
-  return r;
-}
+using namespace testing;  // NOLINT: the helpers
 
 class NodeRendezvousTest : public ::testing::TestWithParam<int> {};
 
@@ -147,43 +109,6 @@ TEST(NodeRendezvousVerdictTest, NoRestartsLeftOrASignalEndEveryNodeWithTheCode) 
   }
 }
 
-TEST(NodeRendezvousJoinTest, NodesThatDisagreeAreRefusedOnBothSides) {
-  const int port = free_port("127.0.0.1");
-  run_nodes(2, [&](int k) {
-    NodeRendezvousOptions o = options(2, k, port);
-    if (k == 1) o.nproc_per_node = 4;
-    auto r = join(o);
-    ASSERT_NE(r, nullptr);
-    absl::StatusOr<AttemptPlan> plan = r->next_attempt();
-    ASSERT_FALSE(plan.ok());
-    EXPECT_TRUE(absl::IsInvalidArgument(plan.status())) << plan.status();
-    EXPECT_THAT(plan.status().message(),
-                HasSubstr("node 1 has nproc_per_node 4, nnodes 2, max_restarts 1; node 0 has 1, "
-                          "2, 1; give every node the same"));
-  });
-}
-
-TEST(NodeRendezvousJoinTest, NoNodeZeroIsADeadlineNamingItsAddress) {
-  NodeRendezvousOptions o = options(2, 1, free_port("127.0.0.1"));
-  o.join_timeout = 700ms;
-  absl::StatusOr<std::unique_ptr<NodeRendezvous>> r = NodeRendezvous::join(o);
-  ASSERT_FALSE(r.ok());
-  EXPECT_TRUE(absl::IsDeadlineExceeded(r.status())) << r.status();
-  EXPECT_THAT(r.status().message(), HasSubstr("could not reach node 0's launcher at 127.0.0.1:" +
-                                              std::to_string(o.master_port) + " within 0.7 s"));
-}
-
-TEST(NodeRendezvousJoinTest, NodeZeroNamesTheNodesThatNeverCame) {
-  NodeRendezvousOptions o = options(3, 0, free_port("127.0.0.1"));
-  o.join_timeout = 500ms;
-  auto r = join(o);
-  ASSERT_NE(r, nullptr);
-  absl::StatusOr<AttemptPlan> plan = r->next_attempt();
-  ASSERT_FALSE(plan.ok());
-  EXPECT_TRUE(absl::IsDeadlineExceeded(plan.status())) << plan.status();
-  EXPECT_THAT(plan.status().message(), HasSubstr("nodes 1, 2 did not join attempt 0 within 0.5 s"));
-}
-
 // Bytes from something that is not a launcher (a port scanner, a line too long, a bad hello)
 // change nothing: the real node still joins and the attempt starts.
 TEST(NodeRendezvousJoinTest, StrangersAreDroppedAndTheJobStarts) {
@@ -243,6 +168,29 @@ TEST(NodeRendezvousLossTest, ALostNodeFailsTheAttemptAndMustJoinAgain) {
   EXPECT_EQ(plan->attempt, 1);
   EXPECT_TRUE(r->finish(succeeded()).ok());
   node1.join();
+}
+
+// A STOP that node 0 sends right after its START (another node failed at once) may reach a node
+// in the same read as the START, before its next_attempt() returns: the node is still told. It
+// was not before (seen with 5 nodes under load: the node's ranks would have run on).
+TEST(NodeRendezvousLossTest, AStopThatComesWithItsStartIsNotLost) {
+  const int port = free_port("127.0.0.1");
+  absl::StatusOr<int> listener = internal::listen_on("127.0.0.1", port);
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  auto r = join(options(2, 1, port));
+  ASSERT_NE(r, nullptr);
+  int fd = -1;
+  for (int i = 0; i < 500 && fd < 0; ++i, std::this_thread::sleep_for(10ms))
+    fd = ::accept(*listener, nullptr, nullptr);  // node 1's connection, already made
+  ASSERT_GE(fd, 0);
+  internal::LineConn node0(fd, 100ms);  // node 0, played by the test: both lines in one go
+  const std::string lines = "START 0 4242 the-run\nSTOP 0 rank 3 (node 2) exited with code 9\n";
+  ASSERT_EQ(::write(fd, lines.data(), lines.size()), static_cast<ssize_t>(lines.size()));
+  absl::StatusOr<AttemptPlan> plan = r->next_attempt();
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->worker_port, 4242);
+  EXPECT_EQ(r->poll(), "rank 3 (node 2) exited with code 9");
+  ::close(*listener);
 }
 
 // A node 0 that accepts the connection and then says nothing (its host cut off, no reset): the

@@ -61,6 +61,10 @@ void LineConn::close() {
   fd_ = -1;
 }
 
+void LineConn::shutdown_write() {
+  if (fd_ >= 0) ::shutdown(fd_, SHUT_WR);
+}
+
 void LineConn::send(const std::string& line) {
   if (fd_ < 0) return;
   const std::string data = line + "\n";

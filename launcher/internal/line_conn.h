@@ -37,6 +37,8 @@ class LineConn {
   int fd() const { return fd_; }  // -1 when closed
   bool open() const { return fd_ >= 0; }
   void close();
+  // Ends this side's stream (the peer reads what was sent, then its end); reading goes on.
+  void shutdown_write();
 
   // Sends `line` and '\n' without blocking; closes the connection when it cannot (the peer is gone
   // or has not read for so long that the kernel's buffer is full). Nothing when closed.
