@@ -115,11 +115,16 @@ absl::Status load_hook_state(const Config& c, const Job& job, const examples::Tr
     if (!hs.ok()) return hs.status();
     // The hook counts one iteration per backward and train() runs one backward per step (from
     // step 0, or from a resumed step with `iter` set to it), so a state saved at step N has iter N.
-    absl::Status s = t.powersgd->load_state_dict(*hs, ck.step);
+    // With the model's buckets every memory is checked here, not at the hook's first use (when
+    // the other ranks may be inside a collective already).
+    ddp_hooks::PowerSGDExpected expected{
+        .iter = ck.step, .buckets = ddp_hooks::powersgd_buckets(*t.ddp), .file = file};
+    absl::Status s = t.powersgd->load_state_dict(*hs, expected);
     if (s.ok()) return s;
     return absl::Status(
         s.code(),
-        absl::StrCat(file, ": ", s.message(),
+        absl::StrCat(absl::StrContains(s.message(), file) ? "" : absl::StrCat(file, ": "),
+                     s.message(),
                      absl::StrContains(s.message(), "'start_powerSGD_iter'")
                          ? absl::StrCat("; it is --powersgd_start_iter (", c.powersgd_start_iter,
                                         " in this run): pass the value the checkpoint was "

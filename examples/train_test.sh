@@ -213,6 +213,19 @@ out=$("$TRAIN" --steps=40 --resume "${P[@]}" --checkpoint_dir="$TMP/bad-iter" 2>
 [[ $code -eq 2 ]] || fail "hook-rank1.pt with 'iter' 7: exit $code, expected 2: $out"
 same_line_on_both_ranks "hook-rank1.pt with 'iter' 7" "$out" "hook-rank1.pt: "
 [[ "$out" == *"'iter'"* ]] || fail "hook-rank1.pt with 'iter' 7: the key is not named: $out"
+# A P memory of the wrong size on rank 1 (it used to abort rank 0 inside Gloo at the first
+# compressed step): refused at load, on both ranks, naming the file and the key.
+cp -r "$TMP/pr-other" "$TMP/bad-p"
+/usr/bin/python3 - "$TMP/bad-p/latest/hook-rank1.pt" <<'PY' || fail "python could not rewrite hook-rank1.pt"
+import sys, torch
+state = torch.load(sys.argv[1], weights_only=True)
+state["p_memory_dict"][0] = torch.zeros(5)
+torch.save(state, sys.argv[1])
+PY
+out=$("$TRAIN" --steps=40 --resume "${P[@]}" --checkpoint_dir="$TMP/bad-p" 2>&1); code=$?
+[[ $code -eq 2 ]] || fail "hook-rank1.pt with a 5-element P memory: exit $code, expected 2: $out"
+same_line_on_both_ranks "hook-rank1.pt with a 5-element P memory" "$out" "hook-rank1.pt"
+[[ "$out" == *"p_memory_dict"* ]] || fail "hook-rank1.pt with a 5-element P memory: the key is not named: $out"
 # Under ZeRO each rank loads its own parameters' optimizer state from checkpoint.pt: a bad entry
 # names the file and the parameter's index in it (not its index in a rank's shard), on every rank.
 cp -r "$TMP/b" "$TMP/bad-opt"  # step 40, ZeRO sorted_greedy over 2 ranks
