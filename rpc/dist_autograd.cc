@@ -107,7 +107,8 @@ absl::Status backward(Context& ctx, const std::vector<at::Tensor>& roots, bool r
   auto pass = std::make_shared<Pass>(ctx.grads_);
   std::vector<std::pair<at::Tensor, unsigned>> hooks;
   for (const auto& [leaf, ref] : leaves) {
-    std::shared_ptr<Node> accumulator = torch::autograd::impl::try_get_grad_accumulator(leaf);
+    // std::shared_ptr (2.6) or c10::intrusive_ptr (2.14, 2.15): only get() is used.
+    const auto accumulator = torch::autograd::impl::try_get_grad_accumulator(leaf);
     if (accumulator == nullptr || reached.count(accumulator.get()) == 0)
       continue;  // no gradient this time
     ++pass->batches[ref.owner].pending;
