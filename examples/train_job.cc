@@ -56,7 +56,8 @@ std::string heartbeat_stalls() {
 
 // Whether a message is a collective's or its transport's (see heartbeat_cause).
 bool is_communication_failure(absl::string_view what) {
-  if (comm::is_timeout_message(what)) return true;
+  // std::string_view from its parts: absl::string_view is a type of its own on some Abseils.
+  if (comm::is_timeout_message(std::string_view(what.data(), what.size()))) return true;
   for (absl::string_view word :
        {"gloo", "Gloo", "NCCL", "nccl", "onnection", "peer", "Broken pipe", "ocket",
         "broadcast_object", "gather_object", "agreeing whether every rank"}) {
