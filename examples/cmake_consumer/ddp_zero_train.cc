@@ -3,10 +3,10 @@
 // find_package(dtrain) exports. Exits 0 when the loss fell by more than 4x.
 #include <cstdio>
 
+#include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
-#include <torch/nn/functional/loss.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include "comm/process_group.h"
@@ -27,7 +27,8 @@ int main() {
     return 1;
   }
   torch::manual_seed(0);
-  torch::nn::Sequential model(torch::nn::Linear(16, 32), torch::nn::ReLU(), torch::nn::Linear(32, 4));
+  torch::nn::Sequential model(torch::nn::Linear(16, 32), torch::nn::ReLU(),
+                              torch::nn::Linear(32, 4));
   const at::Tensor teacher = torch::randn({16, 4});
 
   ddp_hooks::DDPOptions ddp_options;
@@ -53,6 +54,7 @@ int main() {
     last = loss.item<double>();
     if (step == 1) first = last;
   }
-  std::printf("dtrain from CMake: DDP(bf16 hook) + ZeRO(Adam), loss %.6f -> %.6f in 50 steps\n", first, last);
+  std::printf("dtrain from CMake: DDP(bf16 hook) + ZeRO(Adam), loss %.6f -> %.6f in 50 steps\n",
+              first, last);
   return last < first / 4 ? 0 : 1;
 }
