@@ -1,3 +1,5 @@
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -168,9 +170,11 @@ void agree_on_resume(const Job& job, const absl::Status& mine) {
   }
   if (failed == job.world_size) return;
   if (verdict.ok()) verdict = absl::UnknownError("(the message did not arrive)");
-  std::fprintf(stderr, "train: rank %d: --resume: %s\n", failed,
-               std::string(verdict.message()).c_str());
+  // One write(2): a line up to PIPE_BUF is not interleaved with rank 1's relayed copy of it.
+  const std::string line =
+      absl::StrCat("train: rank ", failed, ": --resume: ", verdict.message(), "\n");
   std::fflush(stderr);
+  if (::write(STDERR_FILENO, line.data(), line.size()) < 0) std::perror("train: write");
   try {
     job.world->barrier()->wait();    // every rank has printed before any exits (the launcher
   } catch (const std::exception&) {  // stops the others at the first exit)

@@ -18,6 +18,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -66,19 +67,31 @@ struct Relay {
   void feed(Pipe pipe, const char* data, size_t n) {
     FILE* sink = pipe == Pipe::kOut ? stdout : stderr;
     std::string& s = partial[static_cast<int>(pipe)];
+    std::fflush(sink);
     if (n == 0) {  // the end of the pipe
-      if (!s.empty()) std::fprintf(sink, "[rank %d] %s\n", rank, s.c_str());
+      if (!s.empty()) emit(sink, s);
       s.clear();
-      std::fflush(sink);
       return;
     }
     s.append(data, n);
     size_t start = 0;
     for (size_t nl; (nl = s.find('\n', start)) != std::string::npos; start = nl + 1) {
-      std::fprintf(sink, "[rank %d] %.*s\n", rank, static_cast<int>(nl - start), s.data() + start);
+      emit(sink, std::string_view(s).substr(start, nl - start));
     }
     s.erase(0, start);
-    std::fflush(sink);
+  }
+
+  // One write(2) per line: a line up to PIPE_BUF is never interleaved with another process's
+  // output on the same pipe (stdio may split it).
+  void emit(FILE* sink, std::string_view line) const {
+    std::string out = "[rank " + std::to_string(rank) + "] ";
+    out.append(line).push_back('\n');
+    for (size_t done = 0; done < out.size();) {
+      const ssize_t w = ::write(fileno(sink), out.data() + done, out.size() - done);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) return;  // the reader is gone: nothing to relay to
+      done += static_cast<size_t>(w);
+    }
   }
 };
 
