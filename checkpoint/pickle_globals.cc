@@ -59,6 +59,7 @@ constexpr StorageClass kStorageClasses[] = {
 };
 
 std::string global_name(int32_t g) {
+  if (is_dcp_global(g)) return dcp_global_name(g);
   for (const Known& k : kAllowed) {
     if (k.global == g) return absl::StrCat(k.module, ".", k.name);
   }
@@ -287,6 +288,7 @@ absl::StatusOr<Item> call_small(Context& ctx, int32_t g, const std::vector<Item>
       return build_list<at::Tensor>(ctx, g, a, &c10::IValue::isTensor,
                                     [](const c10::IValue& v) { return v.toTensor(); });
     default:
+      if (is_dcp_global(g)) return call_dcp(ctx, g, a);
       return ctx.invalid(absl::StrCat(describe(Item::global(g)), " cannot be called"));
   }
 }
@@ -344,7 +346,10 @@ absl::StatusOr<Item> resolve_global(const Context& ctx, std::string_view module,
   for (const Known& k : kAllowed) {
     if (module == k.module && name == k.name) return Item::global(k.global);
   }
-  if (module == "torch") {
+  if (ctx.dialect == PickleDialect::kDcpMetadata) {
+    if (std::optional<Item> g = resolve_dcp_global(module, name)) return *g;
+  }
+  if (module == "torch" && ctx.dialect == PickleDialect::kStateDict) {
     for (const StorageClass& s : kStorageClasses) {
       if (name == s.name) return Item::global(kStorageClass + static_cast<int32_t>(s.dtype));
     }
@@ -384,7 +389,7 @@ absl::StatusOr<Item> call_global(Context& ctx, const Item& callable,
         " elements, far more than a "
         "pickle of its size needs (a hostile file repeating calls on one large value)"));
   }
-  if (g >= kStorageClass)
+  if (g >= kStorageClass && g < kDcpFirst)
     return ctx.invalid(absl::StrCat(global_name(g), " is called; storages come by persistent id"));
   switch (g) {
     case kRebuildTensorV2:

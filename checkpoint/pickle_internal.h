@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -43,6 +44,7 @@ enum Global : int32_t {
   kTorchDevice,
   kCodecsEncode,
   kStorageClass = 1000,
+  kDcpFirst = 2000,  // the DCP dialect's globals (pickle_dcp.cc): kDcpFirst + their index
 };
 
 // One entry of the pickle stack or memo: a value, an allow-listed global, or a loaded storage.
@@ -77,8 +79,8 @@ struct Item {
 std::vector<Item> tuple_elements(const Item& tuple);
 
 struct Context {
-  Context(const std::string& name, const StorageLoader& loader)
-      : name(name), load_storage(loader) {}
+  Context(const std::string& name, const StorageLoader& loader, PickleDialect dialect)
+      : name(name), load_storage(loader), dialect(dialect) {}
 
   absl::Status data_loss(
       std::string_view what) const;  // DataLoss: "<name>'s pickle, at byte N: what"
@@ -89,6 +91,9 @@ struct Context {
 
   const std::string& name;
   const StorageLoader& load_storage;
+  const PickleDialect dialect;
+  // kDcpMetadata: the dicts that stand for objects NEWOBJ made (by IValue::internalToPointer()).
+  std::unordered_set<const void*> objects;
   size_t offset = 0;  // of the opcode being run
   struct Storage {
     at::Storage storage;
@@ -124,6 +129,22 @@ absl::Status arity(const Context& ctx, int32_t g, const std::vector<Item>& args,
 absl::StatusOr<std::vector<int64_t>> ints(const Context& ctx, const Item& item, const char* what);
 // Python's name for what `item` is, for messages ("a torch.FloatStorage class", "a str", ...).
 std::string describe(const Item& item);
+
+// The DCP dialect (pickle_dcp.cc; PickleDialect::kDcpMetadata only).
+// DCP's allow-listed global `module.name`, or nullopt: a class or callable (kGlobal) or, for a
+// torch dtype, its name as a str value.
+std::optional<Item> resolve_dcp_global(std::string_view module, std::string_view name);
+bool is_dcp_global(int32_t g);
+std::string dcp_global_name(int32_t g);
+// REDUCE of a DCP callable; NEWOBJ of a DCP class (an object: see pickle_reader.h).
+absl::StatusOr<Item> call_dcp(Context& ctx, int32_t g, const std::vector<Item>& args);
+absl::StatusOr<Item> new_dcp_object(Context& ctx, int32_t g, const std::vector<Item>& args);
+// BUILD on a DCP object: its state merged into it.
+absl::Status build_dcp_object(Context& ctx, const Item& target, const Item& state);
+// Whether `v` is an object NEWOBJ made; an object as a dict key: a MetadataIndex as a str
+// (pickle_reader.h).
+bool is_dcp_object(const Context& ctx, const c10::IValue& v);
+absl::StatusOr<Item> dcp_object_key(const Context& ctx, const c10::IValue& object);
 
 // UTF-8 as Python's pickler writes it (surrogates allowed: it encodes with 'surrogatepass').
 bool valid_utf8(std::string_view s);

@@ -136,10 +136,15 @@ absl::Status Machine::step_objects(uint8_t op, bool* handled) {
         return ctx_.data_loss(absl::StrCat("REDUCE/NEWOBJ calls ", describe(*callable)));
       }
       if (!args->is_tuple()) return ctx_.data_loss("REDUCE/NEWOBJ's arguments are not a tuple");
-      if (op == 0x81 && callable->ref != kOrderedDict) {
+      absl::StatusOr<Item> result;
+      if (op == 0x81 && ctx_.dialect == PickleDialect::kDcpMetadata &&
+          is_dcp_global(callable->ref)) {
+        result = new_dcp_object(ctx_, callable->ref, tuple_elements(*args));
+      } else if (op == 0x81 && callable->ref != kOrderedDict) {
         return ctx_.invalid(absl::StrCat("NEWOBJ creates ", describe(*callable)));
+      } else {
+        result = call_global(ctx_, *callable, tuple_elements(*args));
       }
-      absl::StatusOr<Item> result = call_global(ctx_, *callable, tuple_elements(*args));
       if (!result.ok()) return result.status();
       stack_.push_back(std::move(*result));
       return absl::OkStatus();
@@ -150,6 +155,8 @@ absl::Status Machine::step_objects(uint8_t op, bool* handled) {
       if (!state.ok()) return state.status();
       absl::StatusOr<Item*> target = top("BUILD");
       if (!target.ok()) return target.status();
+      if ((*target)->is_value() && is_dcp_object(ctx_, (*target)->value))
+        return build_dcp_object(ctx_, **target, *state);
       if (!(*target)->is_value() || !(*target)->value.isGenericDict()) {
         return ctx_.invalid(
             absl::StrCat("BUILD sets the state of ", describe(**target),

@@ -35,6 +35,26 @@
 
 namespace dtrain::checkpoint {
 
+// What a pickle may hold beyond plain values.
+enum class PickleDialect {
+  // A state dict (the allow-list above): torch.load(weights_only=True)'s values.
+  kStateDict,
+  // torch.distributed.checkpoint's .metadata (checkpoint/dcp_metadata.h reads it): plain values
+  // plus exactly DCP's own dataclasses -- Metadata, TensorStorageMetadata, BytesStorageMetadata,
+  // ChunkStorageMetadata, TensorProperties, MetadataIndex, StorageMeta (module
+  // torch.distributed.checkpoint.metadata) and _StorageInfo (....filesystem) -- created by NEWOBJ
+  // with no arguments, the values their BUILD state holds (torch.<dtype> as the str
+  // "torch.float32", torch.serialization._get_layout(str) as that str, _MEM_FORMAT_ENCODING(int)
+  // as that int, pathlib's PosixPath/PurePosixPath/WindowsPath(parts...) as the str of the parts
+  // joined by '/'), and torch.Size. No storages. An object comes back as a dict {"__class__":
+  // "<ClassName>", <its fields>...}: a dict state is merged into it, a slots state (None or a
+  // dict, dict) too, any other state (TensorProperties' 5-tuple) is its "__state__". A
+  // MetadataIndex used as a dict key becomes the str "\x01MetadataIndex\x01<offsets>\x01<fqn>",
+  // <offsets> "None" or the ints joined by ',' -- Python's own key equality (its index is not
+  // compared): a second key equal to one already present is DataLoss.
+  kDcpMetadata,
+};
+
 // Returns the storage persistent id ('storage', torch.<Dtype>Storage, key, location, numel)
 // refers to: REQUIRED to hold at least numel * itemsize(dtype) bytes on the CPU, not aliasing
 // anything the caller frees. Called once per key. Its errors are returned as they are.
@@ -50,7 +70,8 @@ using StorageLoader = std::function<absl::StatusOr<at::Storage>(
 // a tensor extending past its storage, invalid UTF-8, nesting deeper than 1000, a cycle).
 // Thread safety: a pure function of its arguments (plus the loader's own behaviour).
 absl::StatusOr<c10::IValue> read_pickle(std::string_view pickle, const std::string& name_for_errors,
-                                        const StorageLoader& load_storage);
+                                        const StorageLoader& load_storage,
+                                        PickleDialect dialect = PickleDialect::kStateDict);
 
 }  // namespace dtrain::checkpoint
 

@@ -160,15 +160,22 @@ class Machine {
     list_item.value.toList().push_back(std::move(*v));
     return absl::OkStatus();
   }
-  absl::Status set_item(const Item& dict_item, const Item& key, const Item& value) {
+  // `key_made` marks a key dtrain made from a DCP object (dcp_object_key), hashable by
+  // construction.
+  absl::Status set_item(const Item& dict_item, const Item& key, const Item& value,
+                        bool key_made = false) {
     if (!dict_item.is_value() || !dict_item.value.isGenericDict() ||
         dict_item.value.toGenericDict().keyType()->kind() != c10::TypeKind::AnyType ||
         dict_item.value.toGenericDict().valueType()->kind() != c10::TypeKind::AnyType) {
       return ctx_.data_loss(absl::StrCat("SETITEM(S) on ", describe(dict_item), ", not a dict"));
     }
+    if (key.is_value() && is_dcp_object(ctx_, key.value)) {
+      absl::StatusOr<Item> k = dcp_object_key(ctx_, key.value);
+      return k.ok() ? set_item(dict_item, *k, value, /*key_made=*/true) : k.status();
+    }
     const c10::IValue& k = key.value;
-    if (!key.is_value() ||
-        !(k.isString() || k.isInt() || k.isDouble() || k.isBool() || k.isTensor())) {
+    if (!key_made && (!key.is_value() || !(k.isString() || k.isInt() || k.isDouble() ||
+                                           k.isBool() || k.isTensor()))) {
       return ctx_.invalid(
           absl::StrCat("a dict key is ", describe(key),
                        "; dtrain reads dict keys that are str, int, float, bool or tensors"));
