@@ -333,6 +333,50 @@ TEST(ZeroRedundancyOptimizerTest, ShardedSaveLoadsAtAnotherWorldSizeAndStrategy)
   }
 }
 
+// A 0-d parameter's element-wise state is 0-d like its step: the flat strategy's 1-element slice
+// of it must come back as one (it was loaded as a 0-d tensor beside a [1] parameter, and refused).
+TEST(ZeroRedundancyOptimizerTest, ShardedSaveLoadsAZeroDimParameterUnderFlat) {
+  const std::string dir = fresh_dir("zero_sharded_0d");
+  auto params = [] {
+    return std::vector<at::Tensor>{at::scalar_tensor(0.5).requires_grad_(),
+                                   at::arange(6, at::kFloat).requires_grad_()};
+  };
+  c10::IValue before;
+  run_ranks_as_threads(2, [&](comm::Group& g) {
+    std::vector<at::Tensor> zp = params();
+    ZeroRedundancyOptimizer zero(
+        zp, local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)),
+        with_strategy(g, PartitionStrategy::kFlat));
+    for (int step = 0; step < 2; ++step) {
+      set_averaged_grads(g, zp, step);
+      zero.step();
+    }
+    ASSERT_TRUE(zero.save_sharded(dir).ok());
+    zero.consolidate_state_dict(0);
+    if (g.rank() == 0) before = zero.state_dict();
+  });
+  run_ranks_as_threads(3, [&](comm::Group& g) {
+    std::vector<at::Tensor> zp = params();
+    ZeroRedundancyOptimizer zero(
+        zp, local_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01)),
+        with_strategy(g, PartitionStrategy::kFlat));
+    absl::StatusOr<c10::IValue> loaded = zero.load_sharded(dir);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    zero.consolidate_state_dict(0);
+    if (g.rank() != 0) return;
+    const auto want = before.toGenericDict().at("state").toGenericDict();
+    const auto got = zero.state_dict().toGenericDict().at("state").toGenericDict();
+    for (const auto& kv : want) {
+      for (const auto& e : kv.value().toGenericDict()) {
+        if (!e.value().isTensor()) continue;
+        const at::Tensor g_t = got.at(kv.key()).toGenericDict().at(e.key()).toTensor();
+        EXPECT_EQ(g_t.sizes(), e.value().toTensor().sizes()) << e.key().toStringRef();
+        EXPECT_TRUE(g_t.equal(e.value().toTensor())) << e.key().toStringRef();
+      }
+    }
+  });
+}
+
 TEST(ZeroRedundancyOptimizerTest, ShardedLoadErrors) {
   const std::string dir = fresh_dir("zero_sharded_errors");
   run_ranks_as_threads(2, [&](comm::Group& g) {

@@ -20,6 +20,14 @@ using checkpoint::StateEntry;
 
 bool is_state_tensor(const c10::IValue& v) { return v.isTensor() && v.toTensor().dim() > 0; }
 
+// Whether entry `key` of parameter `p`'s state is element-wise (sliced with the parameter). A
+// 0-d parameter's element-wise state is 0-d too, like its per-parameter scalars: those are
+// PyTorch's "step" and NAdam's "mu_product".
+bool elementwise(const std::string& key, const c10::IValue& v, const at::Tensor& p) {
+  if (is_state_tensor(v)) return true;
+  return v.isTensor() && p.dim() == 0 && key != "step" && key != "mu_product";
+}
+
 OptimizerStateDict parsed(const c10::IValue& state_dict, const char* what) {
   absl::StatusOr<OptimizerStateDict> sd = checkpoint::parse_optimizer_state_dict(state_dict, what);
   TORCH_CHECK(sd.ok(), sd.status().message());
@@ -250,7 +258,7 @@ IndexedState local_state_from_sharded(const checkpoint::ShardedState& state,
     StateEntry entry = checkpoint::new_state_entry();
     for (const auto& s : saved.entries) {
       const c10::IValue& v = s.value();
-      if (!is_state_tensor(v)) {
+      if (!elementwise(s.key().toStringRef(), v, p)) {
         entry.insert(s.key(), v);
         continue;
       }
