@@ -7,7 +7,9 @@
 #include <ATen/ATen.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
+#include <string_view>
 #include <map>
 #include <random>
 #include <string>
@@ -36,27 +38,46 @@ absl::Status os_error(const std::string& what, const std::string& path) {
   return absl::UnavailableError(msg);
 }
 
+// A file written piece by piece, then fsynced and closed.
+class OutFile {
+ public:
+  absl::Status open(const std::string& path) {
+    path_ = path;
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    return fd_ < 0 ? os_error("cannot create", path) : absl::OkStatus();
+  }
+  absl::Status append(std::string_view bytes) {
+    size_t done = 0;
+    while (done < bytes.size()) {
+      const ssize_t n =
+          ::write(fd_, bytes.data() + done, std::min<size_t>(bytes.size() - done, size_t{1} << 26));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return os_error("cannot write", path_);
+      done += static_cast<size_t>(n);
+    }
+    return absl::OkStatus();
+  }
+  absl::Status finish() {
+    if (::fsync(fd_) != 0) return os_error("cannot fsync", path_);
+    const int fd = fd_;
+    fd_ = -1;
+    return ::close(fd) == 0 ? absl::OkStatus() : os_error("cannot close", path_);
+  }
+  ~OutFile() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
 // Writes `bytes` to `path` (created or truncated) and fsyncs it.
 absl::Status write_file(const std::string& path, std::string_view bytes) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return os_error("cannot create", path);
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, std::min<size_t>(bytes.size() - done, 1 << 26));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      absl::Status s = os_error("cannot write", path);
-      ::close(fd);
-      return s;
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0) {
-    absl::Status s = os_error("cannot fsync", path);
-    ::close(fd);
-    return s;
-  }
-  return ::close(fd) == 0 ? absl::OkStatus() : os_error("cannot close", path);
+  OutFile f;
+  if (absl::Status s = f.open(path); !s.ok()) return s;
+  if (absl::Status s = f.append(bytes); !s.ok()) return s;
+  return f.finish();
 }
 
 absl::Status sync_dir(const std::string& dir) {
@@ -145,26 +166,30 @@ absl::Status write_mine(const std::string& dir, int rank, const std::vector<DcpW
                         Report* report) {
   if (mine.empty()) return absl::OkStatus();
   report->file = absl::StrCat("__", rank, "_0.distcp");
-  std::string bytes;
+  OutFile out;
+  if (absl::Status s = out.open(absl::StrCat(dir, "/", report->file)); !s.ok()) return s;
+  int64_t offset = 0;
   for (const DcpWriteItem& item : mine) {
     if (absl::Status s = check_item(item); !s.ok()) return s;
     const bool is_tensor = item.tensor.defined();
-    absl::StatusOr<std::string> one = write_torch_file(is_tensor ? c10::IValue(compact(item.tensor)) : item.value);
+    absl::StatusOr<std::string> one =
+        write_torch_file(is_tensor ? c10::IValue(compact(item.tensor)) : item.value);
     if (!one.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("save_dcp: item '", item.key, "' cannot be written: ", one.status().message()));
+      return absl::InvalidArgumentError(absl::StrCat("save_dcp: item '", item.key,
+                                                     "' cannot be written: ", one.status().message()));
     }
     std::vector<int64_t> sizes;
     if (is_tensor) sizes = item.tensor.sizes().vec();
     report->items.push_back(c10::ivalue::Tuple::create(
-        {item.key, is_tensor, static_cast<int64_t>(is_tensor ? item.tensor.scalar_type() : at::kFloat),
+        {item.key, is_tensor,
+         static_cast<int64_t>(is_tensor ? item.tensor.scalar_type() : at::kFloat),
          is_tensor && item.tensor.requires_grad(), c10::List<int64_t>(item.global_size),
-         c10::List<int64_t>(item.offsets), c10::List<int64_t>(sizes),
-         static_cast<int64_t>(bytes.size()), static_cast<int64_t>(one->size()),
-         path_ivalue(item.path)}));
-    bytes += *one;
+         c10::List<int64_t>(item.offsets), c10::List<int64_t>(sizes), offset,
+         static_cast<int64_t>(one->size()), path_ivalue(item.path)}));
+    if (absl::Status s = out.append(*one); !s.ok()) return s;
+    offset += static_cast<int64_t>(one->size());
   }
-  return write_file(absl::StrCat(dir, "/", report->file), bytes);
+  return out.finish();
 }
 
 // Rank 0: every rank's items into one metadata, checked.
