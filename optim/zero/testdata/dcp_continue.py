@@ -1,0 +1,89 @@
+"""PyTorch's side of zero_dcp_test: torch.distributed.checkpoint both ways with dtrain's ZeRO.
+
+  dcp_continue.py continue CKPT WORLD OUT     dcp.load of CKPT (a dtrain checkpoint) into a plain
+        module + torch.optim.Adam at WORLD Gloo ranks (get_state_dict / set_state_dict), then
+        steps 3..5; OUT: the parameters after each step (torch.save, rank 0)
+  dcp_continue.py save CKPT WORLD OUT [flat]  steps 0..2 from the test's initial parameters,
+        dcp.save to CKPT at WORLD Gloo ranks (flat: flatten_optimizer_state_dict=True), then steps
+        3..5 as above into OUT
+Shapes, initial values, gradients and Adam's options are the test's (zero_dcp_test.cc).
+"""
+import os
+import sys
+import tempfile
+import warnings
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state_dict,
+                                                     set_state_dict)
+
+SHAPES = [(4, 3), (5,), (2, 3, 2), (7,), ()]
+LR = 0.01
+
+
+def numel(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def initial(i, shape):
+    return torch.cos(torch.arange(numel(shape), dtype=torch.float32) * 0.37 + i).view(shape)
+
+
+def grad(i, shape, step):
+    return torch.sin(torch.arange(numel(shape), dtype=torch.float32) * 0.1 + step + 0.3 * i).view(shape)
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        for i, shape in enumerate(SHAPES):
+            self.register_parameter(f"p{i}", torch.nn.Parameter(initial(i, shape)))
+
+
+def run_steps(model, opt, steps, trace):
+    for step in steps:
+        for i, shape in enumerate(SHAPES):
+            getattr(model, f"p{i}").grad = grad(i, shape, step)
+        opt.step()
+        trace.append([getattr(model, f"p{i}").detach().clone() for i in range(len(SHAPES))])
+
+
+def rank_main(rank, world, store, mode, ckpt, out, flat):
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    warnings.simplefilter("ignore")
+    model = Model()
+    opt = torch.optim.Adam(model.parameters(), lr=LR)
+    options = StateDictOptions(flatten_optimizer_state_dict=flat)
+    if mode == "save":
+        run_steps(model, opt, range(3), [])
+        msd, osd = get_state_dict(model, opt, options=options)
+        dcp.save({"model": msd, "optim": osd}, checkpoint_id=ckpt)
+    else:
+        msd, osd = get_state_dict(model, opt, options=options)
+        state = {"model": msd, "optim": osd}
+        dcp.load(state, checkpoint_id=ckpt)
+        set_state_dict(model, opt, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"], options=options)
+    trace = []
+    run_steps(model, opt, range(3, 6), trace)
+    if rank == 0:
+        torch.save(trace, out)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main():
+    mode, ckpt, world, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    flat = len(sys.argv) > 5 and sys.argv[5] == "flat"
+    store = tempfile.mktemp(prefix="dcp_continue_store_")
+    import torch.multiprocessing as mp
+    mp.spawn(rank_main, args=(world, store, mode, ckpt, out, flat), nprocs=world, join=True)
+
+
+if __name__ == "__main__":
+    main()

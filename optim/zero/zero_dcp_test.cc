@@ -1,0 +1,188 @@
+// ZeRO (dtrain's functional Adam inside) and torch.distributed.checkpoint, both ways, against
+// PyTorch at test time (optim/zero/testdata/dcp_continue.py): a dtrain checkpoint saved at world
+// W with each rank writing only its shard is loaded by dcp.load into a plain module +
+// torch.optim.Adam at another world size, and PyTorch's next steps equal dtrain's; a checkpoint
+// PyTorch saved (nested and flattened optimizer layouts) is resumed by ZeRO at another world size
+// and partition, and dtrain's next steps equal PyTorch's.
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "checkpoint/dcp.h"
+#include "checkpoint/dcp_state.h"
+#include "checkpoint/python_test_files.h"
+#include "checkpoint/torch_file_reader.h"
+#include "comm/testing/test_harness.h"
+#include "optim/functional/adapter.h"
+#include "optim/zero/zero_redundancy_optimizer.h"
+
+namespace dtrain::optim {
+namespace {
+
+namespace ck = ::dtrain::checkpoint;
+namespace t = ::dtrain::checkpoint::testing;
+
+// The script's SHAPES, initial values and gradients.
+const std::vector<std::vector<int64_t>> kShapes = {{4, 3}, {5}, {2, 3, 2}, {7}, {}};
+const std::vector<std::string> kNames = {"p0", "p1", "p2", "p3", "p4"};
+
+std::vector<at::Tensor> initial_params() {
+  std::vector<at::Tensor> out;
+  for (size_t i = 0; i < kShapes.size(); ++i) {
+    const int64_t n = at::empty(kShapes[i]).numel();
+    out.push_back(
+        (at::cos(at::arange(n, at::kFloat) * 0.37 + static_cast<double>(i))).view(kShapes[i]).requires_grad_());
+  }
+  return out;
+}
+
+void set_grads(std::vector<at::Tensor>& params, int step) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    params[i].mutable_grad() =
+        at::sin(at::arange(params[i].numel(), at::kFloat) * 0.1 + step + 0.3 * static_cast<double>(i))
+            .view(kShapes[i]);
+  }
+}
+
+ZeroRedundancyOptimizer make_zero(comm::Group& g, std::vector<at::Tensor>& params, bool flat) {
+  ZeroOptions o;
+  o.group = g;
+  o.strategy = flat ? PartitionStrategy::kFlat : PartitionStrategy::kSortedGreedy;
+  if (flat) o.flat_alignment = 4;  // ranges that split parameters mid-row
+  OptionsDict adam = new_options_dict();
+  adam.insert("lr", 0.01);
+  return ZeroRedundancyOptimizer(params, local_optimizer<FunctionalOptimizerAdapter>("Adam", adam), o);
+}
+
+using Trace = std::vector<std::vector<at::Tensor>>;  // parameters after each step
+
+// Steps 3..5 on every rank; rank 0's parameters after each.
+void continue_steps(comm::Group& g, std::vector<at::Tensor>& params, ZeroRedundancyOptimizer& zero,
+                    Trace* trace) {
+  for (int step = 3; step < 6; ++step) {
+    set_grads(params, step);
+    zero.step();
+    if (g.rank() == 0) {
+      trace->emplace_back();
+      for (const at::Tensor& p : params) trace->back().push_back(p.detach().clone());
+    }
+  }
+}
+
+Trace read_trace(const std::string& path) {
+  std::string bytes;
+  std::string out;
+  EXPECT_EQ(t::run_command("test -s '" + path + "'", &out), 0) << path << " was not written";
+  std::ifstream in(path, std::ios::binary);
+  bytes.assign(std::istreambuf_iterator<char>(in), {});
+  absl::StatusOr<c10::IValue> v = ck::read_torch_file(bytes, path);
+  EXPECT_TRUE(v.ok()) << v.status();
+  Trace trace;
+  if (!v.ok()) return trace;
+  for (const c10::IValue& step : v->toListRef()) {
+    trace.emplace_back();
+    for (const c10::IValue& p : step.toListRef()) trace.back().push_back(p.toTensor());
+  }
+  return trace;
+}
+
+void expect_same(const Trace& got, const Trace& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t s = 0; s < got.size(); ++s) {
+    ASSERT_EQ(got[s].size(), want[s].size()) << what;
+    for (size_t i = 0; i < got[s].size(); ++i) {
+      EXPECT_TRUE(got[s][i].allclose(want[s][i], 1e-6, 1e-7))
+          << what << ": step " << s + 3 << ", parameter p" << i << "\n"
+          << got[s][i] << "\nvs PyTorch\n" << want[s][i];
+    }
+  }
+}
+
+std::string python(const std::string& args) {
+  std::string out;
+  const int rc = t::run_command(
+      absl::StrCat(t::python_binary(), " optim/zero/testdata/dcp_continue.py ", args), &out);
+  EXPECT_EQ(rc, 0) << out;
+  return out;
+}
+
+std::string fresh_dir(const std::string& name) {
+  const std::string dir = absl::StrCat(t::test_tmpdir(), "/", name);
+  std::string out;
+  t::run_command(absl::StrCat("rm -rf '", dir, "' && mkdir -p '", dir, "'"), &out);
+  return dir;
+}
+
+struct Case {
+  int dtrain_world;
+  bool flat;
+  int python_world;
+};
+
+TEST(ZeroDcpTest, PyTorchContinuesFromDtrainsShardedCheckpoint) {
+  for (const Case& c : {Case{1, false, 2}, Case{2, false, 3}, Case{3, true, 1}, Case{2, true, 2}}) {
+    const std::string name = absl::StrCat("to_python_w", c.dtrain_world, c.flat ? "_flat" : "_greedy");
+    const std::string dir = fresh_dir(name);
+    Trace mine;
+    comm::testing::run_ranks_as_threads(c.dtrain_world, [&](comm::Group& g) {
+      std::vector<at::Tensor> params = initial_params();
+      ZeroRedundancyOptimizer zero = make_zero(g, params, c.flat);
+      for (int step = 0; step < 3; ++step) {
+        set_grads(params, step);
+        zero.step();
+      }
+      std::vector<ck::DcpWriteItem> items;
+      if (g.rank() == 0) {
+        std::vector<std::pair<std::string, at::Tensor>> named;
+        for (size_t i = 0; i < params.size(); ++i) named.emplace_back(kNames[i], params[i]);
+        items = ck::dcp_model_items(named);
+      }
+      absl::StatusOr<std::vector<ck::DcpWriteItem>> opt =
+          ck::dcp_optimizer_items(zero.sharded_state(), kNames, g.rank() == 0);
+      ASSERT_TRUE(opt.ok()) << opt.status();
+      items.insert(items.end(), opt->begin(), opt->end());
+      const absl::Status s = ck::save_dcp(g, dir, items);
+      ASSERT_TRUE(s.ok()) << s;
+      continue_steps(g, params, zero, &mine);
+    });
+    python(absl::StrCat("continue ", dir, " ", c.python_world, " ", dir, "/python.pt"));
+    expect_same(mine, read_trace(dir + "/python.pt"), name);
+  }
+}
+
+TEST(ZeroDcpTest, DtrainResumesFromPyTorchsCheckpointAtAnotherWorldSize) {
+  for (const char* layout : {"", "flat"}) {
+    const std::string dir = fresh_dir(absl::StrCat("from_python", layout));
+    python(absl::StrCat("save ", dir, " 2 ", dir, "/python.pt ", layout));
+    const Trace want = read_trace(dir + "/python.pt");
+    for (const auto& [world, flat] : std::vector<std::pair<int, bool>>{{3, true}, {1, false}}) {
+      Trace mine;
+      comm::testing::run_ranks_as_threads(world, [&](comm::Group& g) {
+        absl::StatusOr<ck::DcpReader> r = ck::DcpReader::open(dir);
+        ASSERT_TRUE(r.ok()) << r.status();
+        std::vector<at::Tensor> params = initial_params();
+        absl::StatusOr<c10::impl::GenericDict> model = ck::load_dcp_model(*r, kNames);
+        ASSERT_TRUE(model.ok()) << model.status();
+        {
+          at::NoGradGuard no_grad;
+          for (size_t i = 0; i < params.size(); ++i) params[i].copy_(model->at(kNames[i]).toTensor());
+        }
+        ZeroRedundancyOptimizer zero = make_zero(g, params, flat);
+        absl::StatusOr<ck::ShardedState> state =
+            ck::load_dcp_optimizer(*r, kNames, zero.owned_ranges(), kShapes);
+        ASSERT_TRUE(state.ok()) << state.status();
+        zero.load_sharded_state(*state);
+        continue_steps(g, params, zero, &mine);
+      });
+      expect_same(mine, want, absl::StrCat("world ", world, flat ? " flat" : " greedy", " from ",
+                                           *layout ? "flattened" : "nested", " PyTorch checkpoint"));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dtrain::optim
