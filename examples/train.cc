@@ -37,6 +37,7 @@
 #include "comm/process_group.h"
 #include "examples/train_checkpoint.h"
 #include "examples/train_config.h"
+#include "examples/train_dcp.h"
 #include "examples/train_job.h"
 #include "examples/train_progress.h"
 #include "launcher/local_launcher.h"
@@ -132,6 +133,8 @@ void print_summary(const Config& c, const Job& job, checkpoint::StepCheckpoints&
     std::printf("| checkpoint | %s (step %d: %s)%s |\n", file.c_str(), c.steps, step_dir.c_str(),
                 c.sharded_checkpoint
                     ? absl::StrCat(", optimizer shards in ", step_dir, "/", kShardDir).c_str()
+                : c.checkpoint_format == "dcp"
+                    ? absl::StrCat(", model and optimizer in ", step_dir, "/", kDcpDir, " (DCP)").c_str()
                     : "");
   }
   std::fflush(stdout);

@@ -173,7 +173,8 @@ absl::StatusOr<TrainCheckpoint> read_train_checkpoint(const checkpoint::StepChec
     c.run_id = run->toStringRef();
   }
   c.sharded = d.contains(c10::IValue("optimizer_shards"));
-  if (!c.sharded) {
+  c.dcp = d.contains(c10::IValue("optimizer_dcp"));
+  if (!c.sharded && !c.dcp) {
     absl::StatusOr<c10::IValue> o = field("optimizer", &c10::IValue::isGenericDict, "a dict");
     if (!o.ok()) return o.status();
     c.optimizer = *o;

@@ -36,6 +36,7 @@ struct TrainCheckpoint {
   c10::impl::GenericDict model{c10::StringType::get(), c10::AnyType::get()};  // name -> tensor
   c10::IValue optimizer;  // PyTorch's optimizer state dict; None when sharded
   bool sharded = false;   // optimizer state in dir/optimizer (checkpoint/sharded.h)
+  bool dcp = false;       // model and optimizer state in dir/dcp (examples/train_dcp.h)
   std::string hook;       // the --hook it was written with
   std::string run_id;     // TORCHELASTIC_RUN_ID of the job that wrote it ("" when none was set)
 };

@@ -57,6 +57,14 @@ ABSL_FLAG(bool, sharded_checkpoint, false,
           "With ZeRO: every rank writes its own optimizer-state shard "
           "(--checkpoint_dir/optimizer/) instead of "
           "gathering the state on rank 0; resumable at any rank count and --zero strategy.");
+ABSL_FLAG(std::string, checkpoint_format, "torch_save",
+          "torch_save: checkpoint.pt holds the model and the optimizer (torch.load reads it); dcp: "
+          "they go to --checkpoint_dir/step-N/dcp/, a torch.distributed.checkpoint directory "
+          "every rank writes its own part of (dcp.load reads it at any world size).");
+ABSL_FLAG(std::string, init_from_dcp, "",
+          "Start from the model and optimizer of this torch.distributed.checkpoint directory "
+          "(one PyTorch wrote with get_state_dict as {'model', 'optim'[, 'step']}, or a dcp/ "
+          "directory of --checkpoint_format=dcp), at its 'step' (0 without one).");
 ABSL_FLAG(double, lr, 3e-3, "Adam learning rate, positive and finite.");
 ABSL_FLAG(int, batch_size, 64,
           "Samples per rank per step, 1-1048576 (--batch_size x --hidden at most 2^28).");
@@ -179,6 +187,22 @@ absl::Status check_values(const TrainConfig& c, const std::string& backend) {
     return usage("--zero=stage2 reduce-scatters gradients: use --hook=allreduce");
   }
   if (c.resume && c.checkpoint_dir.empty()) return usage("--resume needs a --checkpoint_dir");
+  if (c.checkpoint_format != "torch_save" && c.checkpoint_format != "dcp") {
+    return usage(absl::StrCat("unknown --checkpoint_format=", c.checkpoint_format,
+                              "; choose torch_save|dcp"));
+  }
+  if (c.checkpoint_format == "dcp" && c.sharded_checkpoint) {
+    return usage("--checkpoint_format=dcp is sharded already (each rank writes its part): drop "
+                 "--sharded_checkpoint");
+  }
+  if ((c.checkpoint_format == "dcp" || !c.init_from_dcp.empty()) && c.hook == "post_local_sgd") {
+    return usage("DCP checkpoints hold the model and Adam's state, not post-local SGD's averager "
+                 "step: use --checkpoint_format=torch_save with --hook=post_local_sgd");
+  }
+  if (!c.init_from_dcp.empty() && c.resume) {
+    return usage("--init_from_dcp starts a run from a DCP checkpoint and --resume continues one "
+                 "from --checkpoint_dir: give one of them");
+  }
   if (c.sharded_checkpoint && c.zero == "off") {
     return usage(
         "--sharded_checkpoint shards ZeRO's optimizer state; use it with --zero=sorted_greedy or "
@@ -287,6 +311,8 @@ absl::StatusOr<TrainConfig> read_flags() {
   c.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
   c.resume = absl::GetFlag(FLAGS_resume);
   c.sharded_checkpoint = absl::GetFlag(FLAGS_sharded_checkpoint);
+  c.checkpoint_format = absl::GetFlag(FLAGS_checkpoint_format);
+  c.init_from_dcp = absl::GetFlag(FLAGS_init_from_dcp);
   c.lr = absl::GetFlag(FLAGS_lr);
   c.batch_size = absl::GetFlag(FLAGS_batch_size);
   c.hidden = absl::GetFlag(FLAGS_hidden);

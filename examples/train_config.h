@@ -42,6 +42,8 @@ struct TrainConfig {
   int keep_checkpoints = 2;
   bool resume = false;
   bool sharded_checkpoint = false;
+  std::string checkpoint_format = "torch_save";  // torch_save|dcp
+  std::string init_from_dcp;                     // a DCP directory to start from; "" none
   double lr = 3e-3;
   int batch_size = 64;
   int hidden = 256;

@@ -15,6 +15,7 @@
 #include "checkpoint/state_file.h"
 #include "comm/agreement.h"
 #include "examples/train_checkpoint.h"
+#include "examples/train_dcp.h"
 #include "examples/train_job.h"
 
 namespace dtrain::examples {
@@ -84,6 +85,20 @@ absl::Status load_global_optimizer(const Config& c, const examples::TrainCheckpo
 // The optimizer state of a checkpoint: the global state dict, or (sharded) the pieces of the
 // shards this rank owns now.
 absl::Status load_optimizer(const Config& c, const examples::TrainCheckpoint& ck, Trainer& t) {
+  if (ck.dcp) {
+    const std::string dir = (std::filesystem::path(ck.dir) / kDcpDir).string();
+    absl::StatusOr<int64_t> step;
+    absl::Status loaded = guarded([&] {
+      step = load_train_dcp(t, dir, /*with_model=*/false);
+      return step.status();
+    });
+    if (!loaded.ok()) return loaded;
+    if (*step != ck.step) {
+      return absl::DataLossError(
+          absl::StrCat("the DCP checkpoint in ", dir, " is not from step ", ck.step));
+    }
+    return absl::OkStatus();
+  }
   if (!ck.sharded) return load_global_optimizer(c, ck, t);
   if (!t.opt.zero) return absl::FailedPreconditionError(kShardedNeedsZero);
   const std::string dir = (std::filesystem::path(ck.dir) / kShardDir).string();
@@ -186,7 +201,23 @@ void agree_on_resume(const Job& job, const absl::Status& mine) {
 
 int resume(const Config& c, const Job& job, checkpoint::StepCheckpoints& ckpts, Trainer& t,
            Progress& progress) {
-  if (!c.resume && !resumes_on_restart(c, job, ckpts, progress)) return 0;
+  const bool resuming = c.resume || resumes_on_restart(c, job, ckpts, progress);
+  if (!resuming && !c.init_from_dcp.empty()) {
+    // Every rank reads its part (the model, its optimizer pieces), then the ranks agree.
+    absl::StatusOr<int64_t> step;
+    const absl::Status loaded = in(absl::StrCat("--init_from_dcp=", c.init_from_dcp), guarded([&] {
+                                     step = load_train_dcp(t, c.init_from_dcp, /*with_model=*/true);
+                                     return step.status();
+                                   }));
+    agree_on_resume(job, loaded);
+    if (*step >= c.steps) {
+      die(2, absl::StrCat("--init_from_dcp=", c.init_from_dcp, " is at step ", *step,
+                          ", at or past --steps=", c.steps, ": nothing to train"));
+    }
+    progress.note(absl::StrCat("started from step ", *step, " of DCP checkpoint ", c.init_from_dcp));
+    return static_cast<int>(*step);
+  }
+  if (!resuming) return 0;
   // Every rank reads and checks its part of the step (checkpoint.pt, its optimizer shards, its
   // hook file) before any collective, then the ranks agree: one rank's bad file stops them all.
   absl::StatusOr<examples::TrainCheckpoint> ck = examples::read_train_checkpoint(ckpts, job.device);
@@ -229,6 +260,8 @@ c10::impl::GenericDict checkpoint_dict(const Config& c, const Job& job, Trainer&
   ckpt.insert("model", weights);
   if (c.sharded_checkpoint) {
     ckpt.insert("optimizer_shards", std::string(kShardDir));
+  } else if (c.checkpoint_format == "dcp") {
+    ckpt.insert("optimizer_dcp", std::string(kDcpDir));
   } else {
     ckpt.insert("optimizer", optimizer_state);
   }
@@ -244,12 +277,15 @@ void save_step(const Config& c, const Job& job, checkpoint::StepCheckpoints& ckp
                int step) {
   absl::StatusOr<std::string> step_dir = std::string();
   if (job.rank == 0) step_dir = ckpts.begin(step);
-  if (job.rank == 0 && step_dir.ok() && c.sharded_checkpoint) {
+  const char* own_dir = c.sharded_checkpoint ? kShardDir
+                        : c.checkpoint_format == "dcp" ? kDcpDir
+                                                       : nullptr;
+  if (job.rank == 0 && step_dir.ok() && own_dir != nullptr) {
     std::error_code ec;
-    std::filesystem::create_directories(std::filesystem::path(*step_dir) / kShardDir, ec);
+    std::filesystem::create_directories(std::filesystem::path(*step_dir) / own_dir, ec);
     if (ec)
       step_dir = absl::UnavailableError(
-          absl::StrCat("cannot create ", *step_dir, "/", kShardDir, ": ", ec.message()));
+          absl::StrCat("cannot create ", *step_dir, "/", own_dir, ": ", ec.message()));
   }
   agree(job, step_dir.status(), "create the step directory");
   step_dir = ckpts.dir_of(step);
@@ -258,6 +294,12 @@ void save_step(const Config& c, const Job& job, checkpoint::StepCheckpoints& ckp
     absl::Status s =
         t.opt.zero->save_sharded((std::filesystem::path(*step_dir) / kShardDir).string(),
                                  c10::IValue(static_cast<int64_t>(step)));
+    if (!s.ok()) {
+      die(1, absl::StrCat(checkpoint_error(s.message()), " (rank ", job.rank, ")",
+                          heartbeat_cause(s)));
+    }
+  } else if (c.checkpoint_format == "dcp") {
+    absl::Status s = save_train_dcp(job, t, step, (std::filesystem::path(*step_dir) / kDcpDir).string());
     if (!s.ok()) {
       die(1, absl::StrCat(checkpoint_error(s.message()), " (rank ", job.rank, ")",
                           heartbeat_cause(s)));

@@ -112,12 +112,49 @@ out=$("$TRAIN" --steps=60 --resume --sharded_checkpoint --checkpoint_dir="$TMP/s
 out=$("$TRAIN" --steps=60 --resume --zero=off --checkpoint_dir="$TMP/s" 2>&1); code=$?
 [[ $code -eq 2 && "$out" == "train: --resume: this checkpoint's optimizer state is sharded"* ]] || fail "--zero=off on shards: exit $code: $out"
 
+# 4b. DCP checkpoints (--checkpoint_format=dcp): each rank writes its part of step-N/dcp/; resuming
+# ends where the straight run does; 3 ranks with the flat partition read the same directory;
+# PyTorch's dcp.load reads it into an nn.Sequential + torch.optim.Adam and saves its own DCP
+# checkpoint, from which --init_from_dcp continues to the straight run's loss.
+"$TRAIN" --steps=20 --checkpoint_format=dcp --checkpoint_dir="$TMP/d" >"$TMP/d1.log" 2>&1 || fail "dcp first half exited with $?: $(cat "$TMP/d1.log")"
+ls "$TMP/d/latest/dcp/.metadata" "$TMP/d/latest/dcp/__0_0.distcp" "$TMP/d/latest/dcp/__1_0.distcp" >/dev/null 2>&1 || fail "no DCP files per rank in $TMP/d/latest/dcp: $(ls -aR "$TMP/d")"
+cp -r "$TMP/d" "$TMP/d3" && cp -r "$TMP/d/latest/dcp" "$TMP/d20"
+"$TRAIN" --steps=40 --resume --checkpoint_format=dcp --checkpoint_dir="$TMP/d" >"$TMP/d2.log" 2>&1 || fail "dcp resume exited with $?: $(cat "$TMP/d2.log")"
+echo "dcp resume: final loss $(final_loss "$TMP/d2.log")"
+[[ "$(final_loss "$TMP/d2.log")" == "$last" ]] || fail "dcp resume ends at loss $(final_loss "$TMP/d2.log"), the straight run at $last"
+"$TRAIN" --steps=30 --resume --nproc_per_node=3 --zero=flat --checkpoint_format=dcp --checkpoint_dir="$TMP/d3" >"$TMP/d3.log" 2>&1 || fail "3-rank flat dcp resume exited with $?: $(cat "$TMP/d3.log")"
+grep -q "resumed from step 20" "$TMP/d3.log" || fail "3 ranks did not resume from dcp step 20: $(cat "$TMP/d3.log")"
+/usr/bin/python3 - "$TMP/d20" "$TMP/py20" 2>"$TMP/py20.log" <<'PY' || fail "PyTorch could not load and re-save the DCP checkpoint: $(cat "$TMP/py20.log")"
+import sys, warnings
+import torch, torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+warnings.simplefilter("ignore")
+L, G = torch.nn.Linear, torch.nn.GELU
+model = torch.nn.Sequential(L(32, 256), G(), L(256, 256), G(), L(256, 256), G(), L(256, 8))
+opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+msd, osd = get_state_dict(model, opt)
+state = {"model": msd, "optim": osd, "step": 0}
+dcp.load(state, checkpoint_id=sys.argv[1])
+set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+assert state["step"] == 20, state["step"]
+assert float(opt.state[model[0].weight]["step"]) == 20.0, opt.state[model[0].weight]["step"]
+msd, osd = get_state_dict(model, opt)
+dcp.save({"model": msd, "optim": osd, "step": 20}, checkpoint_id=sys.argv[2])
+print("PyTorch: dcp.load of dtrain's step 20, re-saved")
+PY
+"$TRAIN" --steps=40 --init_from_dcp="$TMP/py20" --checkpoint_dir="$TMP/dpy" >"$TMP/dpy.log" 2>&1 || fail "--init_from_dcp of PyTorch's checkpoint exited with $?: $(cat "$TMP/dpy.log")"
+grep -q "started from step 20 of DCP checkpoint" "$TMP/dpy.log" || fail "--init_from_dcp did not start from step 20: $(cat "$TMP/dpy.log")"
+echo "--init_from_dcp of PyTorch's re-save: final loss $(final_loss "$TMP/dpy.log")"
+[[ "$(final_loss "$TMP/dpy.log")" == "$last" ]] || fail "--init_from_dcp of PyTorch's checkpoint ends at loss $(final_loss "$TMP/dpy.log"), the straight run at $last"
+out=$("$TRAIN" --steps=40 --init_from_dcp="$TMP/py20" --hidden=128 --checkpoint_dir="$TMP/dpy128" 2>&1); code=$?
+[[ $code -eq 2 && "$out" == *"has another shape for model.0.weight"* ]] || fail "--init_from_dcp into another --hidden: exit $code: $out"
+
 # 5. Step directories: the last --keep_checkpoints steps are kept, `latest` names the newest.
 [[ "$(readlink "$TMP/a/latest")" == "step-00000040" ]] || fail "latest -> $(readlink "$TMP/a/latest"), expected step-00000040"
 [[ -d "$TMP/a/step-00000020" && -f "$TMP/a/step-00000040/checkpoint.pt" ]] || fail "steps kept: $(ls "$TMP/a")"
 
 # 6. Bad input: exit code 2 and one line that says what to do.
-for args in "--hook=foo" "--zero=nope" "--steps=0" "--resume --checkpoint_dir=$TMP/none" "--hook=post_local_sgd" "--zero=off --sharded_checkpoint" "--keep_checkpoints=0" "--max_restarts=-1" "--max_restarts=101" "--fail_at_step=-1" "--device=gpu" "--backend=mpi" "--backend=nccl" "--backend=nccl --device=cpu" "--powersgd_start_iter=1" "--nnodes=0" "--nnodes=2 --node_rank=2" "--nnodes=1073741824" "--master_port=70000" "--master_addr=" "--hidden=2000000000" "--hidden=0" "--batch_size=2000000" "--batch_size=65536 --hidden=16384" "--timeout_s=0" "--timeout_s=1000000" "--rendezvous_timeout_s=-5" "--log_every=-1" "--lr=inf" "--checkpoint_every=0"; do
+for args in "--hook=foo" "--zero=nope" "--steps=0" "--resume --checkpoint_dir=$TMP/none" "--hook=post_local_sgd" "--zero=off --sharded_checkpoint" "--keep_checkpoints=0" "--max_restarts=-1" "--max_restarts=101" "--fail_at_step=-1" "--device=gpu" "--backend=mpi" "--backend=nccl" "--backend=nccl --device=cpu" "--powersgd_start_iter=1" "--nnodes=0" "--nnodes=2 --node_rank=2" "--nnodes=1073741824" "--master_port=70000" "--master_addr=" "--hidden=2000000000" "--hidden=0" "--batch_size=2000000" "--batch_size=65536 --hidden=16384" "--timeout_s=0" "--timeout_s=1000000" "--rendezvous_timeout_s=-5" "--log_every=-1" "--lr=inf" "--checkpoint_every=0" "--checkpoint_format=zip" "--checkpoint_format=dcp --sharded_checkpoint" "--init_from_dcp=$TMP/x --resume"; do
   out=$("$TRAIN" $args 2>&1); code=$?
   [[ $code -eq 2 ]] || fail "$args: exit code $code, expected 2"
   [[ $(printf '%s\n' "$out" | wc -l) -eq 1 ]] || fail "$args: expected one line, got: $out"
