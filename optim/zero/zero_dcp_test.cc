@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <torch/torch.h>
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
@@ -180,6 +181,61 @@ TEST(ZeroDcpTest, DtrainResumesFromPyTorchsCheckpointAtAnotherWorldSize) {
       });
       expect_same(mine, want, absl::StrCat("world ", world, flat ? " flat" : " greedy", " from ",
                                            *layout ? "flattened" : "nested", " PyTorch checkpoint"));
+    }
+  }
+}
+
+// FSDP2 (fully_shard, uneven row shards) at world 2 and 4 on Gloo: its DTensor chunks are read by
+// ZeRO at world 3 (flat: ranges that cut rows) and 1, and the next steps of the same loss equal
+// FSDP2's. Every rank runs the whole model on the same input (FSDP2's ranks do likewise), so the
+// averaged gradients are each rank's own.
+TEST(ZeroDcpTest, DtrainResumesFromAnFsdp2Checkpoint) {
+  const std::vector<std::string> names = {"0.weight", "0.bias", "1.weight", "1.bias"};
+  const std::vector<std::vector<int64_t>> shapes = {{7, 5}, {7}, {3, 7}, {3}};
+  for (int fsdp_world : {2, 4}) {
+    const std::string dir = fresh_dir(absl::StrCat("fsdp2_w", fsdp_world));
+    python(absl::StrCat("fsdp2 ", dir, "/ckpt ", fsdp_world, " ", dir, "/python.pt"));
+    const Trace want = read_trace(dir + "/python.pt");
+    for (const auto& [world, flat] : std::vector<std::pair<int, bool>>{{3, true}, {1, false}}) {
+      Trace mine;
+      comm::testing::run_ranks_as_threads(world, [&](comm::Group& g) {
+        absl::StatusOr<ck::DcpReader> r = ck::DcpReader::open(dir + "/ckpt");
+        ASSERT_TRUE(r.ok()) << r.status();
+        torch::nn::Sequential model(torch::nn::Linear(5, 7), torch::nn::Linear(7, 3));
+        absl::StatusOr<c10::impl::GenericDict> saved = ck::load_dcp_model(*r, names);
+        ASSERT_TRUE(saved.ok()) << saved.status();
+        std::vector<at::Tensor> params;
+        {
+          at::NoGradGuard no_grad;
+          for (const auto& item : model->named_parameters()) {
+            item.value().copy_(saved->at(item.key()).toTensor());
+            params.push_back(item.value());
+          }
+        }
+        ZeroOptions o;
+        o.group = g;
+        o.strategy = flat ? PartitionStrategy::kFlat : PartitionStrategy::kSortedGreedy;
+        if (flat) o.flat_alignment = 4;
+        OptionsDict adam = new_options_dict();
+        adam.insert("lr", 0.01);
+        ZeroRedundancyOptimizer zero(params, local_optimizer<FunctionalOptimizerAdapter>("Adam", adam), o);
+        absl::StatusOr<ck::ShardedState> state =
+            ck::load_dcp_optimizer(*r, names, zero.owned_ranges(), shapes);
+        ASSERT_TRUE(state.ok()) << state.status();
+        zero.load_sharded_state(*state);
+        const at::Tensor x = at::cos(at::arange(20, at::kFloat)).view({4, 5});
+        for (int step = 3; step < 6; ++step) {
+          zero.zero_grad();
+          model->forward(x).sum().backward();
+          zero.step();
+          if (g.rank() == 0) {
+            mine.emplace_back();
+            for (const at::Tensor& p : params) mine.back().push_back(p.detach().clone());
+          }
+        }
+      });
+      expect_same(mine, want, absl::StrCat("world ", world, flat ? " flat" : " greedy",
+                                           " from FSDP2 at world ", fsdp_world));
     }
   }
 }

@@ -6,6 +6,9 @@
   dcp_continue.py save CKPT WORLD OUT [flat]  steps 0..2 from the test's initial parameters,
         dcp.save to CKPT at WORLD Gloo ranks (flat: flatten_optimizer_state_dict=True), then steps
         3..5 as above into OUT
+  dcp_continue.py fsdp2 CKPT WORLD OUT        an FSDP2 (fully_shard) Linear(5, 7), Linear(7, 3) on
+        WORLD Gloo ranks: steps 0..2 (loss = model(x).sum(), x the same on every rank), dcp.save
+        of get_state_dict's DTensor shards to CKPT, then steps 3..5 into OUT (full parameters)
 Shapes, initial values, gradients and Adam's options are the test's (zero_dcp_test.cc).
 """
 import os
@@ -53,9 +56,42 @@ def run_steps(model, opt, steps, trace):
         trace.append([getattr(model, f"p{i}").detach().clone() for i in range(len(SHAPES))])
 
 
+def fsdp2_input():
+    return torch.cos(torch.arange(20, dtype=torch.float32)).view(4, 5)
+
+
+def fsdp2_main(rank, world, ckpt, out):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Linear(7, 3))
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.Adam(model.parameters(), lr=LR)
+    trace = []
+    for step in range(6):
+        if step == 3:
+            msd, osd = get_state_dict(model, opt)
+            dcp.save({"model": msd, "optim": osd}, checkpoint_id=ckpt)
+        model(fsdp2_input()).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        if step >= 3:
+            trace.append([p.full_tensor().detach().clone() for p in model.parameters()])
+    if rank == 0:
+        torch.save(trace, out)
+
+
 def rank_main(rank, world, store, mode, ckpt, out, flat):
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     warnings.simplefilter("ignore")
+    if mode == "fsdp2":
+        fsdp2_main(rank, world, ckpt, out)
+        dist.barrier()
+        dist.destroy_process_group()
+        return
     model = Model()
     opt = torch.optim.Adam(model.parameters(), lr=LR)
     options = StateDictOptions(flatten_optimizer_state_dict=flat)
