@@ -18,7 +18,10 @@
 // Guarantees: at most one save in flight (save() waits for the previous one first, which is
 // also when a failed write is reported); staging copies every tensor (a CUDA tensor into pinned
 // host memory, then one synchronisation), so the caller may change its tensors as soon as save()
-// returns; each save commits its own directory's .metadata last, atomically, so a crash at any
+// returns. The staging buffers are kept and reused while the items keep their shapes and dtypes
+// (a training loop's do): a save after the first costs one copy into memory already mapped, at
+// the price of one host copy of this rank's state held between saves (PyTorch's
+// BlockingAsyncStager(cache_staged_state_dict=True); its default stages afresh each time); each save commits its own directory's .metadata last, atomically, so a crash at any
 // moment leaves every earlier completed checkpoint loadable and the one in flight either complete
 // or without .metadata (never read). The destructor waits for the save in flight.
 // Thread safety: save() and wait() from one thread (the training loop).
@@ -28,6 +31,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <ATen/core/Tensor.h>
 
 #include "absl/status/status.h"
 #include "checkpoint/dcp.h"
@@ -54,13 +59,17 @@ class AsyncDcpSaver {
 
  private:
   comm::Group group_;
+  std::vector<at::Tensor> staging_;  // reused host buffers, one per tensor item of the last save
   std::thread writer_;
   absl::Status result_;  // of the last finished save, written by writer_ before it ends
 };
 
-// This rank's items with every tensor copied to host memory (the staging step of save()),
-// exposed for benchmarks. Errors: ResourceExhausted.
-absl::StatusOr<std::vector<DcpWriteItem>> stage_dcp_items(const std::vector<DcpWriteItem>& mine);
+// This rank's items with every tensor copied to host memory (the staging step of save()): into
+// `buffers` where they match the tensors' shapes, dtypes and kinds of memory, else into new
+// buffers (large ones advised as transparent huge pages), which replace `buffers`.
+// Errors: ResourceExhausted.
+absl::StatusOr<std::vector<DcpWriteItem>> stage_dcp_items(const std::vector<DcpWriteItem>& mine,
+                                                          std::vector<at::Tensor>* buffers);
 
 }  // namespace dtrain::checkpoint
 
