@@ -5,9 +5,9 @@ loopback), each rank holding half of every tensor (DTensor Shard(0), as a ZeRO/F
     /usr/bin/python3 bench/peers/dcp_pytorch.py MIB [REPEATS]
 prints "sync_save_ms X", "async_blocked_ms Y" (until async_save returns) and "async_total_ms Z"
 (until its future is done), with async_save's default stager (stages afresh each time), and
-"async_cached_blocked_ms", "async_cached_total_ms" with BlockingAsyncStager(cache_staged_state_dict=
-True) kept for the run (buffers reused, as dtrain's AsyncDcpSaver): medians over REPEATS (default
-3), rank 0's clock, as the C++ side.
+"async_cached_blocked_ms", "async_cached_total_ms" with one DefaultStager kept for the run (its
+staging copies reused, as dtrain's AsyncDcpSaver): medians over REPEATS (default 5), rank 0's
+clock, as the C++ side.
 State: MIB MiB of float32 in tensors of 32 MiB at most; written under $DTRAIN_BENCH_DIR (default
 /tmp/dtrain-bench)/dcp-pytorch-<n>, removed after."""
 import os
@@ -33,12 +33,17 @@ def rank_main(rank, mib, repeats, root, store, out):
     tensors = (mib << 18) // per_tensor
     state = {"optim.state.p%d.exp_avg" % i: distribute_tensor(torch.randn(per_tensor), mesh, [Shard(0)])
              for i in range(tensors)}
-    from torch.distributed.checkpoint.staging import BlockingAsyncStager
-    cached = BlockingAsyncStager(cache_staged_state_dict=True)
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+    # Kept for the run: its StateDictStager maps each source storage to its staging copy and
+    # reuses it (async_save's own default stager is made afresh for every call).
+    cached = DefaultStager(StagingOptions(False, False, False, False))
     sync, blocked, total, cblocked, ctotal = [], [], [], [], []
     run = 0
-    for _ in range(repeats):
-        for mode in ("sync", "async", "async_cached"):
+    modes = ["sync", "async", "async_cached"]
+    for rep in range(repeats):
+        # A save right after another runs slower (its files being removed and written back):
+        # the order rotates, as in the C++ side.
+        for mode in modes[rep % 3:] + modes[:rep % 3]:
             path = os.path.join(root, "dcp-pytorch-%d" % run)
             run += 1
             if rank == 0:
@@ -74,7 +79,7 @@ def rank_main(rank, mib, repeats, root, store, out):
 
 def main():
     mib = int(sys.argv[1])
-    repeats = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+    repeats = int(sys.argv[2]) if len(sys.argv) > 2 else 5
     root = os.environ.get("DTRAIN_BENCH_DIR", "/tmp/dtrain-bench")
     os.makedirs(root, exist_ok=True)
     store = tempfile.mktemp(prefix="dcp_bench_store_")
