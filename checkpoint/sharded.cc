@@ -43,9 +43,11 @@ absl::Status check_param(int64_t index, const ShardedState::Param& p) {
   for (const auto& kv : p.entries) {
     if (!kv.value().isTensor()) continue;
     const at::Tensor& t = kv.value().toTensor();
+    const bool whole = p.range.begin == 0 && p.range.end == numel;
     if (t.numel() != p.range.size() && !(t.dim() == 0 && numel == 1)) {
-      // 0-dim tensors (PyTorch's float "step") are per parameter, not per element.
-      if (t.dim() != 0) {
+      // 0-dim tensors (PyTorch's float "step") are per parameter, not per element; so are a
+      // whole parameter's tensors of another size (Adafactor's factored variances).
+      if (t.dim() != 0 && !whole) {
         return absl::InvalidArgumentError(
             absl::StrCat("parameter ", index, ": state '", kv.key().toStringRef(), "' has ",
                          t.numel(), " elements for a range of ", p.range.size()));
@@ -333,6 +335,58 @@ absl::StatusOr<ShardedInfo> read_sharded_info(const std::string& dir) {
 
 namespace {
 
+// Copies one shard's entries of a parameter into `p`: the shard holds elements [held.begin,
+// held.end) of a parameter of `numel` elements, of which [part.begin, part.end) fall in the
+// requested `range`.
+absl::Status copy_entries(const Dict& entries, const std::string& where, partition::Range held,
+                          partition::Range part, partition::Range range, int64_t numel,
+                          ShardedState::Param* out) {
+  const int64_t r0 = held.begin, r1 = held.end, lo = part.begin, hi = part.end;
+  ShardedState::Param& p = *out;
+  for (const auto& kv : entries) {
+    const c10::IValue& v = kv.value();
+    if (!kv.key().isString())
+      return absl::DataLossError(absl::StrCat(where, ": a state key is not a string"));
+    if (!v.isTensor() || v.toTensor().dim() == 0) {
+      if (!p.entries.contains(kv.key())) p.entries.insert(kv.key(), v);
+      continue;
+    }
+    if (r0 == 0 && r1 == numel && v.toTensor().numel() != numel) {
+      // The parameter's own state of another size (Adafactor's factored variances), saved
+      // with the whole parameter: it loads only with the whole parameter.
+      if (range.begin != 0 || range.end != numel) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": state '", kv.key().toStringRef(), "' is not element-wise (",
+            v.toTensor().numel(), " values for ", numel,
+            " elements); load this parameter whole (a partition that does not split it)"));
+      }
+      if (!p.entries.contains(kv.key())) p.entries.insert(kv.key(), v);
+      continue;
+    }
+    const at::Tensor src =
+        v.toTensor().reshape(-1);  // whole parameters keep their shape in a shard
+    if (src.numel() != r1 - r0) {
+      return absl::DataLossError(absl::StrCat(where, ": state '", kv.key().toStringRef(),
+                                              "' holds ", src.numel(),
+                                              " elements for the range [", r0, ", ", r1, ")"));
+    }
+    if (!p.entries.contains(kv.key())) {
+      p.entries.insert(kv.key(), at::empty({range.size()}, src.options()));
+    }
+    const c10::IValue& have = p.entries.at(kv.key());
+    if (!have.isTensor() || have.toTensor().scalar_type() != src.scalar_type()) {
+      return absl::DataLossError(
+          absl::StrCat(where, ": state '", kv.key().toStringRef(),
+                       "' has another type or dtype than in the other shards"));
+    }
+    if (hi > lo)
+      have.toTensor()
+          .narrow(0, lo - range.begin, hi - lo)
+          .copy_(src.narrow(0, lo - r0, hi - lo));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ShardedState> load_checked(const std::string& dir,
                                           const std::map<int64_t, partition::Range>& wanted) {
   absl::StatusOr<ParsedMetadata> meta = read_metadata(dir);
@@ -395,34 +449,9 @@ absl::StatusOr<ShardedState> load_checked(const std::string& dir,
       }
       const Dict entries =
           params->at(key).toGenericDict().at(c10::IValue("entries")).toGenericDict();
-      for (const auto& kv : entries) {
-        const c10::IValue& v = kv.value();
-        if (!kv.key().isString())
-          return absl::DataLossError(absl::StrCat(where, ": a state key is not a string"));
-        if (!v.isTensor() || v.toTensor().dim() == 0) {
-          if (!p.entries.contains(kv.key())) p.entries.insert(kv.key(), v);
-          continue;
-        }
-        const at::Tensor src =
-            v.toTensor().reshape(-1);  // whole parameters keep their shape in a shard
-        if (src.numel() != r1 - r0) {
-          return absl::DataLossError(absl::StrCat(where, ": state '", kv.key().toStringRef(),
-                                                  "' holds ", src.numel(),
-                                                  " elements for the range [", r0, ", ", r1, ")"));
-        }
-        if (!p.entries.contains(kv.key())) {
-          p.entries.insert(kv.key(), at::empty({range.size()}, src.options()));
-        }
-        const c10::IValue& have = p.entries.at(kv.key());
-        if (!have.isTensor() || have.toTensor().scalar_type() != src.scalar_type()) {
-          return absl::DataLossError(
-              absl::StrCat(where, ": state '", kv.key().toStringRef(),
-                           "' has another type or dtype than in the other shards"));
-        }
-        if (hi > lo)
-          have.toTensor()
-              .narrow(0, lo - range.begin, hi - lo)
-              .copy_(src.narrow(0, lo - r0, hi - lo));
+      if (absl::Status st = copy_entries(entries, where, {r0, r1}, {lo, hi}, range, numel, &p);
+          !st.ok()) {
+        return st;
       }
       if (hi > lo) pieces.emplace_back(lo, hi);
     }

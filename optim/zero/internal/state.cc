@@ -87,10 +87,16 @@ c10::IValue assemble_pieces(const c10::IValue& merged, const std::vector<int64_t
         entry.insert(kv.key(), kv.value());
         continue;
       }
+      const at::Tensor& p = params[static_cast<size_t>(param)];
+      if (list.size() == 1 && kv.value().toTensor().numel() != p.numel()) {
+        // A whole parameter's own state of another shape (Adafactor's factored variances).
+        entry.insert(kv.key(), kv.value());
+        continue;
+      }
       std::vector<at::Tensor> parts;
       for (const StateEntry& piece : list)
         parts.push_back(piece.at(kv.key()).toTensor().reshape(-1));
-      entry.insert(kv.key(), at::cat(parts).view(params[static_cast<size_t>(param)].sizes()));
+      entry.insert(kv.key(), at::cat(parts).view(p.sizes()));
     }
     out.state.emplace(param, entry);
   }
@@ -220,7 +226,9 @@ checkpoint::ShardedState sharded_from_local(const c10::IValue& local_state_dict,
     for (const auto& s : state) {
       const c10::IValue& v = s.value();
       // The sharded format: a whole parameter's state is full-shaped, a slice's is 1-D.
-      if (is_state_tensor(v)) {
+      if (is_state_tensor(v) && whole && v.toTensor().numel() != p.numel()) {
+        entry.entries.insert(s.key(), v);  // its own shape (Adafactor's factored variances)
+      } else if (is_state_tensor(v)) {
         entry.entries.insert(s.key(),
                              whole ? v.toTensor().reshape(p.sizes()) : v.toTensor().reshape(-1));
       } else {
@@ -263,6 +271,12 @@ IndexedState local_state_from_sharded(const checkpoint::ShardedState& state,
         continue;
       }
       const at::Tensor t = v.toTensor();
+      if (!e.slice && t.numel() != p.numel()) {
+        // A whole parameter's own state of another shape (Adafactor's factored variances): as
+        // it is; the local optimizer's load checks its shape.
+        entry.insert(s.key(), v);
+        continue;
+      }
       TORCH_CHECK(t.numel() == range.size(), "load_sharded_state: entry '", s.key().toStringRef(),
                   "' of parameter ", e.param, " has ", t.numel(), " elements for a range of ",
                   range.size());
