@@ -97,7 +97,9 @@ absl::Status param_items(int64_t index, const std::string& fqn, const ShardedSta
     const c10::IValue& v = kv.value();
     if (v.isTensor()) {
       const at::Tensor& t = v.toTensor();
-      if (whole && t.sizes().vec() == p.shape && t.dim() > 0) {
+      if (whole && t.dim() > 0) {
+        // Element-wise state, or a parameter's own of another shape (Adafactor's row and
+        // column variances): whole, from the one rank holding the parameter.
         out->push_back(DcpWriteItem::whole(key, t, std::move(path)));
       } else if (!whole && t.dim() == 1 && t.numel() == p.range.size() && name != "step") {
         int64_t at_elem = 0;
