@@ -4,6 +4,8 @@
 // torch.optim.Adam at another world size, and PyTorch's next steps equal dtrain's; a checkpoint
 // PyTorch saved (nested and flattened optimizer layouts) is resumed by ZeRO at another world size
 // and partition, and dtrain's next steps equal PyTorch's.
+#include <fstream>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -183,6 +185,101 @@ TEST(ZeroDcpTest, DtrainResumesFromPyTorchsCheckpointAtAnotherWorldSize) {
                                            *layout ? "flattened" : "nested", " PyTorch checkpoint"));
     }
   }
+}
+
+// Every functional optimizer with state (SparseAdam aside: PyTorch's takes sparse gradients
+// only) under ZeRO at world 2: its DCP checkpoint loads into torch.optim.<Name> and PyTorch's next
+// steps equal dtrain's. Whole 2-D parameters (sorted-greedy): Adafactor's factored variances and
+// Muon (2-D only) as PyTorch keeps them.
+TEST(ZeroDcpTest, EveryOptimizerContinuesInPyTorch) {
+  struct Opt {
+    std::string name;
+    std::vector<std::pair<std::string, c10::IValue>> options;
+    std::string json;  // the same options for Python
+  };
+  const std::vector<Opt> opts = {
+      {"SGD", {{"lr", 0.05}, {"momentum", 0.9}}, R"({"lr": 0.05, "momentum": 0.9})"},
+      {"Adam", {{"lr", 0.01}, {"amsgrad", true}}, R"({"lr": 0.01, "amsgrad": true})"},
+      {"AdamW", {{"lr", 0.01}}, R"({"lr": 0.01})"},
+      {"Adagrad", {{"lr", 0.1}}, R"({"lr": 0.1})"},
+      {"Adadelta", {}, R"({})"},
+      {"Adamax", {{"lr", 0.01}}, R"({"lr": 0.01})"},
+      {"RMSprop", {{"lr", 0.01}, {"centered", true}, {"momentum", 0.5}},
+       R"({"lr": 0.01, "centered": true, "momentum": 0.5})"},
+      {"Rprop", {{"lr", 0.01}}, R"({"lr": 0.01})"},
+      {"NAdam", {{"lr", 0.01}}, R"({"lr": 0.01})"},
+      {"RAdam", {{"lr", 0.01}}, R"({"lr": 0.01})"},
+      {"ASGD", {{"lr", 0.01}, {"t0", 1.0}}, R"({"lr": 0.01, "t0": 1.0})"},
+      {"Adafactor", {{"lr", 0.01}}, R"({"lr": 0.01})"},
+      {"Muon", {{"lr", 0.02}}, R"({"lr": 0.02})"},
+  };
+  const std::vector<std::vector<int64_t>> shapes = {{4, 3}, {2, 5}, {6, 2}};
+  const std::vector<std::string> names = {"p0", "p1", "p2"};
+  const std::string root = fresh_dir("optimizers");
+  std::map<std::string, Trace> mine;
+  std::string spec = "[";
+  for (const Opt& opt : opts) {
+    const std::string dir = absl::StrCat(root, "/", opt.name);
+    std::string out;
+    t::run_command("mkdir -p '" + dir + "'", &out);
+    comm::testing::run_ranks_as_threads(2, [&](comm::Group& g) {
+      std::vector<at::Tensor> params;
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        const int64_t n = shapes[i][0] * shapes[i][1];
+        params.push_back(
+            at::cos(at::arange(n, at::kFloat) * 0.37 + static_cast<double>(i)).view(shapes[i]).requires_grad_());
+      }
+      ZeroOptions o;
+      o.group = g;
+      OptionsDict options = new_options_dict();
+      for (const auto& [k, v] : opt.options) options.insert(k, v);
+      ZeroRedundancyOptimizer zero(params, local_optimizer<FunctionalOptimizerAdapter>(opt.name, options), o);
+      auto grads = [&](int step) {
+        for (size_t i = 0; i < params.size(); ++i) {
+          params[i].mutable_grad() =
+              at::sin(at::arange(params[i].numel(), at::kFloat) * 0.1 + step + 0.3 * static_cast<double>(i))
+                  .view(shapes[i]);
+        }
+      };
+      for (int step = 0; step < 3; ++step) {
+        grads(step);
+        zero.step();
+      }
+      absl::StatusOr<std::vector<ck::DcpWriteItem>> items =
+          ck::dcp_optimizer_items(zero.sharded_state(), names, g.rank() == 0);
+      ASSERT_TRUE(items.ok()) << opt.name << ": " << items.status();
+      if (g.rank() == 0) {
+        std::vector<std::pair<std::string, at::Tensor>> named;
+        for (size_t i = 0; i < params.size(); ++i) named.emplace_back(names[i], params[i]);
+        for (ck::DcpWriteItem& m : ck::dcp_model_items(named)) items->push_back(std::move(m));
+      }
+      const absl::Status s = ck::save_dcp(g, dir, *items);
+      ASSERT_TRUE(s.ok()) << opt.name << ": " << s;
+      for (int step = 3; step < 6; ++step) {
+        grads(step);
+        zero.step();
+        if (g.rank() == 0) {
+          mine[opt.name].emplace_back();
+          for (const at::Tensor& p : params) mine[opt.name].back().push_back(p.detach().clone());
+        }
+      }
+    });
+    absl::StrAppend(&spec, spec.size() > 1 ? ", " : "", "[\"", dir, "\", \"", opt.name, "\", ",
+                    opt.json, ", \"", dir, "/python.pt\"]");
+  }
+  spec += "]";
+  std::ofstream(root + "/spec.json") << spec;
+  const std::string output = python(absl::StrCat("optimizers 1 ", root, "/spec.json"));
+  int compared = 0;
+  for (const Opt& opt : opts) {
+    if (output.find("skipped " + opt.name) != std::string::npos) {
+      std::printf("skipped %s: this PyTorch has no torch.optim.%s\n", opt.name.c_str(), opt.name.c_str());
+      continue;
+    }
+    expect_same(mine[opt.name], read_trace(absl::StrCat(root, "/", opt.name, "/python.pt")), opt.name);
+    ++compared;
+  }
+  EXPECT_GE(compared, 12);
 }
 
 // FSDP2 (fully_shard, uneven row shards) at world 2 and 4 on Gloo: its DTensor chunks are read by

@@ -9,6 +9,9 @@
   dcp_continue.py fsdp2 CKPT WORLD OUT        an FSDP2 (fully_shard) Linear(5, 7), Linear(7, 3) on
         WORLD Gloo ranks: steps 0..2 (loss = model(x).sum(), x the same on every rank), dcp.save
         of get_state_dict's DTensor shards to CKPT, then steps 3..5 into OUT (full parameters)
+  dcp_continue.py optimizers WORLD SPEC.json  for each [ckpt, name, options, out] of SPEC: a
+        "continue" with torch.optim.<name>(**options) over the 2-D SHAPES_2D; an optimizer this
+        PyTorch lacks is skipped with a line "skipped <name>"
 Shapes, initial values, gradients and Adam's options are the test's (zero_dcp_test.cc).
 """
 import os
@@ -23,6 +26,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state
                                                      set_state_dict)
 
 SHAPES = [(4, 3), (5,), (2, 3, 2), (7,), ()]
+SHAPES_2D = [(4, 3), (2, 5), (6, 2)]  # every optimizer's, Muon's included (2-D only)
 LR = 0.01
 
 
@@ -42,18 +46,38 @@ def grad(i, shape, step):
 
 
 class Model(torch.nn.Module):
-    def __init__(self):
+    def __init__(self, shapes=SHAPES):
         super().__init__()
-        for i, shape in enumerate(SHAPES):
+        self.shapes = shapes
+        for i, shape in enumerate(shapes):
             self.register_parameter(f"p{i}", torch.nn.Parameter(initial(i, shape)))
 
 
 def run_steps(model, opt, steps, trace):
     for step in steps:
-        for i, shape in enumerate(SHAPES):
+        for i, shape in enumerate(model.shapes):
             getattr(model, f"p{i}").grad = grad(i, shape, step)
         opt.step()
-        trace.append([getattr(model, f"p{i}").detach().clone() for i in range(len(SHAPES))])
+        trace.append([getattr(model, f"p{i}").detach().clone() for i in range(len(model.shapes))])
+
+
+def optimizers_main(rank, spec):
+    import json
+    for ckpt, name, options, out in json.load(open(spec)):
+        if not hasattr(torch.optim, name):
+            if rank == 0:
+                print("skipped", name)
+            continue
+        model = Model(SHAPES_2D)
+        opt = getattr(torch.optim, name)(model.parameters(), **options)
+        msd, osd = get_state_dict(model, opt)
+        state = {"model": msd, "optim": osd}
+        dcp.load(state, checkpoint_id=ckpt)
+        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        trace = []
+        run_steps(model, opt, range(3, 6), trace)
+        if rank == 0:
+            torch.save(trace, out)
 
 
 def fsdp2_input():
@@ -87,6 +111,11 @@ def fsdp2_main(rank, world, ckpt, out):
 def rank_main(rank, world, store, mode, ckpt, out, flat):
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     warnings.simplefilter("ignore")
+    if mode == "optimizers":
+        optimizers_main(rank, ckpt)
+        dist.barrier()
+        dist.destroy_process_group()
+        return
     if mode == "fsdp2":
         fsdp2_main(rank, world, ckpt, out)
         dist.barrier()
@@ -114,6 +143,8 @@ def rank_main(rank, world, store, mode, ckpt, out, flat):
 
 
 def main():
+    if sys.argv[1] == "optimizers":  # optimizers WORLD SPEC
+        sys.argv = [sys.argv[0], "optimizers", sys.argv[3], sys.argv[2], ""]
     mode, ckpt, world, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     flat = len(sys.argv) > 5 and sys.argv[5] == "flat"
     store = tempfile.mktemp(prefix="dcp_continue_store_")
