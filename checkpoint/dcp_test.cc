@@ -98,6 +98,7 @@ TEST(DcpTest, PyTorchLoadsWhatDtrainSaved) {
   EXPECT_THAT(output, HasSubstr("scalar 2.5"));
   EXPECT_THAT(output, HasSubstr("step 7"));
   EXPECT_THAT(output, HasSubstr("group 0.001 (0.9, 0.999)"));
+  EXPECT_THAT(output, HasSubstr("dcp_to_torch_save ['b', 'group', 'scalar', 'step', 'w'] 0.001 True"));
 }
 
 TEST(DcpTest, ReadsPyTorchsShardedCheckpointAtAnotherWorldSize) {

@@ -104,6 +104,15 @@ def load_mine(path):
     print("scalar", state["scalar"].item())
     print("step", state["step"])
     print("group", state["group"]["lr"], tuple(state["group"]["betas"]))
+    # PyTorch's converter rebuilds the nested dict from the metadata's planner_data.
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    out = os.path.join(tempfile.mkdtemp(), "converted.pt")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp_to_torch_save(path, out)
+    converted = torch.load(out, weights_only=True)
+    print("dcp_to_torch_save", sorted(converted), converted["group"]["lr"],
+          converted["w"].flatten().tolist() == state["w"].flatten().tolist())
 
 
 if __name__ == "__main__":
