@@ -70,7 +70,8 @@ TEST(DcpMetadataTest, ReadsWhatPyTorchWrites) {
     absl::StatusOr<DcpMetadata> md = read_dcp_metadata(slurp(dir + "/.metadata"), dir);
     ASSERT_TRUE(md.ok()) << md.status();
     EXPECT_EQ(summary(*md), t::read_lines(dir + "/summary.txt")) << name;
-    EXPECT_EQ(md->version, "1.0.0");
+    // PyTorch 2.6 writes no version; later ones "1.0.0".
+    EXPECT_TRUE(md->version == "1.0.0" || md->version.empty()) << md->version;
     EXPECT_FALSE(md->save_id.empty());
     std::map<std::string, int64_t> sizes;
     for (const char* f : {"__0_0.distcp", "__1_0.distcp"}) {
@@ -190,7 +191,7 @@ TEST(DcpMetadataTest, RunsNoCodeFromTheFile) {
                                std::string("\x80\x02" "cdataclasses\nField\n)\x81.", 26)}) {
     const absl::Status s = read_dcp_metadata(p, "ckpt").status();
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-    EXPECT_THAT(s.message(), HasSubstr("Python global"));
+    EXPECT_THAT(s.message(), HasSubstr("not one of torch.distributed.checkpoint's metadata classes"));
   }
   // Storages (a tensor pickled into the metadata) have no place there.
   EXPECT_FALSE(read_dcp_metadata("\x80\x02}.", "ckpt").ok());

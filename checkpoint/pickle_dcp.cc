@@ -41,6 +41,9 @@ constexpr DcpGlobal kDcpGlobals[] = {
     {"pathlib", "PosixPath", false},
     {"pathlib", "PurePosixPath", false},
     {"pathlib", "WindowsPath", false},
+    {"pathlib._local", "PosixPath", false},  // Python 3.13 and later
+    {"pathlib._local", "PurePosixPath", false},
+    {"pathlib._local", "WindowsPath", false},
 };
 constexpr int32_t kDcpCount = static_cast<int32_t>(std::size(kDcpGlobals));
 constexpr int32_t kMemFormat = kDcpFirst + 8;

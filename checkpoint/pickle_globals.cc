@@ -359,6 +359,13 @@ absl::StatusOr<Item> resolve_global(const Context& ctx, std::string_view module,
     for (char c : s.substr(0, 100)) out.push_back(c >= 0x20 && c < 0x7f ? c : '?');
     return out;
   };
+  if (ctx.dialect == PickleDialect::kDcpMetadata) {
+    return ctx.invalid(absl::StrCat(
+        "it refers to the Python global ", printable(module), ".", printable(name),
+        ", which is not one of torch.distributed.checkpoint's metadata classes: dtrain reads "
+        "only those and never runs code from a file. Save with torch.distributed.checkpoint's "
+        "own FileSystemWriter (PyTorch 2.6-2.15)"));
+  }
   return ctx.invalid(absl::StrCat("it refers to the Python global ", printable(module), ".",
                                   printable(name),
                                   ", which dtrain does not load: it reads only plain state dicts "

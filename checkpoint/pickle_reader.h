@@ -45,10 +45,11 @@ enum class PickleDialect {
   // torch.distributed.checkpoint.metadata) and _StorageInfo (....filesystem) -- created by NEWOBJ
   // with no arguments, the values their BUILD state holds (torch.<dtype> as the str
   // "torch.float32", torch.serialization._get_layout(str) as that str, _MEM_FORMAT_ENCODING(int)
-  // as that int, pathlib's PosixPath/PurePosixPath/WindowsPath(parts...) as the str of the parts
-  // joined by '/'), and torch.Size. No storages. An object comes back as a dict {"__class__":
-  // "<ClassName>", <its fields>...}: a dict state is merged into it, a slots state (None or a
-  // dict, dict) too, any other state (TensorProperties' 5-tuple) is its "__state__". A
+  // as that int, pathlib's (and Python 3.13's pathlib._local's) PosixPath/PurePosixPath/
+  // WindowsPath(parts...) as the str of the parts joined by '/'), and torch.Size. No storages.
+  // An object comes back as a dict {"__class__": "<ClassName>", <its fields>...}: a dict state
+  // is merged into it, a slots state (None or a dict, dict) too, any other state
+  // (TensorProperties' 5-tuple) is its "__state__". A
   // MetadataIndex used as a dict key becomes the str "\x01MetadataIndex\x01<offsets>\x01<fqn>",
   // <offsets> "None" or the ints joined by ',' -- Python's own key equality (its index is not
   // compared): a second key equal to one already present is DataLoss.
