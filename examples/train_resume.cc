@@ -171,7 +171,7 @@ int lowest_failed_rank(const Job& job, const absl::Status& mine) {
 // Collective: the ranks' verdict on what each loaded. When any rank failed, the lowest such rank's
 // message reaches every rank, which prints it and exits 2 once all have printed: every rank stops
 // with the same line, none is left waiting in a collective, none aborts.
-void agree_on_resume(const Job& job, const absl::Status& mine) {
+void agree_on_resume(const Job& job, const absl::Status& mine, const char* flag = "--resume") {
   int failed = job.world_size;
   absl::Status verdict;
   try {
@@ -187,7 +187,7 @@ void agree_on_resume(const Job& job, const absl::Status& mine) {
   if (verdict.ok()) verdict = absl::UnknownError("(the message did not arrive)");
   // One write(2): a line up to PIPE_BUF is not interleaved with rank 1's relayed copy of it.
   const std::string line =
-      absl::StrCat("train: rank ", failed, ": --resume: ", verdict.message(), "\n");
+      absl::StrCat("train: rank ", failed, ": ", flag, ": ", verdict.message(), "\n");
   std::fflush(stderr);
   if (::write(STDERR_FILENO, line.data(), line.size()) < 0) std::perror("train: write");
   try {
@@ -205,11 +205,11 @@ int resume(const Config& c, const Job& job, checkpoint::StepCheckpoints& ckpts, 
   if (!resuming && !c.init_from_dcp.empty()) {
     // Every rank reads its part (the model, its optimizer pieces), then the ranks agree.
     absl::StatusOr<int64_t> step;
-    const absl::Status loaded = in(absl::StrCat("--init_from_dcp=", c.init_from_dcp), guarded([&] {
-                                     step = load_train_dcp(t, c.init_from_dcp, /*with_model=*/true);
-                                     return step.status();
-                                   }));
-    agree_on_resume(job, loaded);
+    const absl::Status loaded = guarded([&] {
+      step = load_train_dcp(t, c.init_from_dcp, /*with_model=*/true);
+      return step.status();
+    });
+    agree_on_resume(job, loaded, "--init_from_dcp");
     if (*step >= c.steps) {
       die(2, absl::StrCat("--init_from_dcp=", c.init_from_dcp, " is at step ", *step,
                           ", at or past --steps=", c.steps, ": nothing to train"));
