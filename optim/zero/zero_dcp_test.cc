@@ -292,6 +292,10 @@ TEST(ZeroDcpTest, DtrainResumesFromAnFsdp2Checkpoint) {
   for (int fsdp_world : {2, 4}) {
     const std::string dir = fresh_dir(absl::StrCat("fsdp2_w", fsdp_world));
     python(absl::StrCat("fsdp2 ", dir, "/ckpt ", fsdp_world, " ", dir, "/python.pt"));
+    std::ifstream unsupported(dir + "/python.pt.unsupported");
+    if (unsupported) {  // PyTorch 2.6 (counted as a skip, with PyTorch's reason)
+      GTEST_SKIP() << std::string(std::istreambuf_iterator<char>(unsupported), {});
+    }
     const Trace want = read_trace(dir + "/python.pt");
     for (const auto& [world, flat] : std::vector<std::pair<int, bool>>{{3, true}, {1, false}}) {
       Trace mine;
