@@ -222,9 +222,18 @@ class Decoder {
     absl::StatusOr<c10::impl::GenericDict> d = object(v, "TensorProperties", where + "'s properties");
     if (!d.ok()) return d.status();
     const c10::IValue state = field(*d, "__state__");
-    if (!state.isTuple() || state.toTupleRef().elements().size() != 5)
-      return bad(absl::StrCat(where, "'s properties are not DCP's 5-tuple"));
+    // (dtype, layout, requires_grad, memory format, pin_memory), and since PyTorch 2.15 the
+    // strides of the tensor saved (None or ints; chunks carry their own layout, so unused here).
+    const size_t n = state.isTuple() ? state.toTupleRef().elements().size() : 0;
+    if (n != 5 && n != 6)
+      return bad(absl::StrCat(where, "'s properties are not DCP's 5- or 6-tuple"));
     const auto& e = state.toTupleRef().elements();
+    if (n == 6 && !e[5].isNone()) {
+      if (!e[5].isTuple()) return bad(absl::StrCat(where, "'s strides are not a tuple"));
+      for (const c10::IValue& st : e[5].toTupleRef().elements()) {
+        if (!st.isInt()) return bad(absl::StrCat(where, "'s strides are not ints"));
+      }
+    }
     if (!e[0].isString()) return bad(absl::StrCat(where, "'s dtype is not a torch dtype"));
     bool found = false;
     for (const auto& [n, dtype] : kDtypes) {

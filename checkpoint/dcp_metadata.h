@@ -10,7 +10,8 @@
 //     for (const DcpChunk& c : t.chunks) use(c.offsets, c.sizes, c.storage.relative_path);
 //   absl::Status s = check_dcp_files(*md, {{"__0_0.distcp", 40960}}, "checkpoint /ckpt/step100");
 //
-// The format (PyTorch 2.6-2.15, torch/distributed/checkpoint/metadata.py and filesystem.py):
+// The format (PyTorch 2.6-2.15, torch/distributed/checkpoint/metadata.py and filesystem.py; 2.15
+// adds the saved tensor's strides to TensorProperties, read and not needed):
 // Metadata(state_dict_metadata={key: TensorStorageMetadata(properties, size, chunks) |
 // BytesStorageMetadata()}, planner_data={key: path tuple}, storage_data={MetadataIndex(key,
 // chunk offsets | None): _StorageInfo(relative_path, offset, length)}, storage_meta, version).

@@ -49,7 +49,7 @@ enum class PickleDialect {
   // WindowsPath(parts...) as the str of the parts joined by '/'), and torch.Size. No storages.
   // An object comes back as a dict {"__class__": "<ClassName>", <its fields>...}: a dict state
   // is merged into it, a slots state (None or a dict, dict) too, any other state
-  // (TensorProperties' 5-tuple) is its "__state__". A
+  // (TensorProperties' 5-tuple, 6 since PyTorch 2.15) is its "__state__". A
   // MetadataIndex used as a dict key becomes the str "\x01MetadataIndex\x01<offsets>\x01<fqn>",
   // <offsets> "None" or the ints joined by ',' -- Python's own key equality (its index is not
   // compared): a second key equal to one already present is DataLoss.
