@@ -187,8 +187,10 @@ TEST(DcpMetadataTest, ChecksItemsAgainstTheFiles) {
 
 TEST(DcpMetadataTest, RunsNoCodeFromTheFile) {
   // pickle.dumps(os.system("true")) and a dataclass from outside DCP.
-  for (const std::string& p : {std::string("\x80\x02" "cposix\nsystem\nX\x04\x00\x00\x00true\x85R.", 31),
-                               std::string("\x80\x02" "cdataclasses\nField\n)\x81.", 26)}) {
+  static constexpr char kSystem[] = "\x80\x02" "cposix\nsystem\nX\x04\x00\x00\x00true\x85R.";
+  static constexpr char kField[] = "\x80\x02" "cdataclasses\nField\n)\x81.";
+  for (const std::string& p : {std::string(kSystem, sizeof(kSystem) - 1),
+                               std::string(kField, sizeof(kField) - 1)}) {
     const absl::Status s = read_dcp_metadata(p, "ckpt").status();
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
     EXPECT_THAT(s.message(), HasSubstr("not one of torch.distributed.checkpoint's metadata classes"));
