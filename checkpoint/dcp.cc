@@ -6,13 +6,13 @@
 
 #include <ATen/ATen.h>
 
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
-#include <string_view>
 #include <map>
 #include <random>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -134,9 +134,7 @@ struct Report {
   std::string error;
   std::string file;
   c10::impl::GenericList items{c10::AnyType::get()};
-  c10::IValue encode() const {
-    return c10::ivalue::Tuple::create({error, file, items});
-  }
+  c10::IValue encode() const { return c10::ivalue::Tuple::create({error, file, items}); }
 };
 
 absl::Status check_item(const DcpWriteItem& item) {
@@ -150,8 +148,8 @@ absl::Status check_item(const DcpWriteItem& item) {
                      item.global_size.size(), " and its offsets ", item.offsets.size()));
   }
   for (size_t d = 0; d < sizes.size(); ++d) {
-    if (item.offsets[d] < 0 || item.global_size[d] < 0 ||
-        item.offsets[d] > item.global_size[d] || sizes[d] > item.global_size[d] - item.offsets[d]) {
+    if (item.offsets[d] < 0 || item.global_size[d] < 0 || item.offsets[d] > item.global_size[d] ||
+        sizes[d] > item.global_size[d] - item.offsets[d]) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": the chunk at [", absl::StrJoin(item.offsets, ", "), "] of size [",
                        absl::StrJoin(sizes, ", "), "] lies outside the tensor of size [",
@@ -175,8 +173,8 @@ absl::Status write_mine(const std::string& dir, int rank, const std::vector<DcpW
     absl::StatusOr<std::string> one =
         write_torch_file(is_tensor ? c10::IValue(compact(item.tensor)) : item.value);
     if (!one.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("save_dcp: item '", item.key,
-                                                     "' cannot be written: ", one.status().message()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "save_dcp: item '", item.key, "' cannot be written: ", one.status().message()));
     }
     std::vector<int64_t> sizes;
     if (is_tensor) sizes = item.tensor.sizes().vec();
@@ -213,7 +211,8 @@ absl::StatusOr<DcpMetadata> merge_reports(const std::vector<c10::IValue>& report
         return absl::InvalidArgumentError(absl::StrCat(
             "save_dcp: '", key, "' is written by ranks ", it->second, " and ", r,
             is_tensor || was_tensor ? " as a tensor and as a value" : " as a value twice",
-            "; a value (and a whole tensor) is written by one rank only, as DCP's coordinator does"));
+            "; a value (and a whole tensor) is written by one rank only, as DCP's coordinator "
+            "does"));
       }
       if (!e[9].toListRef().empty()) md.paths[key] = path_of(e[9]);
       if (!is_tensor) {
@@ -228,18 +227,19 @@ absl::StatusOr<DcpMetadata> merge_reports(const std::vector<c10::IValue>& report
         t.requires_grad = e[3].toBool();
         t.size = global;
       } else if (t.dtype != dtype || t.size != global) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "save_dcp: ranks ", it->second, " and ", r, " write chunks of '", key,
-            "' with different dtypes or shapes ([", absl::StrJoin(t.size, ", "), "] vs [",
-            absl::StrJoin(global, ", "), "])"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("save_dcp: ranks ", it->second, " and ", r, " write chunks of '", key,
+                         "' with different dtypes or shapes ([", absl::StrJoin(t.size, ", "),
+                         "] vs [", absl::StrJoin(global, ", "), "])"));
       }
       DcpChunk chunk{ints(e[5]), ints(e[6]), storage};
       for (const DcpChunk& c : t.chunks) {
         if (c.offsets == chunk.offsets && box_numel(chunk.sizes) > 0) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "save_dcp: '", key, "' has two chunks at [", absl::StrJoin(chunk.offsets, ", "),
-              "] (rank ", r, " and an earlier rank write the same part; a whole tensor is written "
-              "by one rank only, as DCP's coordinator does)"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("save_dcp: '", key, "' has two chunks at [",
+                           absl::StrJoin(chunk.offsets, ", "), "] (rank ", r,
+                           " and an earlier rank write the same part; a whole tensor is written "
+                           "by one rank only, as DCP's coordinator does)"));
         }
       }
       t.chunks.push_back(std::move(chunk));
@@ -306,11 +306,13 @@ absl::Status save_dcp(const comm::Group& group, const std::string& dir,
   absl::Status written;
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    written = absl::NotFoundError(absl::StrCat("save_dcp: ", dir, " is not a directory; create it first"));
+    written = absl::NotFoundError(
+        absl::StrCat("save_dcp: ", dir, " is not a directory; create it first"));
   } else if (!options.overwrite && ::access((dir + "/" + kMetadataFile).c_str(), F_OK) == 0) {
-    written = absl::FailedPreconditionError(absl::StrCat(
-        "save_dcp: ", dir, " already holds a DCP checkpoint; save each checkpoint to its own "
-        "directory (or set DcpSaveOptions::overwrite)"));
+    written = absl::FailedPreconditionError(
+        absl::StrCat("save_dcp: ", dir,
+                     " already holds a DCP checkpoint; save each checkpoint to its own "
+                     "directory (or set DcpSaveOptions::overwrite)"));
   } else {
     written = write_mine(dir, group.rank(), mine, &report);
   }
@@ -325,9 +327,10 @@ absl::Status save_dcp(const comm::Group& group, const std::string& dir,
     for (int r = 0; r < group.size() && verdict.ok(); ++r) {
       const std::string error = (*reports)[r].toTupleRef().elements()[0].toStringRef();
       if (!error.empty()) {
-        verdict = r == 0 ? written
-                         : absl::UnavailableError(absl::StrCat("save_dcp(", dir, ") failed on rank ", r,
-                                                               ", nothing committed: ", error));
+        verdict = r == 0
+                      ? written
+                      : absl::UnavailableError(absl::StrCat("save_dcp(", dir, ") failed on rank ",
+                                                            r, ", nothing committed: ", error));
       }
     }
     if (verdict.ok()) {
@@ -344,7 +347,8 @@ absl::Status save_dcp(const comm::Group& group, const std::string& dir,
   }
   absl::Status shared = comm::share_verdict(group, verdict, 0);
   if (!shared.ok() && !absl::StartsWith(shared.message(), "save_dcp")) {
-    return on_rank(shared, group.rank() == 0 ? "sending the verdict" : "receiving rank 0's verdict");
+    return on_rank(shared,
+                   group.rank() == 0 ? "sending the verdict" : "receiving rank 0's verdict");
   }
   return shared;
 }
@@ -354,9 +358,10 @@ absl::StatusOr<DcpReader> DcpReader::open(const std::string& dir) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) {
-      return absl::NotFoundError(absl::StrCat(
-          "DCP checkpoint ", dir, " has no .metadata: it is not a checkpoint, or its save did not "
-          "finish (load the previous one)"));
+      return absl::NotFoundError(
+          absl::StrCat("DCP checkpoint ", dir,
+                       " has no .metadata: it is not a checkpoint, or its save did not "
+                       "finish (load the previous one)"));
     }
     return os_error("cannot open", path);
   }
@@ -401,15 +406,18 @@ absl::StatusOr<c10::IValue> DcpReader::read_item(const std::string& key,
                             std::default_delete<char[]>());
   if (buf == nullptr && s.length > 0) {
     ::close(fd);
-    return absl::ResourceExhaustedError(absl::StrCat("no memory for '", key, "' (", s.length, " bytes)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("no memory for '", key, "' (", s.length, " bytes)"));
   }
   int64_t done = 0;
   while (done < s.length) {
-    const ssize_t n = ::pread(fd, buf.get() + done, static_cast<size_t>(s.length - done), s.offset + done);
+    const ssize_t n =
+        ::pread(fd, buf.get() + done, static_cast<size_t>(s.length - done), s.offset + done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      absl::Status st = n < 0 ? os_error("cannot read", path)
-                              : absl::DataLossError(absl::StrCat(path, " is shorter than its metadata says"));
+      absl::Status st =
+          n < 0 ? os_error("cannot read", path)
+                : absl::DataLossError(absl::StrCat(path, " is shorter than its metadata says"));
       ::close(fd);
       return st;
     }
@@ -419,9 +427,9 @@ absl::StatusOr<c10::IValue> DcpReader::read_item(const std::string& key,
   *bytes_read_ += s.length;
   TorchFileReadOptions o;
   o.owner = buf;
-  absl::StatusOr<c10::IValue> v =
-      read_torch_file(std::string_view(buf.get(), static_cast<size_t>(s.length)),
-                      absl::StrCat("DCP checkpoint ", dir_, ": '", key, "' in ", s.relative_path), o);
+  absl::StatusOr<c10::IValue> v = read_torch_file(
+      std::string_view(buf.get(), static_cast<size_t>(s.length)),
+      absl::StrCat("DCP checkpoint ", dir_, ": '", key, "' in ", s.relative_path), o);
   // The metadata says a torch.save of the item is there: anything else is damage.
   if (v.status().code() == absl::StatusCode::kInvalidArgument)
     return absl::DataLossError(v.status().message());
@@ -431,8 +439,9 @@ absl::StatusOr<c10::IValue> DcpReader::read_item(const std::string& key,
 absl::StatusOr<c10::IValue> DcpReader::value(const std::string& key) const {
   auto it = metadata_->objects.find(key);
   if (it == metadata_->objects.end()) {
-    return absl::NotFoundError(absl::StrCat("DCP checkpoint ", dir_, " has no value '", key, "'",
-                                            metadata_->tensors.count(key) ? " (it is a tensor)" : ""));
+    return absl::NotFoundError(
+        absl::StrCat("DCP checkpoint ", dir_, " has no value '", key, "'",
+                     metadata_->tensors.count(key) ? " (it is a tensor)" : ""));
   }
   return read_item(key, it->second);
 }
@@ -443,21 +452,25 @@ absl::StatusOr<at::Tensor> DcpReader::tensor(const std::string& key,
                                              c10::Device device) const {
   auto it = metadata_->tensors.find(key);
   if (it == metadata_->tensors.end()) {
-    return absl::NotFoundError(absl::StrCat("DCP checkpoint ", dir_, " has no tensor '", key, "'",
-                                            metadata_->objects.count(key) ? " (it is a value)" : ""));
+    return absl::NotFoundError(
+        absl::StrCat("DCP checkpoint ", dir_, " has no tensor '", key, "'",
+                     metadata_->objects.count(key) ? " (it is a value)" : ""));
   }
   const DcpTensor& t = it->second;
   const size_t rank = t.size.size();
-  std::vector<int64_t> offsets = offsets_in.empty() && sizes_in.empty() ? std::vector<int64_t>(rank, 0) : offsets_in;
+  std::vector<int64_t> offsets =
+      offsets_in.empty() && sizes_in.empty() ? std::vector<int64_t>(rank, 0) : offsets_in;
   std::vector<int64_t> sizes = offsets_in.empty() && sizes_in.empty() ? t.size : sizes_in;
   bool inside = offsets.size() == rank && sizes.size() == rank;
   for (size_t d = 0; inside && d < rank; ++d) {
-    inside = offsets[d] >= 0 && sizes[d] >= 0 && offsets[d] <= t.size[d] && sizes[d] <= t.size[d] - offsets[d];
+    inside = offsets[d] >= 0 && sizes[d] >= 0 && offsets[d] <= t.size[d] &&
+             sizes[d] <= t.size[d] - offsets[d];
   }
   if (!inside) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "DcpReader::tensor('", key, "'): the box at [", absl::StrJoin(offsets, ", "), "] of size [",
-        absl::StrJoin(sizes, ", "), "] is not inside the tensor of size [", absl::StrJoin(t.size, ", "), "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("DcpReader::tensor('", key, "'): the box at [", absl::StrJoin(offsets, ", "),
+                     "] of size [", absl::StrJoin(sizes, ", "),
+                     "] is not inside the tensor of size [", absl::StrJoin(t.size, ", "), "]"));
   }
   at::Tensor out = at::empty(sizes, at::TensorOptions().dtype(t.dtype).device(device));
   for (const DcpChunk& c : t.chunks) {
@@ -474,10 +487,10 @@ absl::StatusOr<at::Tensor> DcpReader::tensor(const std::string& key,
     if (!item.ok()) return item.status();
     if (!item->isTensor() || item->toTensor().sizes().vec() != c.sizes ||
         item->toTensor().scalar_type() != t.dtype) {
-      return absl::DataLossError(absl::StrCat(
-          "DCP checkpoint ", dir_, ": '", key, "' in ", c.storage.relative_path,
-          " is not the chunk its metadata describes (a ", c10::toString(t.dtype), " tensor of size [",
-          absl::StrJoin(c.sizes, ", "), "])"));
+      return absl::DataLossError(
+          absl::StrCat("DCP checkpoint ", dir_, ": '", key, "' in ", c.storage.relative_path,
+                       " is not the chunk its metadata describes (a ", c10::toString(t.dtype),
+                       " tensor of size [", absl::StrJoin(c.sizes, ", "), "])"));
     }
     at::Tensor src = item->toTensor();
     at::Tensor dst = out;

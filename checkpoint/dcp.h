@@ -91,7 +91,8 @@ class DcpReader {
   // `device`, assembled from the chunks that overlap it: peak extra memory one chunk's bytes.
   // Errors: NotFound (no such tensor key), InvalidArgument (a box outside the tensor), DataLoss
   // (an item that is not the tensor chunk the metadata says: names the key and file), I/O.
-  absl::StatusOr<at::Tensor> tensor(const std::string& key, const std::vector<int64_t>& offsets = {},
+  absl::StatusOr<at::Tensor> tensor(const std::string& key,
+                                    const std::vector<int64_t>& offsets = {},
                                     const std::vector<int64_t>& sizes = {},
                                     c10::Device device = c10::Device(c10::kCPU)) const;
   // A bytes item's value (torch.save of it). Errors: NotFound, DataLoss, I/O.

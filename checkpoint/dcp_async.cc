@@ -17,7 +17,8 @@ namespace {
 // A host buffer for `src`: pinned for device tensors; large ones advised as huge pages (fewer
 // page faults on the first copy).
 at::Tensor new_buffer(const at::Tensor& src) {
-  at::Tensor b = at::empty(src.sizes(), src.options().device(at::kCPU).pinned_memory(!src.is_cpu()));
+  at::Tensor b =
+      at::empty(src.sizes(), src.options().device(at::kCPU).pinned_memory(!src.is_cpu()));
   const size_t bytes = b.nbytes();
   constexpr size_t kHuge = size_t{2} << 20;
   if (src.is_cpu() && bytes >= 2 * kHuge) {
@@ -87,8 +88,8 @@ absl::Status AsyncDcpSaver::wait() {
 absl::Status AsyncDcpSaver::save(const std::string& dir, const std::vector<DcpWriteItem>& mine,
                                  const DcpSaveOptions& options) {
   if (absl::Status previous = wait(); !previous.ok()) {
-    return absl::Status(previous.code(),
-                        absl::StrCat("the previous asynchronous save failed: ", previous.message()));
+    return absl::Status(previous.code(), absl::StrCat("the previous asynchronous save failed: ",
+                                                      previous.message()));
   }
   absl::StatusOr<std::vector<DcpWriteItem>> staged = stage_dcp_items(mine, &staging_);
   if (!staged.ok()) return staged.status();

@@ -141,9 +141,10 @@ TEST(AsyncDcpSaverTest, AKillAtAnyMomentLeavesEveryCompletedCheckpointLoadable) 
       }
     }
   }
-  std::printf("async-save kill campaign: %d kills, %d complete checkpoints loaded, %d in flight "
-              "(no .metadata), %d corrupt, %d lost\n",
-              kills, complete, in_flight, corrupt, lost);
+  std::printf(
+      "async-save kill campaign: %d kills, %d complete checkpoints loaded, %d in flight "
+      "(no .metadata), %d corrupt, %d lost\n",
+      kills, complete, in_flight, corrupt, lost);
   EXPECT_EQ(corrupt, 0);
   EXPECT_EQ(lost, 0);
   EXPECT_GT(complete, 0);

@@ -11,9 +11,9 @@
 // under DIR (default $DTRAIN_BENCH_DIR or /tmp/dtrain-bench)/dcp-dtrain-<n>, removed after.
 #include <algorithm>
 #include <chrono>
-#include <memory>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -49,7 +49,8 @@ int main(int argc, char** argv) {
   const int64_t mib = std::atoll(argv[1]);
   const int repeats = argc > 2 ? std::atoi(argv[2]) : 5;
   const char* env_dir = std::getenv("DTRAIN_BENCH_DIR");
-  const std::string root = argc > 3 ? argv[3] : (env_dir != nullptr ? env_dir : "/tmp/dtrain-bench");
+  const std::string root =
+      argc > 3 ? argv[3] : (env_dir != nullptr ? env_dir : "/tmp/dtrain-bench");
   const int64_t per_tensor = std::min<int64_t>(mib, 32) << 18;  // float32 elements
   const int64_t tensors = (mib << 18) / per_tensor;
   std::vector<double> sync_ms, blocked_ms, total_ms;

@@ -25,12 +25,18 @@ namespace {
 constexpr char kIndexPrefix[] = "\x01MetadataIndex\x01";
 
 constexpr std::pair<const char*, at::ScalarType> kDtypes[] = {
-    {"torch.float32", at::kFloat},         {"torch.float64", at::kDouble},
-    {"torch.float16", at::kHalf},          {"torch.bfloat16", at::kBFloat16},
-    {"torch.int64", at::kLong},            {"torch.int32", at::kInt},
-    {"torch.int16", at::kShort},           {"torch.int8", at::kChar},
-    {"torch.uint8", at::kByte},            {"torch.bool", at::kBool},
-    {"torch.complex64", at::kComplexFloat}, {"torch.complex128", at::kComplexDouble},
+    {"torch.float32", at::kFloat},
+    {"torch.float64", at::kDouble},
+    {"torch.float16", at::kHalf},
+    {"torch.bfloat16", at::kBFloat16},
+    {"torch.int64", at::kLong},
+    {"torch.int32", at::kInt},
+    {"torch.int16", at::kShort},
+    {"torch.int8", at::kChar},
+    {"torch.uint8", at::kByte},
+    {"torch.bool", at::kBool},
+    {"torch.complex64", at::kComplexFloat},
+    {"torch.complex128", at::kComplexDouble},
 };
 
 // Pairwise chunk comparisons allowed per file: far beyond any checkpoint a job writes (one chunk
@@ -72,7 +78,8 @@ class Decoder {
     if (!v.isTuple()) return bad(absl::StrCat(where, " is not a torch.Size"));
     std::vector<int64_t> out;
     for (const c10::IValue& e : v.toTupleRef().elements()) {
-      if (!e.isInt() || e.toInt() < 0) return bad(absl::StrCat(where, " holds a negative or non-int"));
+      if (!e.isInt() || e.toInt() < 0)
+        return bad(absl::StrCat(where, " holds a negative or non-int"));
       out.push_back(e.toInt());
     }
     return out;
@@ -120,7 +127,7 @@ class Decoder {
                               " entries for no key or chunk of state_dict_metadata"));
     }
     return planner_data(field(*md, "planner_data"), &out) ? absl::StatusOr<DcpMetadata>(out)
-                                                           : bad("planner_data is malformed");
+                                                          : bad("planner_data is malformed");
   }
 
  private:
@@ -187,8 +194,7 @@ class Decoder {
       return absl::OkStatus();
     }
     absl::StatusOr<c10::impl::GenericDict> d = object(v, "TensorStorageMetadata", where);
-    if (!d.ok())
-      return bad(absl::StrCat(where, " is neither a TensorStorageMetadata nor bytes"));
+    if (!d.ok()) return bad(absl::StrCat(where, " is neither a TensorStorageMetadata nor bytes"));
     DcpTensor t;
     if (absl::Status s = properties(field(*d, "properties"), where, &t); !s.ok()) return s;
     absl::StatusOr<std::vector<int64_t>> shape = size(field(*d, "size"), where + "'s size");
@@ -197,18 +203,19 @@ class Decoder {
     const c10::IValue chunks = field(*d, "chunks");
     if (!chunks.isList()) return bad(absl::StrCat(where, "'s chunks are not a list"));
     for (const c10::IValue& c : chunks.toListRef()) {
-      absl::StatusOr<c10::impl::GenericDict> cd = object(c, "ChunkStorageMetadata", where + "'s chunk");
+      absl::StatusOr<c10::impl::GenericDict> cd =
+          object(c, "ChunkStorageMetadata", where + "'s chunk");
       if (!cd.ok()) return cd.status();
       DcpChunk chunk;
-      absl::StatusOr<std::vector<int64_t>> o = size(field(*cd, "offsets"), where + "'s chunk offsets");
+      absl::StatusOr<std::vector<int64_t>> o =
+          size(field(*cd, "offsets"), where + "'s chunk offsets");
       if (!o.ok()) return o.status();
       absl::StatusOr<std::vector<int64_t>> z = size(field(*cd, "sizes"), where + "'s chunk sizes");
       if (!z.ok()) return z.status();
       chunk.offsets = *o;
       chunk.sizes = *z;
       auto it = stores.find(index_key(key, &chunk.offsets));
-      if (it == stores.end())
-        return bad(absl::StrCat(where, " has a chunk with no storage"));
+      if (it == stores.end()) return bad(absl::StrCat(where, " has a chunk with no storage"));
       used->insert(&it->second);
       chunk.storage = it->second;
       t.chunks.push_back(std::move(chunk));
@@ -219,7 +226,8 @@ class Decoder {
   }
 
   absl::Status properties(const c10::IValue& v, const std::string& where, DcpTensor* t) const {
-    absl::StatusOr<c10::impl::GenericDict> d = object(v, "TensorProperties", where + "'s properties");
+    absl::StatusOr<c10::impl::GenericDict> d =
+        object(v, "TensorProperties", where + "'s properties");
     if (!d.ok()) return d.status();
     const c10::IValue state = field(*d, "__state__");
     // (dtype, layout, requires_grad, memory format, pin_memory), and since PyTorch 2.15 the
@@ -244,8 +252,9 @@ class Decoder {
     }
     if (!found) return bad(absl::StrCat(where, "'s dtype is not a torch dtype"));
     if (!e[1].isString() || e[1].toStringRef() != "torch.strided") {
-      return unsupported(absl::StrCat(where, " is not a strided (dense) tensor; dtrain reads "
-                                             "dense tensors"));
+      return unsupported(absl::StrCat(where,
+                                      " is not a strided (dense) tensor; dtrain reads "
+                                      "dense tensors"));
     }
     if (!e[2].isBool() || !e[3].isInt() || !e[4].isBool())
       return bad(absl::StrCat(where, "'s properties are malformed"));
@@ -295,19 +304,20 @@ class Decoder {
       std::vector<int64_t> starts;
       for (const DcpChunk* c : live) starts.push_back(c->offsets[d]);
       std::sort(starts.begin(), starts.end());
-      const size_t distinct = static_cast<size_t>(std::unique(starts.begin(), starts.end()) - starts.begin());
+      const size_t distinct =
+          static_cast<size_t>(std::unique(starts.begin(), starts.end()) - starts.begin());
       if (distinct > best) best = distinct, axis = d;
     }
     std::sort(live.begin(), live.end(), [axis](const DcpChunk* a, const DcpChunk* b) {
       return a->offsets[axis] < b->offsets[axis];
     });
     for (size_t i = 0; i < live.size(); ++i) {
-      for (size_t j = i + 1; j < live.size() && live[j]->offsets[axis] <
-                                                     live[i]->offsets[axis] + live[i]->sizes[axis];
+      for (size_t j = i + 1; j < live.size() &&
+                             live[j]->offsets[axis] < live[i]->offsets[axis] + live[i]->sizes[axis];
            ++j) {
         if (++comparisons_ > kMaxComparisons) {
-          return unsupported(absl::StrCat(where, " has more chunks than dtrain checks (",
-                                          t.chunks.size(), ")"));
+          return unsupported(
+              absl::StrCat(where, " has more chunks than dtrain checks (", t.chunks.size(), ")"));
         }
         bool overlap = true;
         for (size_t d = 0; d < rank && overlap; ++d) {
@@ -366,8 +376,8 @@ absl::StatusOr<DcpMetadata> read_dcp_metadata(std::string_view bytes,
   try {
     return Decoder(name_for_errors).decode(*v);
   } catch (const std::exception& e) {  // a backstop: every access above is checked first
-    return absl::DataLossError(absl::StrCat(name_for_errors, "'s .metadata cannot be read: ",
-                                            std::string(e.what()).substr(0, 200)));
+    return absl::DataLossError(absl::StrCat(
+        name_for_errors, "'s .metadata cannot be read: ", std::string(e.what()).substr(0, 200)));
   }
 }
 
@@ -379,15 +389,15 @@ absl::Status check_dcp_files(const DcpMetadata& metadata,
   auto add = [&](const std::string& key, const DcpStorage& s) -> absl::Status {
     auto it = file_sizes.find(s.relative_path);
     if (it == file_sizes.end()) {
-      return absl::DataLossError(absl::StrCat(name_for_errors, ": '", printable(key),
-                                              "' is in ", printable(s.relative_path),
+      return absl::DataLossError(absl::StrCat(name_for_errors, ": '", printable(key), "' is in ",
+                                              printable(s.relative_path),
                                               ", which the checkpoint does not have"));
     }
     if (s.offset > it->second || s.length > it->second - s.offset) {
-      return absl::DataLossError(absl::StrCat(
-          name_for_errors, ": '", printable(key), "' runs past the end of ",
-          printable(s.relative_path), " (bytes ", s.offset, " + ", s.length, " of ", it->second,
-          "): the file is truncated"));
+      return absl::DataLossError(absl::StrCat(name_for_errors, ": '", printable(key),
+                                              "' runs past the end of ", printable(s.relative_path),
+                                              " (bytes ", s.offset, " + ", s.length, " of ",
+                                              it->second, "): the file is truncated"));
     }
     spans[s.relative_path].push_back({{s.offset, s.offset + s.length}, key});
     return absl::OkStatus();

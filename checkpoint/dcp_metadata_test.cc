@@ -32,7 +32,8 @@ std::string dims(const std::vector<int64_t>& v) {
 std::vector<std::string> summary(const DcpMetadata& md) {
   std::vector<std::string> lines;
   for (const auto& [key, s] : md.objects)
-    lines.push_back(absl::StrCat("bytes ", key, " ", s.relative_path, " ", s.offset, " ", s.length));
+    lines.push_back(
+        absl::StrCat("bytes ", key, " ", s.relative_path, " ", s.offset, " ", s.length));
   for (const auto& [key, tensor] : md.tensors) {
     const char* dtype = tensor.dtype == at::kFloat    ? "float32"
                         : tensor.dtype == at::kDouble ? "float64"
@@ -42,8 +43,8 @@ std::vector<std::string> summary(const DcpMetadata& md) {
     std::sort(chunks.begin(), chunks.end(),
               [](const DcpChunk& a, const DcpChunk& b) { return a.offsets < b.offsets; });
     for (const DcpChunk& c : chunks) {
-      absl::StrAppend(&line, " [", dims(c.offsets), " ", dims(c.sizes), " ", c.storage.relative_path,
-                      " ", c.storage.offset, " ", c.storage.length, "]");
+      absl::StrAppend(&line, " [", dims(c.offsets), " ", dims(c.sizes), " ",
+                      c.storage.relative_path, " ", c.storage.offset, " ", c.storage.length, "]");
     }
     lines.push_back(line);
   }
@@ -84,9 +85,9 @@ TEST(DcpMetadataTest, ReadsWhatPyTorchWrites) {
       read_dcp_metadata(slurp(python_dir() + "/plain/.metadata"), "plain");
   ASSERT_TRUE(plain.ok());
   // planner_data: list indices are ints, module names keep their dots.
-  EXPECT_EQ(plain->paths.at("optim.param_groups.0.lr"),
-            (DcpPath{std::string("optim"), std::string("param_groups"), int64_t{0},
-                     std::string("lr")}));
+  EXPECT_EQ(
+      plain->paths.at("optim.param_groups.0.lr"),
+      (DcpPath{std::string("optim"), std::string("param_groups"), int64_t{0}, std::string("lr")}));
   EXPECT_EQ(plain->paths.at("model.0.weight"),
             (DcpPath{std::string("model"), std::string("0.weight")}));
 }
@@ -187,13 +188,18 @@ TEST(DcpMetadataTest, ChecksItemsAgainstTheFiles) {
 
 TEST(DcpMetadataTest, RunsNoCodeFromTheFile) {
   // pickle.dumps(os.system("true")) and a dataclass from outside DCP.
-  static constexpr char kSystem[] = "\x80\x02" "cposix\nsystem\nX\x04\x00\x00\x00true\x85R.";
-  static constexpr char kField[] = "\x80\x02" "cdataclasses\nField\n)\x81.";
-  for (const std::string& p : {std::string(kSystem, sizeof(kSystem) - 1),
-                               std::string(kField, sizeof(kField) - 1)}) {
+  static constexpr char kSystem[] =
+      "\x80\x02"
+      "cposix\nsystem\nX\x04\x00\x00\x00true\x85R.";
+  static constexpr char kField[] =
+      "\x80\x02"
+      "cdataclasses\nField\n)\x81.";
+  for (const std::string& p :
+       {std::string(kSystem, sizeof(kSystem) - 1), std::string(kField, sizeof(kField) - 1)}) {
     const absl::Status s = read_dcp_metadata(p, "ckpt").status();
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-    EXPECT_THAT(s.message(), HasSubstr("not one of torch.distributed.checkpoint's metadata classes"));
+    EXPECT_THAT(s.message(),
+                HasSubstr("not one of torch.distributed.checkpoint's metadata classes"));
   }
   // Storages (a tensor pickled into the metadata) have no place there.
   EXPECT_FALSE(read_dcp_metadata("\x80\x02}.", "ckpt").ok());

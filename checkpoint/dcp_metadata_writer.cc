@@ -18,19 +18,32 @@ constexpr char kMetadataModule[] = "torch.distributed.checkpoint.metadata";
 
 const char* dtype_name(at::ScalarType t) {
   switch (t) {
-    case at::kFloat: return "float32";
-    case at::kDouble: return "float64";
-    case at::kHalf: return "float16";
-    case at::kBFloat16: return "bfloat16";
-    case at::kLong: return "int64";
-    case at::kInt: return "int32";
-    case at::kShort: return "int16";
-    case at::kChar: return "int8";
-    case at::kByte: return "uint8";
-    case at::kBool: return "bool";
-    case at::kComplexFloat: return "complex64";
-    case at::kComplexDouble: return "complex128";
-    default: TORCH_CHECK(false, "write_dcp_metadata: dtype ", t, " is not one DCP files hold");
+    case at::kFloat:
+      return "float32";
+    case at::kDouble:
+      return "float64";
+    case at::kHalf:
+      return "float16";
+    case at::kBFloat16:
+      return "bfloat16";
+    case at::kLong:
+      return "int64";
+    case at::kInt:
+      return "int32";
+    case at::kShort:
+      return "int16";
+    case at::kChar:
+      return "int8";
+    case at::kByte:
+      return "uint8";
+    case at::kBool:
+      return "bool";
+    case at::kComplexFloat:
+      return "complex64";
+    case at::kComplexDouble:
+      return "complex128";
+    default:
+      TORCH_CHECK(false, "write_dcp_metadata: dtype ", t, " is not one DCP files hold");
   }
 }
 
@@ -61,7 +74,8 @@ class Pickler {
       return;
     }
     out_ += "\x8a\x08";  // LONG1, 8 bytes
-    for (int i = 0; i < 8; ++i) out_.push_back(static_cast<char>((static_cast<uint64_t>(v) >> (8 * i)) & 0xff));
+    for (int i = 0; i < 8; ++i)
+      out_.push_back(static_cast<char>((static_cast<uint64_t>(v) >> (8 * i)) & 0xff));
   }
   void none() { out_.push_back('N'); }
   void boolean(bool b) { out_.push_back(b ? '\x88' : '\x89'); }

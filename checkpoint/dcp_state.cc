@@ -73,8 +73,7 @@ std::string state_key(const DcpStateLayout& l, const std::string& fqn, const std
 }
 
 DcpPath state_path(const DcpStateLayout& l, const std::string& fqn, const std::string& name) {
-  if (l.flatten_optimizer_state_dict)
-    return {l.optim_key, absl::StrCat("state.", fqn, ".", name)};
+  if (l.flatten_optimizer_state_dict) return {l.optim_key, absl::StrCat("state.", fqn, ".", name)};
   return {l.optim_key, std::string("state"), fqn, name};
 }
 
@@ -105,29 +104,33 @@ absl::Status param_items(int64_t index, const std::string& fqn, const ShardedSta
         int64_t at_elem = 0;
         for (auto& [offsets, sizes] : flat_range_boxes(p.shape, p.range)) {
           const int64_t n = numel_of(sizes);
-          out->push_back(DcpWriteItem::chunk(key, p.shape, offsets, t.narrow(0, at_elem, n).reshape(sizes),
-                                             path));
+          out->push_back(DcpWriteItem::chunk(key, p.shape, offsets,
+                                             t.narrow(0, at_elem, n).reshape(sizes), path));
           at_elem += n;
         }
       } else if (t.dim() == 0 || (whole && t.numel() == 1)) {
         if (first) out->push_back(DcpWriteItem::whole(key, t, std::move(path)));
       } else {
-        return bad_entry(index, fqn, name,
-                         absl::StrCat("a tensor of size [", absl::StrJoin(t.sizes(), ", "),
-                                      "] for elements [", p.range.begin, ", ", p.range.end,
-                                      ") of a parameter of size [", absl::StrJoin(p.shape, ", "), "]"));
+        return bad_entry(
+            index, fqn, name,
+            absl::StrCat("a tensor of size [", absl::StrJoin(t.sizes(), ", "), "] for elements [",
+                         p.range.begin, ", ", p.range.end, ") of a parameter of size [",
+                         absl::StrJoin(p.shape, ", "), "]"));
       }
     } else if (name == "step" && (v.isInt() || v.isDouble())) {
       // PyTorch keeps step as a float32 0-d tensor; its dcp.load expects one there.
       if (first) {
         out->push_back(DcpWriteItem::whole(
-            key, at::scalar_tensor(v.isInt() ? static_cast<double>(v.toInt()) : v.toDouble(), at::kFloat),
+            key,
+            at::scalar_tensor(v.isInt() ? static_cast<double>(v.toInt()) : v.toDouble(),
+                              at::kFloat),
             std::move(path)));
       }
     } else if (v.isInt() || v.isDouble() || v.isBool() || v.isNone() || v.isString()) {
       if (first) out->push_back(DcpWriteItem::object(key, v, std::move(path)));
     } else {
-      return bad_entry(index, fqn, name, absl::StrCat("a ", v.tagKind(), ", which DCP state does not hold"));
+      return bad_entry(index, fqn, name,
+                       absl::StrCat("a ", v.tagKind(), ", which DCP state does not hold"));
     }
   }
   return absl::OkStatus();
@@ -144,9 +147,9 @@ absl::Status group_items(const ShardedState& state, const std::vector<std::strin
     c10::impl::GenericList names(c10::StringType::get());
     for (int64_t i : group.params) {
       if (i < 0 || i >= static_cast<int64_t>(fqns.size())) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "dcp_optimizer_items: param group ", g, " lists parameter ", i, ", but fqns names ",
-            fqns.size()));
+        return absl::InvalidArgumentError(absl::StrCat("dcp_optimizer_items: param group ", g,
+                                                       " lists parameter ", i, ", but fqns names ",
+                                                       fqns.size()));
       }
       names.push_back(fqns[static_cast<size_t>(i)]);
     }
@@ -165,10 +168,12 @@ absl::Status group_items(const ShardedState& state, const std::vector<std::strin
     for (const auto& kv : group.options) {
       const std::string name = kv.key().toStringRef();
       out->push_back(DcpWriteItem::object(absl::StrCat(l.optim_key, ".param_groups.", g, ".", name),
-                                          kv.value(), {l.optim_key, std::string("param_groups"), gi, name}));
+                                          kv.value(),
+                                          {l.optim_key, std::string("param_groups"), gi, name}));
     }
-    out->push_back(DcpWriteItem::object(absl::StrCat(l.optim_key, ".param_groups.", g, ".params"),
-                                        names, {l.optim_key, std::string("param_groups"), gi, std::string("params")}));
+    out->push_back(DcpWriteItem::object(
+        absl::StrCat(l.optim_key, ".param_groups.", g, ".params"), names,
+        {l.optim_key, std::string("param_groups"), gi, std::string("params")}));
   }
   return absl::OkStatus();
 }
@@ -209,7 +214,8 @@ absl::StatusOr<std::vector<ParamGroup>> read_groups(const DcpReader& r,
     if (r.metadata().objects.count(prefix + "params") == 0) break;
     absl::StatusOr<c10::IValue> params = r.value(prefix + "params");
     if (!params.ok()) return params.status();
-    if (!params->isList()) return absl::DataLossError(absl::StrCat(r.dir(), ": ", prefix, "params is not a list"));
+    if (!params->isList())
+      return absl::DataLossError(absl::StrCat(r.dir(), ": ", prefix, "params is not a list"));
     ParamGroup group;
     for (const c10::IValue& name : params->toListRef()) {
       auto it = name.isString() ? index_of.find(name.toStringRef()) : index_of.end();
@@ -256,11 +262,12 @@ std::vector<Box> flat_range_boxes(const std::vector<int64_t>& shape, partition::
   return out;
 }
 
-std::vector<DcpWriteItem> dcp_model_items(const std::vector<std::pair<std::string, at::Tensor>>& named,
-                                          const DcpStateLayout& layout) {
+std::vector<DcpWriteItem> dcp_model_items(
+    const std::vector<std::pair<std::string, at::Tensor>>& named, const DcpStateLayout& layout) {
   std::vector<DcpWriteItem> out;
   for (const auto& [name, t] : named)
-    out.push_back(DcpWriteItem::whole(absl::StrCat(layout.model_key, ".", name), t, {layout.model_key, name}));
+    out.push_back(DcpWriteItem::whole(absl::StrCat(layout.model_key, ".", name), t,
+                                      {layout.model_key, name}));
   return out;
 }
 
@@ -274,7 +281,8 @@ absl::StatusOr<std::vector<DcpWriteItem>> dcp_optimizer_items(const ShardedState
       return absl::InvalidArgumentError(absl::StrCat("dcp_optimizer_items: parameter ", index,
                                                      " has state, but fqns names ", fqns.size()));
     }
-    if (absl::Status s = param_items(index, fqns[static_cast<size_t>(index)], p, layout, &out); !s.ok())
+    if (absl::Status s = param_items(index, fqns[static_cast<size_t>(index)], p, layout, &out);
+        !s.ok())
       return s;
   }
   if (with_param_groups) {
@@ -346,7 +354,8 @@ absl::StatusOr<ShardedState> load_dcp_optimizer(const DcpReader& reader,
           if (!part.ok()) return part.status();
           parts.push_back(part->reshape({-1}));
         }
-        t = parts.empty() ? at::empty({0}, at::TensorOptions().dtype(it->second.dtype)) : at::cat(parts);
+        t = parts.empty() ? at::empty({0}, at::TensorOptions().dtype(it->second.dtype))
+                          : at::cat(parts);
       }
       if (!t.ok()) return t.status();
       p.entries.insert(name, *t);

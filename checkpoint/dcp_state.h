@@ -58,16 +58,18 @@ std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> flat_range_bo
 
 // Whole tensors under "<model_key>.<name>", for one rank to write (the coordinator).
 std::vector<DcpWriteItem> dcp_model_items(
-    const std::vector<std::pair<std::string, at::Tensor>>& named, const DcpStateLayout& layout = {});
+    const std::vector<std::pair<std::string, at::Tensor>>& named,
+    const DcpStateLayout& layout = {});
 
 // This rank's optimizer state as DCP items. `fqns[i]` names parameter i. Tensors holding a whole
 // parameter are written whole, ranges as their boxes; a parameter's non-sliced entries ("step")
 // by the rank holding its first element; param groups (from `state.param_groups`) only when
 // `with_param_groups` (the coordinator). Errors: InvalidArgument naming the parameter (an index
 // outside fqns, a tensor that does not match its range, a state value DCP cannot hold).
-absl::StatusOr<std::vector<DcpWriteItem>> dcp_optimizer_items(
-    const ShardedState& state, const std::vector<std::string>& fqns, bool with_param_groups,
-    const DcpStateLayout& layout = {});
+absl::StatusOr<std::vector<DcpWriteItem>> dcp_optimizer_items(const ShardedState& state,
+                                                              const std::vector<std::string>& fqns,
+                                                              bool with_param_groups,
+                                                              const DcpStateLayout& layout = {});
 
 // A whole optimizer state dict as ShardedState (every parameter whole), for optimizers that are
 // not sharded. `shapes[i]` is parameter i's shape.

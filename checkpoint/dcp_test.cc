@@ -98,7 +98,8 @@ TEST(DcpTest, PyTorchLoadsWhatDtrainSaved) {
   EXPECT_THAT(output, HasSubstr("scalar 2.5"));
   EXPECT_THAT(output, HasSubstr("step 7"));
   EXPECT_THAT(output, HasSubstr("group 0.001 (0.9, 0.999)"));
-  EXPECT_THAT(output, HasSubstr("dcp_to_torch_save ['b', 'group', 'scalar', 'step', 'w'] 0.001 True"));
+  EXPECT_THAT(output,
+              HasSubstr("dcp_to_torch_save ['b', 'group', 'scalar', 'step', 'w'] 0.001 True"));
 }
 
 TEST(DcpTest, ReadsPyTorchsShardedCheckpointAtAnotherWorldSize) {
@@ -112,7 +113,8 @@ TEST(DcpTest, ReadsPyTorchsShardedCheckpointAtAnotherWorldSize) {
   absl::StatusOr<DcpReader> r = DcpReader::open(dir + "/sharded");
   ASSERT_TRUE(r.ok()) << r.status();
   // Saved by 2 ranks (rows 0-2, 3-4); read as 3 ranks would: rows 0-1, 2-3, 4.
-  for (const auto& [begin, rows] : std::vector<std::pair<int64_t, int64_t>>{{0, 2}, {2, 2}, {4, 1}}) {
+  for (const auto& [begin, rows] :
+       std::vector<std::pair<int64_t, int64_t>>{{0, 2}, {2, 2}, {4, 1}}) {
     absl::StatusOr<at::Tensor> part = r->tensor("w", {begin, 0}, {rows, 6});
     ASSERT_TRUE(part.ok()) << part.status();
     EXPECT_TRUE(part->equal(w_full().narrow(0, begin, rows)));
@@ -149,10 +151,10 @@ TEST(DcpTest, RefusesWhatIsNotACheckpoint) {
   });
   // An item that is not what the metadata says (a chunk file swapped for another's bytes).
   std::string out;
-  t::run_command(absl::StrCat("cp '", done, "/__2_0.distcp' '", done, "/__1_0.distcp.x' && head -c ",
-                              "$(stat -c %s '", done, "/__1_0.distcp') /dev/zero > '", done,
-                              "/__1_0.distcp'"),
-                 &out);
+  t::run_command(
+      absl::StrCat("cp '", done, "/__2_0.distcp' '", done, "/__1_0.distcp.x' && head -c ",
+                   "$(stat -c %s '", done, "/__1_0.distcp') /dev/zero > '", done, "/__1_0.distcp'"),
+      &out);
   absl::StatusOr<DcpReader> r = DcpReader::open(done);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->tensor("w").status().code(), absl::StatusCode::kDataLoss);

@@ -54,10 +54,17 @@ constexpr char kStateKey[] = "__state__";
 
 // torch.<name> for the dtypes a DCP tensor may have.
 constexpr std::pair<const char*, at::ScalarType> kDtypes[] = {
-    {"float32", at::kFloat},          {"float64", at::kDouble},       {"float16", at::kHalf},
-    {"bfloat16", at::kBFloat16},      {"int64", at::kLong},           {"int32", at::kInt},
-    {"int16", at::kShort},            {"int8", at::kChar},            {"uint8", at::kByte},
-    {"bool", at::kBool},              {"complex64", at::kComplexFloat},
+    {"float32", at::kFloat},
+    {"float64", at::kDouble},
+    {"float16", at::kHalf},
+    {"bfloat16", at::kBFloat16},
+    {"int64", at::kLong},
+    {"int32", at::kInt},
+    {"int16", at::kShort},
+    {"int8", at::kChar},
+    {"uint8", at::kByte},
+    {"bool", at::kBool},
+    {"complex64", at::kComplexFloat},
     {"complex128", at::kComplexDouble},
 };
 
@@ -117,8 +124,8 @@ absl::StatusOr<Item> new_dcp_object(Context& ctx, int32_t g, const std::vector<I
   if (!kDcpGlobals[g - kDcpFirst].is_class)
     return ctx.invalid(absl::StrCat("NEWOBJ creates ", dcp_global_name(g), ", not a class"));
   if (!args.empty()) {
-    return ctx.data_loss(absl::StrCat("NEWOBJ creates ", dcp_global_name(g), " with ",
-                                      args.size(), " arguments; DCP's dataclasses take none"));
+    return ctx.data_loss(absl::StrCat("NEWOBJ creates ", dcp_global_name(g), " with ", args.size(),
+                                      " arguments; DCP's dataclasses take none"));
   }
   c10::IValue object = ctx.new_dict();
   object.toGenericDict().insert(kClassKey, kDcpGlobals[g - kDcpFirst].name);
@@ -138,9 +145,9 @@ absl::Status build_dcp_object(Context& ctx, const Item& target, const Item& stat
       if (!kv.key().isString())
         return ctx.data_loss("BUILD's state names an attribute with something other than a str");
       if (object.contains(kv.key())) {
-        return ctx.data_loss(
-            absl::StrCat("BUILD sets attribute '", kv.key().toStringRef().substr(0, 64),
-                         "' of an object twice"));
+        return ctx.data_loss(absl::StrCat("BUILD sets attribute '",
+                                          kv.key().toStringRef().substr(0, 64),
+                                          "' of an object twice"));
       }
       object.insert(kv.key(), kv.value());
     }
@@ -168,8 +175,8 @@ absl::StatusOr<Item> dcp_object_key(const Context& ctx, const c10::IValue& objec
   const c10::impl::GenericDict d = object.toGenericDict();
   const std::string cls = d.at(kClassKey).toStringRef();
   if (cls != kDcpGlobals[kMetadataIndex - kDcpFirst].name) {
-    return ctx.invalid(absl::StrCat("a dict key is a ", cls,
-                                    "; DCP keys its storage data by MetadataIndex only"));
+    return ctx.invalid(
+        absl::StrCat("a dict key is a ", cls, "; DCP keys its storage data by MetadataIndex only"));
   }
   c10::IValue fqn;
   c10::IValue offset;  // None unless present
@@ -186,8 +193,8 @@ absl::StatusOr<Item> dcp_object_key(const Context& ctx, const c10::IValue& objec
       }
       offset = kv.value();
     } else {
-      return ctx.data_loss(absl::StrCat("a MetadataIndex key has attribute '",
-                                        name.substr(0, 64), "' of the wrong kind"));
+      return ctx.data_loss(absl::StrCat("a MetadataIndex key has attribute '", name.substr(0, 64),
+                                        "' of the wrong kind"));
     }
   }
   if (!fqn.isString()) return ctx.data_loss("a MetadataIndex key has no fqn");

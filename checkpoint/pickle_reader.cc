@@ -189,8 +189,7 @@ using pickle_internal::ResultCheck;
 }  // namespace
 
 absl::StatusOr<c10::IValue> read_pickle(std::string_view pickle, const std::string& name_for_errors,
-                                        const StorageLoader& load_storage,
-                                        PickleDialect dialect) {
+                                        const StorageLoader& load_storage, PickleDialect dialect) {
   Context ctx(name_for_errors, load_storage, dialect);
   ctx.work_limit = 8 * static_cast<uint64_t>(pickle.size()) + (uint64_t{1} << 20);
   absl::StatusOr<c10::IValue> result;

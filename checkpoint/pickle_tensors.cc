@@ -100,8 +100,8 @@ absl::StatusOr<Item> persistent_load(Context& ctx, const Item& pid) {
   auto str = [](const Item& i) { return i.is_value() && i.value.isString(); };
   if (e.size() != 5 || !str(e[0]) || e[0].value.toStringRef() != "storage" ||
       e[1].kind != Item::Kind::kGlobal || e[1].ref < kStorageClass || e[1].ref >= kDcpFirst ||
-      !str(e[2]) || !str(e[3]) ||
-      !e[4].is_value() || !e[4].value.isInt() || e[4].value.toInt() < 0) {
+      !str(e[2]) || !str(e[3]) || !e[4].is_value() || !e[4].value.isInt() ||
+      e[4].value.toInt() < 0) {
     return ctx.data_loss(
         "a persistent id is not ('storage', torch.<Dtype>Storage, key, location, numel)");
   }

@@ -183,8 +183,8 @@ absl::Status copy_entries(const Dict& entries, const std::string& where, partiti
         v.toTensor().reshape(-1);  // whole parameters keep their shape in a shard
     if (src.numel() != r1 - r0) {
       return absl::DataLossError(absl::StrCat(where, ": state '", kv.key().toStringRef(),
-                                              "' holds ", src.numel(),
-                                              " elements for the range [", r0, ", ", r1, ")"));
+                                              "' holds ", src.numel(), " elements for the range [",
+                                              r0, ", ", r1, ")"));
     }
     if (!p.entries.contains(kv.key())) {
       p.entries.insert(kv.key(), at::empty({range.size()}, src.options()));
@@ -196,9 +196,7 @@ absl::Status copy_entries(const Dict& entries, const std::string& where, partiti
                        "' has another type or dtype than in the other shards"));
     }
     if (hi > lo)
-      have.toTensor()
-          .narrow(0, lo - range.begin, hi - lo)
-          .copy_(src.narrow(0, lo - r0, hi - lo));
+      have.toTensor().narrow(0, lo - range.begin, hi - lo).copy_(src.narrow(0, lo - r0, hi - lo));
   }
   return absl::OkStatus();
 }

@@ -130,12 +130,13 @@ void print_summary(const Config& c, const Job& job, checkpoint::StepCheckpoints&
   if (!c.checkpoint_dir.empty()) {
     const std::string step_dir = ckpts.dir_of(c.steps);
     const std::string file = (std::filesystem::path(c.checkpoint_dir) / kCheckpointFile).string();
-    std::printf("| checkpoint | %s (step %d: %s)%s |\n", file.c_str(), c.steps, step_dir.c_str(),
-                c.sharded_checkpoint
-                    ? absl::StrCat(", optimizer shards in ", step_dir, "/", kShardDir).c_str()
-                : c.checkpoint_format == "dcp"
-                    ? absl::StrCat(", model and optimizer in ", step_dir, "/", kDcpDir, " (DCP)").c_str()
-                    : "");
+    std::printf(
+        "| checkpoint | %s (step %d: %s)%s |\n", file.c_str(), c.steps, step_dir.c_str(),
+        c.sharded_checkpoint
+            ? absl::StrCat(", optimizer shards in ", step_dir, "/", kShardDir).c_str()
+        : c.checkpoint_format == "dcp"
+            ? absl::StrCat(", model and optimizer in ", step_dir, "/", kDcpDir, " (DCP)").c_str()
+            : "");
   }
   std::fflush(stdout);
 }

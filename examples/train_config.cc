@@ -192,16 +192,19 @@ absl::Status check_values(const TrainConfig& c, const std::string& backend) {
                               "; choose torch_save|dcp"));
   }
   if (c.checkpoint_format == "dcp" && c.sharded_checkpoint) {
-    return usage("--checkpoint_format=dcp is sharded already (each rank writes its part): drop "
-                 "--sharded_checkpoint");
+    return usage(
+        "--checkpoint_format=dcp is sharded already (each rank writes its part): drop "
+        "--sharded_checkpoint");
   }
   if ((c.checkpoint_format == "dcp" || !c.init_from_dcp.empty()) && c.hook == "post_local_sgd") {
-    return usage("DCP checkpoints hold the model and Adam's state, not post-local SGD's averager "
-                 "step: use --checkpoint_format=torch_save with --hook=post_local_sgd");
+    return usage(
+        "DCP checkpoints hold the model and Adam's state, not post-local SGD's averager "
+        "step: use --checkpoint_format=torch_save with --hook=post_local_sgd");
   }
   if (!c.init_from_dcp.empty() && c.resume) {
-    return usage("--init_from_dcp starts a run from a DCP checkpoint and --resume continues one "
-                 "from --checkpoint_dir: give one of them");
+    return usage(
+        "--init_from_dcp starts a run from a DCP checkpoint and --resume continues one "
+        "from --checkpoint_dir: give one of them");
   }
   if (c.sharded_checkpoint && c.zero == "off") {
     return usage(

@@ -70,8 +70,9 @@ absl::StatusOr<int64_t> load_train_dcp(Trainer& t, const std::string& dir, bool 
     auto it = reader->metadata().tensors.find(key);
     if (it == reader->metadata().tensors.end() || it->second.size != shapes[i]) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "DCP checkpoint ", dir, (it == reader->metadata().tensors.end() ? " has no " : " has another shape for "),
-          key, "; was it written for this model (--hidden)?"));
+          "DCP checkpoint ", dir,
+          (it == reader->metadata().tensors.end() ? " has no " : " has another shape for "), key,
+          "; was it written for this model (--hidden)?"));
     }
   }
   if (with_model) {

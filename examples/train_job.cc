@@ -147,8 +147,8 @@ Progress make_progress(const Config& c, const Job& job) {
 // write in --checkpoint_dir, on its own host (a local launch checked it before starting them).
 void check_checkpoint_dir_everywhere(const Config& c, const Job& job) {
   if (c.checkpoint_dir.empty()) return;
-  const bool writes = job.rank == 0 || c.hook == "powersgd" || c.sharded_checkpoint ||
-                      c.checkpoint_format == "dcp";
+  const bool writes =
+      job.rank == 0 || c.hook == "powersgd" || c.sharded_checkpoint || c.checkpoint_format == "dcp";
   const absl::Status usable =
       writes ? examples::check_checkpoint_dir(c.checkpoint_dir) : absl::OkStatus();
   const absl::Status all = comm::first_failure(job.world, usable);

@@ -214,7 +214,8 @@ int resume(const Config& c, const Job& job, checkpoint::StepCheckpoints& ckpts, 
       die(2, absl::StrCat("--init_from_dcp=", c.init_from_dcp, " is at step ", *step,
                           ", at or past --steps=", c.steps, ": nothing to train"));
     }
-    progress.note(absl::StrCat("started from step ", *step, " of DCP checkpoint ", c.init_from_dcp));
+    progress.note(
+        absl::StrCat("started from step ", *step, " of DCP checkpoint ", c.init_from_dcp));
     return static_cast<int>(*step);
   }
   if (!resuming) return 0;
@@ -277,7 +278,7 @@ void save_step(const Config& c, const Job& job, checkpoint::StepCheckpoints& ckp
                int step) {
   absl::StatusOr<std::string> step_dir = std::string();
   if (job.rank == 0) step_dir = ckpts.begin(step);
-  const char* own_dir = c.sharded_checkpoint ? kShardDir
+  const char* own_dir = c.sharded_checkpoint           ? kShardDir
                         : c.checkpoint_format == "dcp" ? kDcpDir
                                                        : nullptr;
   if (job.rank == 0 && step_dir.ok() && own_dir != nullptr) {
@@ -299,7 +300,8 @@ void save_step(const Config& c, const Job& job, checkpoint::StepCheckpoints& ckp
                           heartbeat_cause(s)));
     }
   } else if (c.checkpoint_format == "dcp") {
-    absl::Status s = save_train_dcp(job, t, step, (std::filesystem::path(*step_dir) / kDcpDir).string());
+    absl::Status s =
+        save_train_dcp(job, t, step, (std::filesystem::path(*step_dir) / kDcpDir).string());
     if (!s.ok()) {
       die(1, absl::StrCat(checkpoint_error(s.message()), " (rank ", job.rank, ")",
                           heartbeat_cause(s)));

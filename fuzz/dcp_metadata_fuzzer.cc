@@ -54,16 +54,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         DTRAIN_FUZZ_CHECK(c.offsets.size() == t.size.size() && c.sizes.size() == t.size.size(),
                           absl::StrCat("'", key, "' accepted with a chunk of another rank"));
         for (size_t d = 0; d < t.size.size(); ++d) {
-          DTRAIN_FUZZ_CHECK(c.offsets[d] >= 0 && c.sizes[d] >= 0 &&
-                                c.offsets[d] + c.sizes[d] <= t.size[d],
-                            absl::StrCat("'", key, "' accepted with a chunk outside it"));
+          DTRAIN_FUZZ_CHECK(
+              c.offsets[d] >= 0 && c.sizes[d] >= 0 && c.offsets[d] + c.sizes[d] <= t.size[d],
+              absl::StrCat("'", key, "' accepted with a chunk outside it"));
         }
         total += ck::box_numel(c.sizes);
         DTRAIN_FUZZ_CHECK(c.storage.relative_path.find('/') == std::string::npos &&
                               c.storage.offset >= 0 && c.storage.length >= 0,
                           absl::StrCat("'", key, "' accepted with storage outside the checkpoint"));
       }
-      DTRAIN_FUZZ_CHECK(total == numel, absl::StrCat("'", key, "' accepted with chunks that do "
+      DTRAIN_FUZZ_CHECK(total == numel, absl::StrCat("'", key,
+                                                     "' accepted with chunks that do "
                                                      "not cover it exactly"));
     }
     for (int64_t file_size : {int64_t{0}, int64_t{120}, int64_t{1} << 40}) {

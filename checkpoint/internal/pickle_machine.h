@@ -174,8 +174,8 @@ class Machine {
       return k.ok() ? set_item(dict_item, *k, value, /*key_made=*/true) : k.status();
     }
     const c10::IValue& k = key.value;
-    if (!key_made && (!key.is_value() || !(k.isString() || k.isInt() || k.isDouble() ||
-                                           k.isBool() || k.isTensor()))) {
+    if (!key_made && (!key.is_value() ||
+                      !(k.isString() || k.isInt() || k.isDouble() || k.isBool() || k.isTensor()))) {
       return ctx_.invalid(
           absl::StrCat("a dict key is ", describe(key),
                        "; dtrain reads dict keys that are str, int, float, bool or tensors"));

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include <ATen/ATen.h>
-#include <torch/torch.h>
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/dcp.h"
@@ -37,17 +37,18 @@ std::vector<at::Tensor> initial_params() {
   std::vector<at::Tensor> out;
   for (size_t i = 0; i < kShapes.size(); ++i) {
     const int64_t n = at::empty(kShapes[i]).numel();
-    out.push_back(
-        (at::cos(at::arange(n, at::kFloat) * 0.37 + static_cast<double>(i))).view(kShapes[i]).requires_grad_());
+    out.push_back((at::cos(at::arange(n, at::kFloat) * 0.37 + static_cast<double>(i)))
+                      .view(kShapes[i])
+                      .requires_grad_());
   }
   return out;
 }
 
 void set_grads(std::vector<at::Tensor>& params, int step) {
   for (size_t i = 0; i < params.size(); ++i) {
-    params[i].mutable_grad() =
-        at::sin(at::arange(params[i].numel(), at::kFloat) * 0.1 + step + 0.3 * static_cast<double>(i))
-            .view(kShapes[i]);
+    params[i].mutable_grad() = at::sin(at::arange(params[i].numel(), at::kFloat) * 0.1 + step +
+                                       0.3 * static_cast<double>(i))
+                                   .view(kShapes[i]);
   }
 }
 
@@ -58,7 +59,8 @@ ZeroRedundancyOptimizer make_zero(comm::Group& g, std::vector<at::Tensor>& param
   if (flat) o.flat_alignment = 4;  // ranges that split parameters mid-row
   OptionsDict adam = new_options_dict();
   adam.insert("lr", 0.01);
-  return ZeroRedundancyOptimizer(params, local_optimizer<FunctionalOptimizerAdapter>("Adam", adam), o);
+  return ZeroRedundancyOptimizer(params, local_optimizer<FunctionalOptimizerAdapter>("Adam", adam),
+                                 o);
 }
 
 using Trace = std::vector<std::vector<at::Tensor>>;  // parameters after each step
@@ -100,7 +102,8 @@ void expect_same(const Trace& got, const Trace& want, const std::string& what) {
     for (size_t i = 0; i < got[s].size(); ++i) {
       EXPECT_TRUE(got[s][i].allclose(want[s][i], 1e-6, 1e-7))
           << what << ": step " << s + 3 << ", parameter p" << i << "\n"
-          << got[s][i] << "\nvs PyTorch\n" << want[s][i];
+          << got[s][i] << "\nvs PyTorch\n"
+          << want[s][i];
     }
   }
 }
@@ -128,7 +131,8 @@ struct Case {
 
 TEST(ZeroDcpTest, PyTorchContinuesFromDtrainsShardedCheckpoint) {
   for (const Case& c : {Case{1, false, 2}, Case{2, false, 3}, Case{3, true, 1}, Case{2, true, 2}}) {
-    const std::string name = absl::StrCat("to_python_w", c.dtrain_world, c.flat ? "_flat" : "_greedy");
+    const std::string name =
+        absl::StrCat("to_python_w", c.dtrain_world, c.flat ? "_flat" : "_greedy");
     const std::string dir = fresh_dir(name);
     Trace mine;
     comm::testing::run_ranks_as_threads(c.dtrain_world, [&](comm::Group& g) {
@@ -172,7 +176,8 @@ TEST(ZeroDcpTest, DtrainResumesFromPyTorchsCheckpointAtAnotherWorldSize) {
         ASSERT_TRUE(model.ok()) << model.status();
         {
           at::NoGradGuard no_grad;
-          for (size_t i = 0; i < params.size(); ++i) params[i].copy_(model->at(kNames[i]).toTensor());
+          for (size_t i = 0; i < params.size(); ++i)
+            params[i].copy_(model->at(kNames[i]).toTensor());
         }
         ZeroRedundancyOptimizer zero = make_zero(g, params, flat);
         absl::StatusOr<ck::ShardedState> state =
@@ -181,8 +186,9 @@ TEST(ZeroDcpTest, DtrainResumesFromPyTorchsCheckpointAtAnotherWorldSize) {
         zero.load_sharded_state(*state);
         continue_steps(g, params, zero, &mine);
       });
-      expect_same(mine, want, absl::StrCat("world ", world, flat ? " flat" : " greedy", " from ",
-                                           *layout ? "flattened" : "nested", " PyTorch checkpoint"));
+      expect_same(mine, want,
+                  absl::StrCat("world ", world, flat ? " flat" : " greedy", " from ",
+                               *layout ? "flattened" : "nested", " PyTorch checkpoint"));
     }
   }
 }
@@ -204,7 +210,8 @@ TEST(ZeroDcpTest, EveryOptimizerContinuesInPyTorch) {
       {"Adagrad", {{"lr", 0.1}}, R"({"lr": 0.1})"},
       {"Adadelta", {}, R"({})"},
       {"Adamax", {{"lr", 0.01}}, R"({"lr": 0.01})"},
-      {"RMSprop", {{"lr", 0.01}, {"centered", true}, {"momentum", 0.5}},
+      {"RMSprop",
+       {{"lr", 0.01}, {"centered", true}, {"momentum", 0.5}},
        R"({"lr": 0.01, "centered": true, "momentum": 0.5})"},
       {"Rprop", {{"lr", 0.01}}, R"({"lr": 0.01})"},
       {"NAdam", {{"lr", 0.01}}, R"({"lr": 0.01})"},
@@ -226,19 +233,21 @@ TEST(ZeroDcpTest, EveryOptimizerContinuesInPyTorch) {
       std::vector<at::Tensor> params;
       for (size_t i = 0; i < shapes.size(); ++i) {
         const int64_t n = shapes[i][0] * shapes[i][1];
-        params.push_back(
-            at::cos(at::arange(n, at::kFloat) * 0.37 + static_cast<double>(i)).view(shapes[i]).requires_grad_());
+        params.push_back(at::cos(at::arange(n, at::kFloat) * 0.37 + static_cast<double>(i))
+                             .view(shapes[i])
+                             .requires_grad_());
       }
       ZeroOptions o;
       o.group = g;
       OptionsDict options = new_options_dict();
       for (const auto& [k, v] : opt.options) options.insert(k, v);
-      ZeroRedundancyOptimizer zero(params, local_optimizer<FunctionalOptimizerAdapter>(opt.name, options), o);
+      ZeroRedundancyOptimizer zero(
+          params, local_optimizer<FunctionalOptimizerAdapter>(opt.name, options), o);
       auto grads = [&](int step) {
         for (size_t i = 0; i < params.size(); ++i) {
-          params[i].mutable_grad() =
-              at::sin(at::arange(params[i].numel(), at::kFloat) * 0.1 + step + 0.3 * static_cast<double>(i))
-                  .view(shapes[i]);
+          params[i].mutable_grad() = at::sin(at::arange(params[i].numel(), at::kFloat) * 0.1 +
+                                             step + 0.3 * static_cast<double>(i))
+                                         .view(shapes[i]);
         }
       };
       for (int step = 0; step < 3; ++step) {
@@ -273,10 +282,12 @@ TEST(ZeroDcpTest, EveryOptimizerContinuesInPyTorch) {
   int compared = 0;
   for (const Opt& opt : opts) {
     if (output.find("skipped " + opt.name) != std::string::npos) {
-      std::printf("skipped %s: this PyTorch has no torch.optim.%s\n", opt.name.c_str(), opt.name.c_str());
+      std::printf("skipped %s: this PyTorch has no torch.optim.%s\n", opt.name.c_str(),
+                  opt.name.c_str());
       continue;
     }
-    expect_same(mine[opt.name], read_trace(absl::StrCat(root, "/", opt.name, "/python.pt")), opt.name);
+    expect_same(mine[opt.name], read_trace(absl::StrCat(root, "/", opt.name, "/python.pt")),
+                opt.name);
     ++compared;
   }
   EXPECT_GE(compared, 12);
@@ -319,7 +330,8 @@ TEST(ZeroDcpTest, DtrainResumesFromAnFsdp2Checkpoint) {
         if (flat) o.flat_alignment = 4;
         OptionsDict adam = new_options_dict();
         adam.insert("lr", 0.01);
-        ZeroRedundancyOptimizer zero(params, local_optimizer<FunctionalOptimizerAdapter>("Adam", adam), o);
+        ZeroRedundancyOptimizer zero(params,
+                                     local_optimizer<FunctionalOptimizerAdapter>("Adam", adam), o);
         absl::StatusOr<ck::ShardedState> state =
             ck::load_dcp_optimizer(*r, names, zero.owned_ranges(), shapes);
         ASSERT_TRUE(state.ok()) << state.status();
@@ -335,8 +347,9 @@ TEST(ZeroDcpTest, DtrainResumesFromAnFsdp2Checkpoint) {
           }
         }
       });
-      expect_same(mine, want, absl::StrCat("world ", world, flat ? " flat" : " greedy",
-                                           " from FSDP2 at world ", fsdp_world));
+      expect_same(mine, want,
+                  absl::StrCat("world ", world, flat ? " flat" : " greedy", " from FSDP2 at world ",
+                               fsdp_world));
     }
   }
 }

@@ -392,8 +392,9 @@ TEST(ZeroRedundancyOptimizerTest, ShardedSaveLoadsAdafactorsFactoredState) {
   c10::IValue before;
   run_ranks_as_threads(2, [&](comm::Group& g) {
     std::vector<at::Tensor> zp = params();
-    ZeroRedundancyOptimizer zero(zp, local_optimizer<FunctionalOptimizerAdapter>("Adafactor", adafactor),
-                                 with_strategy(g, PartitionStrategy::kSortedGreedy));
+    ZeroRedundancyOptimizer zero(
+        zp, local_optimizer<FunctionalOptimizerAdapter>("Adafactor", adafactor),
+        with_strategy(g, PartitionStrategy::kSortedGreedy));
     for (int step = 0; step < 2; ++step) {
       set_averaged_grads(g, zp, step);
       zero.step();
@@ -404,8 +405,9 @@ TEST(ZeroRedundancyOptimizerTest, ShardedSaveLoadsAdafactorsFactoredState) {
   });
   run_ranks_as_threads(1, [&](comm::Group& g) {
     std::vector<at::Tensor> zp = params();
-    ZeroRedundancyOptimizer zero(zp, local_optimizer<FunctionalOptimizerAdapter>("Adafactor", adafactor),
-                                 with_strategy(g, PartitionStrategy::kSortedGreedy));
+    ZeroRedundancyOptimizer zero(
+        zp, local_optimizer<FunctionalOptimizerAdapter>("Adafactor", adafactor),
+        with_strategy(g, PartitionStrategy::kSortedGreedy));
     absl::StatusOr<c10::IValue> loaded = zero.load_sharded(dir);
     ASSERT_TRUE(loaded.ok()) << loaded.status();
     zero.consolidate_state_dict(0);
