@@ -98,6 +98,32 @@ absl::Status Machine::step_containers(uint8_t op, bool* handled) {
   }
 }
 
+// BUILD: a DCP object's state (the DCP dialect), else only the attribute state of an
+// OrderedDict (a module state dict's _metadata), which is checked and dropped.
+absl::Status Machine::build() {
+  absl::StatusOr<Item> state = pop("BUILD");
+  if (!state.ok()) return state.status();
+  absl::StatusOr<Item*> target = top("BUILD");
+  if (!target.ok()) return target.status();
+  if ((*target)->is_value() && is_dcp_object(ctx_, (*target)->value))
+    return build_dcp_object(ctx_, **target, *state);
+  if (!(*target)->is_value() || !(*target)->value.isGenericDict()) {
+    return ctx_.invalid(
+        absl::StrCat("BUILD sets the state of ", describe(**target),
+                     "; only an OrderedDict's attributes are accepted (and dropped)"));
+  }
+  auto attributes_only = [](const Item& s) {
+    return s.is_value() && (s.value.isNone() || s.value.isGenericDict());
+  };
+  bool ok = attributes_only(*state);
+  if (!ok && state->is_tuple()) {
+    const std::vector<Item> parts = tuple_elements(*state);
+    ok = parts.size() == 2 && attributes_only(parts[0]) && attributes_only(parts[1]);
+  }
+  if (!ok) return ctx_.data_loss("BUILD's state for an OrderedDict is not a dict of attributes");
+  return absl::OkStatus();  // attributes such as _metadata have no place in an IValue dict
+}
+
 absl::Status Machine::step_objects(uint8_t op, bool* handled) {
   *handled = true;
   switch (op) {
@@ -149,31 +175,8 @@ absl::Status Machine::step_objects(uint8_t op, bool* handled) {
       stack_.push_back(std::move(*result));
       return absl::OkStatus();
     }
-    case 'b': {  // BUILD: only the attribute state of an OrderedDict (a module state dict's
-                 // _metadata)
-      absl::StatusOr<Item> state = pop("BUILD");
-      if (!state.ok()) return state.status();
-      absl::StatusOr<Item*> target = top("BUILD");
-      if (!target.ok()) return target.status();
-      if ((*target)->is_value() && is_dcp_object(ctx_, (*target)->value))
-        return build_dcp_object(ctx_, **target, *state);
-      if (!(*target)->is_value() || !(*target)->value.isGenericDict()) {
-        return ctx_.invalid(
-            absl::StrCat("BUILD sets the state of ", describe(**target),
-                         "; only an OrderedDict's attributes are accepted (and dropped)"));
-      }
-      auto attributes_only = [](const Item& s) {
-        return s.is_value() && (s.value.isNone() || s.value.isGenericDict());
-      };
-      bool ok = attributes_only(*state);
-      if (!ok && state->is_tuple()) {
-        const std::vector<Item> parts = tuple_elements(*state);
-        ok = parts.size() == 2 && attributes_only(parts[0]) && attributes_only(parts[1]);
-      }
-      if (!ok)
-        return ctx_.data_loss("BUILD's state for an OrderedDict is not a dict of attributes");
-      return absl::OkStatus();  // attributes such as _metadata have no place in an IValue dict
-    }
+    case 'b':
+      return build();
     case 'Q': {  // BINPERSID
       absl::StatusOr<Item> pid = pop("BINPERSID");
       if (!pid.ok()) return pid.status();

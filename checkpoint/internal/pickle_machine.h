@@ -214,6 +214,7 @@ class Machine {
   absl::Status step(uint8_t op);
   absl::Status step_containers(uint8_t op, bool* handled);
   absl::Status step_objects(uint8_t op, bool* handled);
+  absl::Status build();
   absl::StatusOr<c10::IValue> stop();
 
   std::string_view p_;
