@@ -146,6 +146,30 @@ absl::Status check_sizes(const TrainConfig& c) {
 }
 
 // The checks that need only the flags' values, in the order the messages were always given.
+// --checkpoint_format and --init_from_dcp against the other flags.
+absl::Status check_dcp_flags(const TrainConfig& c) {
+  if (c.checkpoint_format != "torch_save" && c.checkpoint_format != "dcp") {
+    return usage(absl::StrCat("unknown --checkpoint_format=", c.checkpoint_format,
+                              "; choose torch_save|dcp"));
+  }
+  if (c.checkpoint_format == "dcp" && c.sharded_checkpoint) {
+    return usage(
+        "--checkpoint_format=dcp is sharded already (each rank writes its part): drop "
+        "--sharded_checkpoint");
+  }
+  if ((c.checkpoint_format == "dcp" || !c.init_from_dcp.empty()) && c.hook == "post_local_sgd") {
+    return usage(
+        "DCP checkpoints hold the model and Adam's state, not post-local SGD's averager "
+        "step: use --checkpoint_format=torch_save with --hook=post_local_sgd");
+  }
+  if (!c.init_from_dcp.empty() && c.resume) {
+    return usage(
+        "--init_from_dcp starts a run from a DCP checkpoint and --resume continues one "
+        "from --checkpoint_dir: give one of them");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status check_values(const TrainConfig& c, const std::string& backend) {
   const std::vector<std::string> hooks = {"allreduce", "fp16",           "bf16",
                                           "powersgd",  "post_local_sgd", "noop"};
@@ -187,25 +211,7 @@ absl::Status check_values(const TrainConfig& c, const std::string& backend) {
     return usage("--zero=stage2 reduce-scatters gradients: use --hook=allreduce");
   }
   if (c.resume && c.checkpoint_dir.empty()) return usage("--resume needs a --checkpoint_dir");
-  if (c.checkpoint_format != "torch_save" && c.checkpoint_format != "dcp") {
-    return usage(absl::StrCat("unknown --checkpoint_format=", c.checkpoint_format,
-                              "; choose torch_save|dcp"));
-  }
-  if (c.checkpoint_format == "dcp" && c.sharded_checkpoint) {
-    return usage(
-        "--checkpoint_format=dcp is sharded already (each rank writes its part): drop "
-        "--sharded_checkpoint");
-  }
-  if ((c.checkpoint_format == "dcp" || !c.init_from_dcp.empty()) && c.hook == "post_local_sgd") {
-    return usage(
-        "DCP checkpoints hold the model and Adam's state, not post-local SGD's averager "
-        "step: use --checkpoint_format=torch_save with --hook=post_local_sgd");
-  }
-  if (!c.init_from_dcp.empty() && c.resume) {
-    return usage(
-        "--init_from_dcp starts a run from a DCP checkpoint and --resume continues one "
-        "from --checkpoint_dir: give one of them");
-  }
+  if (absl::Status s = check_dcp_flags(c); !s.ok()) return s;
   if (c.sharded_checkpoint && c.zero == "off") {
     return usage(
         "--sharded_checkpoint shards ZeRO's optimizer state; use it with --zero=sorted_greedy or "
