@@ -18,6 +18,7 @@ struct AdadeltaOptions {
   TORCH_ARG(double, eps) = 1e-6;
   TORCH_ARG(double, weight_decay) = 0;
   TORCH_ARG(bool, maximize) = false;
+  DTRAIN_STATE_PRECISION_ARGS;
 };
 
 extern template class TypedFunctionalOptimizer<AdadeltaOptions>;

@@ -29,6 +29,7 @@ struct AdafactorOptions {
   TORCH_ARG(double, d) = 1.0;
   TORCH_ARG(double, weight_decay) = 0.0;
   TORCH_ARG(bool, maximize) = false;
+  DTRAIN_STATE_PRECISION_ARGS;
 };
 
 extern template class TypedFunctionalOptimizer<AdafactorOptions>;

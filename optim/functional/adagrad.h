@@ -26,6 +26,7 @@ struct AdagradOptions {
   // without a CUDA kernel, foreach) multi-tensor path, False through the per-tensor ATen ops; CPU
   // parameters take dtrain's fused CPU kernel either way (see AdamOptions::fused).
   TORCH_ARG(OptionalBool, fused) = std::nullopt;
+  DTRAIN_STATE_PRECISION_ARGS;
 };
 
 extern template class TypedFunctionalOptimizer<AdagradOptions>;

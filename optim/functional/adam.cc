@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "optim/functional/internal/adam_low_precision.h"
 #include "optim/functional/internal/optimizer_impl.h"
 #include "optim/libtorch_compat.h"
 
@@ -71,6 +72,43 @@ struct AdamDescriptor : DescriptorDefaults {
     }
     p.addcdiv_(exp_avg, denom, -c[0]);
   }
+  // The scalars of one tensor's update, in the kernel's type.
+  template <typename T>
+  struct Constants {
+    Constants(const Options& o, const std::array<double, 4>& c)
+        : b1(static_cast<T>(std::get<0>(o.betas()))),
+          one_minus_b1(static_cast<T>(1 - std::get<0>(o.betas()))),
+          b2(static_cast<T>(std::get<1>(o.betas()))),
+          one_minus_b2(static_cast<T>(1 - std::get<1>(o.betas()))),
+          wd(static_cast<T>(o.weight_decay())),
+          decay(static_cast<T>(1 - o.lr() * o.weight_decay())),
+          eps(static_cast<T>(o.eps())),
+          neg_step_size(static_cast<T>(-c[0])),
+          bc2_sqrt(static_cast<T>(c[1])),
+          sign(o.maximize() ? T(-1) : T(1)) {}
+    T b1, one_minus_b1, b2, one_minus_b2, wd, decay, eps, neg_step_size, bc2_sqrt, sign;
+  };
+  // One element: the new parameter; m, v (and vmax with amsgrad) updated in place. Every kernel
+  // (float, double, bfloat16 and 8-bit state) runs exactly this arithmetic.
+  template <typename T, bool kAmsgrad, bool kDecoupledDecay>
+  static inline __attribute__((always_inline)) T element(const Constants<T>& c, T pk, T gk, T& mk,
+                                                         T& vk, T& vmk) {
+    gk = c.sign * gk;
+    if (kDecoupledDecay) {
+      pk = pk * c.decay;
+    } else {
+      gk = gk + c.wd * pk;
+    }
+    mk = mk * c.b1 + c.one_minus_b1 * gk;
+    vk = vk * c.b2 + c.one_minus_b2 * gk * gk;
+    T vm = vk;
+    if (kAmsgrad) {
+      vm = vk > vmk ? vk : vmk;
+      vmk = vm;
+    }
+    const T denom = std::sqrt(vm) / c.bc2_sqrt + c.eps;
+    return pk + c.neg_step_size * mk / denom;
+  }
   template <typename T, bool kAmsgrad, bool kDecoupledDecay>
   static void loop(const FusedTensor<T>& t, int64_t lo, int64_t hi, const Options& o) {
     T* __restrict p = t.p;
@@ -78,34 +116,13 @@ struct AdamDescriptor : DescriptorDefaults {
     T* __restrict m = t.s[0];
     T* __restrict v = t.s[1];
     T* __restrict vmax = t.s[2];
-    const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
-    const T b1 = static_cast<T>(beta1), one_minus_b1 = static_cast<T>(1 - beta1);
-    const T b2 = static_cast<T>(beta2), one_minus_b2 = static_cast<T>(1 - beta2);
-    const T wd = static_cast<T>(o.weight_decay());
-    const T decay = static_cast<T>(1 - o.lr() * o.weight_decay());
-    const T eps = static_cast<T>(o.eps());
-    const T neg_step_size = static_cast<T>(-t.c[0]);
-    const T bc2_sqrt = static_cast<T>(t.c[1]);
-    const T sign = o.maximize() ? T(-1) : T(1);
+    const Constants<T> c(o, t.c);
     for (int64_t k = lo; k < hi; ++k) {
-      T pk = p[k];
-      T gk = sign * g[k];
-      if (kDecoupledDecay) {
-        pk = pk * decay;
-      } else {
-        gk = gk + wd * pk;
-      }
-      const T mk = m[k] * b1 + one_minus_b1 * gk;
-      const T vk = v[k] * b2 + one_minus_b2 * gk * gk;
+      T mk = m[k], vk = v[k], vmk = kAmsgrad ? vmax[k] : T(0);
+      p[k] = element<T, kAmsgrad, kDecoupledDecay>(c, p[k], g[k], mk, vk, vmk);
       m[k] = mk;
       v[k] = vk;
-      T vm = vk;
-      if (kAmsgrad) {
-        vm = vk > vmax[k] ? vk : vmax[k];
-        vmax[k] = vm;
-      }
-      const T denom = std::sqrt(vm) / bc2_sqrt + eps;
-      p[k] = pk + neg_step_size * mk / denom;
+      if (kAmsgrad) vmax[k] = vmk;
     }
   }
   template <typename T>
@@ -115,6 +132,27 @@ struct AdamDescriptor : DescriptorDefaults {
       return o.amsgrad() ? loop<T, true, true>(t, lo, hi, o) : loop<T, false, true>(t, lo, hi, o);
     }
     return o.amsgrad() ? loop<T, true, false>(t, lo, hi, o) : loop<T, false, false>(t, lo, hi, o);
+  }
+
+  // State in bfloat16 or 8 bits (state_precision.h): exp_avg signed, the second moments not.
+  static constexpr bool k8Bit = true;
+  static constexpr std::array<bool, 4> kSignedSlots = {true, false, false, true};
+  static constexpr bool kLowPrecisionKernel = true;
+  static LowPrecisionTensor low_precision_tensor(ParamState& s, const at::Tensor& p,
+                                                 const at::Tensor& g, const Options& o,
+                                                 const StatePrecision& precision, size_t i) {
+    prepare(s, p, g, o);
+    LowPrecisionTensor t;
+    t.p = p.data_ptr<float>();
+    t.g = g.data_ptr<float>();
+    t.n = p.numel();
+    bind_low_precision_slots(s, kSignedSlots, precision, i, t);
+    scalars(t.c, s, o);
+    return t;
+  }
+  static void low_precision_kernel(KernelIsa isa, const LowPrecisionTensor& t, int64_t lo,
+                                   int64_t hi, const Options& o, const StatePrecision& precision) {
+    adam_low_precision<AdamDescriptor>(isa, t, lo, hi, o, precision, decoupled(o));
   }
 
   // CUDA: PyTorch's _fused_adam, one at::_fused_adam(w)_ per (device, dtype) batch; the kernel

@@ -35,6 +35,7 @@ struct AdamOptions {
   // the parameter, not added to the gradient). Built against LibTorch 2.6 (whose Adam has no such
   // option) True is refused.
   TORCH_ARG(bool, decoupled_weight_decay) = false;
+  DTRAIN_STATE_PRECISION_ARGS;
 };
 
 struct AdamWOptions {
@@ -45,6 +46,7 @@ struct AdamWOptions {
   TORCH_ARG(bool, amsgrad) = false;  // as AdamOptions::amsgrad
   TORCH_ARG(bool, maximize) = false;
   TORCH_ARG(OptionalBool, fused) = std::nullopt;  // as AdamOptions::fused
+  DTRAIN_STATE_PRECISION_ARGS;
 };
 
 extern template class TypedFunctionalOptimizer<AdamOptions>;

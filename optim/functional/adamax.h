@@ -22,6 +22,7 @@ struct AdamaxOptions {
   TORCH_ARG(double, eps) = 1e-8;
   TORCH_ARG(double, weight_decay) = 0;
   TORCH_ARG(bool, maximize) = false;
+  DTRAIN_STATE_PRECISION_ARGS;
 };
 
 extern template class TypedFunctionalOptimizer<AdamaxOptions>;

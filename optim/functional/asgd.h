@@ -24,6 +24,7 @@ struct ASGDOptions {
   TORCH_ARG(double, t0) = 1e6;
   TORCH_ARG(double, weight_decay) = 0;
   TORCH_ARG(bool, maximize) = false;
+  DTRAIN_STATE_PRECISION_ARGS;
 };
 
 extern template class TypedFunctionalOptimizer<ASGDOptions>;

@@ -27,6 +27,7 @@ struct MuonOptions {
   TORCH_ARG(double, eps) = 1e-7;
   TORCH_ARG(int64_t, ns_steps) = 5;
   TORCH_ARG(OptionalString, adjust_lr_fn) = std::nullopt;
+  DTRAIN_STATE_PRECISION_ARGS;
 };
 
 extern template class TypedFunctionalOptimizer<MuonOptions>;

@@ -24,6 +24,7 @@ struct NAdamOptions {
   TORCH_ARG(double, momentum_decay) = 4e-3;
   TORCH_ARG(bool, decoupled_weight_decay) = false;
   TORCH_ARG(bool, maximize) = false;
+  DTRAIN_STATE_PRECISION_ARGS;
 };
 
 extern template class TypedFunctionalOptimizer<NAdamOptions>;

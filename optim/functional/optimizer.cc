@@ -9,8 +9,29 @@
 #include "absl/strings/str_join.h"
 #include "checkpoint/optimizer_state_dict.h"
 #include "optim/functional/state_checks.h"
+#include "optim/functional/state_precision.h"
 
 namespace dtrain::optim {
+
+namespace {
+
+// The state precision the full options `merged` ask for (the parameter's dtype for an optimizer
+// without the state-precision options: a user's).
+StatePrecision precision_in(const std::string& optimizer, const OptionsDict& merged) {
+  if (!merged.contains(kStateDtypeKey)) return {};
+  const c10::IValue dtype = merged.at(kStateDtypeKey);
+  std::optional<std::string> state_dtype;
+  if (dtype.isString()) state_dtype = dtype.toStringRef();
+  const c10::IValue rounding = merged.contains(kStateStochasticRoundingKey)
+                                   ? merged.at(kStateStochasticRoundingKey)
+                                   : c10::IValue(true);
+  const c10::IValue seed =
+      merged.contains(kStateSeedKey) ? merged.at(kStateSeedKey) : c10::IValue(0);
+  return parse_state_precision(optimizer, state_dtype, !rounding.isBool() || rounding.toBool(),
+                               seed.isInt() ? seed.toInt() : 0, /*allow_8bit=*/true);
+}
+
+}  // namespace
 
 OptionsDict new_options_dict() { return OptionsDict(c10::StringType::get(), c10::AnyType::get()); }
 
@@ -137,22 +158,27 @@ OptionsDict FunctionalOptimizer::merged_options(const std::string& optimizer, Op
 }
 
 void FunctionalOptimizer::set_options(const OptionsDict& options) {
-  apply_options(merged_options(name(), options_dict(), options));
+  apply_options(merged_options(name(), all_options(), options));
 }
 
 c10::IValue FunctionalOptimizer::state_dict() const {
   checkpoint::OptimizerStateDict sd;
   const auto names = slot_names();
+  // Low-precision state of an optimizer that counts no steps keeps the count its rounding uses.
+  const bool low = precision_in(name(), all_options()).dtype != StateDtype::kParam;
   for (size_t i = 0; i < state_.size(); ++i) {
     const ParamState& s = state_[i];
     if (!s.initialized) continue;
     checkpoint::StateEntry entry = checkpoint::new_state_entry();
     if (step_kind() == StepKind::kInt) entry.insert("step", s.step);
-    if (step_kind() == StepKind::kFloatTensor) {
+    if (step_kind() == StepKind::kFloatTensor || (step_kind() == StepKind::kNone && low)) {
       entry.insert("step", at::scalar_tensor(static_cast<double>(s.step), at::kFloat));
     }
     for (size_t k = 0; k < names.size() && names[k] != nullptr && names[k][0] != '\0'; ++k) {
-      if (s.slots[k].defined()) {
+      if (s.slots[k].defined() && s.scales[k].defined()) {  // 8-bit (state_precision.h)
+        entry.insert(std::string(names[k]) + kCodesSuffix, s.slots[k]);
+        entry.insert(std::string(names[k]) + kAbsmaxSuffix, s.scales[k]);
+      } else if (s.slots[k].defined()) {
         entry.insert(names[k], s.slots[k]);
       } else if (none_for_undefined_slots()) {
         entry.insert(names[k], c10::IValue());
@@ -193,13 +219,20 @@ std::string known_keys(const std::array<const char*, 4>& names, bool step) {
   return absl::StrJoin(keys, ", ");
 }
 
+// One slot of a loaded entry: its values, or (8-bit) its codes and scales.
+struct LoadedSlot {
+  const c10::IValue* value = nullptr;
+  const c10::IValue* codes = nullptr;
+  const c10::IValue* absmax = nullptr;
+};
+
 }  // namespace
 
 absl::Status FunctionalOptimizer::loaded_options(
     const OptionsDict& group_options, size_t file_group, OptionsDict* options,
     std::vector<std::pair<std::string, c10::IValue>>* kept, OptionsDict* merged) const {
   const std::string what = name() + ".load_state_dict";
-  const OptionsDict known = options_dict();
+  const OptionsDict known = all_options();
   for (const auto& kv : group_options) {
     const std::string& key = kv.key().toStringRef();
     if (!known.contains(key)) kept->emplace_back(key, kv.value());
@@ -228,6 +261,75 @@ absl::Status FunctionalOptimizer::loaded_options(
   return absl::OkStatus();
 }
 
+absl::Status FunctionalOptimizer::load_slot(const c10::IValue* value, const c10::IValue* codes,
+                                            const c10::IValue* absmax, size_t slot,
+                                            const at::Tensor& param, int64_t file_index,
+                                            const StatePrecision& precision, bool copy,
+                                            ParamState* s) const {
+  const std::string what = name() + ".load_state_dict";
+  const std::string key = slot_names()[slot];
+  const std::vector<int64_t> shape = slot_shape(slot, param);
+  const bool is_signed = signed_slots()[slot], scalar = scalar_slots()[slot];
+  at::Tensor values;
+  if (codes != nullptr || absmax != nullptr) {
+    auto fail = [&](const std::string& problem) {
+      return state_error(what, key, file_index, invalid(problem));
+    };
+    if (value != nullptr) return fail(absl::StrCat("is there both as values and as 8-bit codes"));
+    if (codes == nullptr || absmax == nullptr) {
+      return fail(absl::StrCat("has ",
+                               codes == nullptr ? "_absmax but no _codes" : "_codes but no _absmax",
+                               " (an 8-bit slot is saved as both)"));
+    }
+    if (!codes->isTensor() || !absmax->isTensor())
+      return fail("has _codes or _absmax not a tensor");
+    const at::Tensor& c = codes->toTensor();
+    const at::Tensor& a = absmax->toTensor();
+    if (absl::Status ok = check_8bit_slot(c, a, shape); !ok.ok()) {
+      return state_error(what, key, file_index, ok);
+    }
+    if (!copy) {
+      s->slots[slot] = c;
+      s->scales[slot] = a;
+      return absl::OkStatus();
+    }
+    if (precision.dtype == StateDtype::k8Bit && !scalar) {  // kept as saved: resumes bit for bit
+      s->slots[slot] = c.to(param.device()).clone();
+      s->scales[slot] = a.to(param.device(), at::kFloat).clone();
+      return absl::OkStatus();
+    }
+    values = dequantize8({c, a.to(at::kFloat)}, is_signed, param.scalar_type()).to(param.device());
+  } else {
+    if (value->isNone()) return absl::OkStatus();  // as never created (SGD's momentum_buffer=None)
+    if (!value->isTensor()) {
+      return state_error(what, key, file_index,
+                         invalid(absl::StrCat("is a ", value->tagKind(), ", not a tensor")));
+    }
+    const at::Tensor& t = value->toTensor();
+    if (absl::Status ok = check_state_tensor(t, param, shape, name()); !ok.ok()) {
+      return state_error(what, key, file_index, ok);
+    }
+    if (!copy) {
+      s->slots[slot] = t;
+      return absl::OkStatus();
+    }
+    if (precision.dtype == StateDtype::kBFloat16 && t.scalar_type() == at::kBFloat16 && !scalar) {
+      s->slots[slot] = t.to(param.device()).clone();
+      return absl::OkStatus();
+    }
+    // PyTorch casts every state tensor but "step" to its parameter's dtype and device.
+    values = at::empty(shape, param.options()).copy_(t);
+  }
+  if (scalar || precision.dtype == StateDtype::kParam) {
+    s->slots[slot] = values;
+    return absl::OkStatus();
+  }
+  store_slot(values, precision, is_signed,
+             rounding_key(precision.seed, s->step, static_cast<uint64_t>(file_index), slot),
+             param.scalar_type(), &s->slots[slot], &s->scales[slot]);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ParamState> FunctionalOptimizer::entry_state(const checkpoint::StateEntry& entry,
                                                             const at::Tensor& param,
                                                             int64_t file_index,
@@ -238,11 +340,14 @@ absl::StatusOr<ParamState> FunctionalOptimizer::entry_state(const checkpoint::St
   ParamState s;
   s.initialized = true;
   bool has_step = false;
+  std::array<LoadedSlot, 4> found;
+  const StatePrecision precision = precision_in(name(), merged);
+  const bool counts_steps = step_kind() != StepKind::kNone || precision.dtype != StateDtype::kParam;
   for (const auto& kv : entry) {
     const std::string k = kv.key().toStringRef();
     const c10::IValue& v = kv.value();
     if (k == "step") {
-      if (step_kind() == StepKind::kNone) {
+      if (!counts_steps) {
         return invalid(absl::StrCat(what, ": parameter ", file_index, " has a 'step' entry, which ",
                                     name(), " does not keep; ", kLoadAdvice));
       }
@@ -252,38 +357,31 @@ absl::StatusOr<ParamState> FunctionalOptimizer::entry_state(const checkpoint::St
       has_step = true;
       continue;
     }
-    size_t slot = names.size();
+    const c10::IValue** part = nullptr;
     for (size_t n = 0; n < names.size() && names[n] != nullptr && names[n][0] != '\0'; ++n) {
-      if (k == names[n]) slot = n;
+      const std::string slot = names[n];
+      if (k == slot) part = &found[n].value;
+      if (k == slot + kCodesSuffix) part = &found[n].codes;
+      if (k == slot + kAbsmaxSuffix) part = &found[n].absmax;
     }
-    if (slot == names.size()) {
+    if (part == nullptr) {
       return invalid(absl::StrCat(
           what, ": parameter ", file_index, " has unknown state key '", k, "' (", name(), " keeps ",
           known_keys(names, step_kind() != StepKind::kNone), "); ", kLoadAdvice));
     }
-    if (v.isNone()) continue;  // as never created (SGD's momentum_buffer=None)
-    if (!v.isTensor()) {
-      return state_error(what, k, file_index,
-                         invalid(absl::StrCat("is a ", v.tagKind(), ", not a tensor")));
-    }
-    const at::Tensor& t = v.toTensor();
-    const std::vector<int64_t> shape = slot_shape(slot, param);
-    if (absl::Status ok = check_state_tensor(t, param, shape, name()); !ok.ok()) {
-      return state_error(what, k, file_index, ok);
-    }
-    if (!copy) {
-      s.slots[slot] = t;
-    } else if (param.sizes().equals(shape)) {
-      s.slots[slot] = at::empty_like(param).copy_(t);
-    } else {
-      // PyTorch casts every state tensor but "step" to its parameter's dtype and device.
-      s.slots[slot] = at::empty(shape, param.options()).copy_(t);
-    }
+    *part = &v;
   }
   if (step_kind() != StepKind::kNone && !has_step) {
     return invalid(absl::StrCat(what, ": parameter ", file_index, " has state but no 'step' (",
                                 name(), " counts the steps of every parameter with state); ",
                                 kLoadAdvice));
+  }
+  for (size_t n = 0; n < found.size(); ++n) {
+    const LoadedSlot& f = found[n];
+    if (f.value == nullptr && f.codes == nullptr && f.absmax == nullptr) continue;
+    absl::Status ok =
+        load_slot(f.value, f.codes, f.absmax, n, param, file_index, precision, copy, &s);
+    if (!ok.ok()) return ok;
   }
   const std::array<bool, 4> fresh = required_slots(param, merged);
   for (size_t n = 0; n < fresh.size(); ++n) {

@@ -28,6 +28,8 @@
 
 namespace dtrain::optim {
 
+struct StatePrecision;  // optim/functional/state_precision.h
+
 // A PyTorch param_group without "params": option name -> float, bool, (float, float) tuple,
 // string or None, with PyTorch's key names ("lr", "betas", "weight_decay", ...).
 using OptionsDict = c10::impl::GenericDict;
@@ -43,6 +45,9 @@ struct ParamState {
   bool initialized = false;
   int64_t step = 0;
   std::array<at::Tensor, 4> slots;
+  // The per-block absmax of each slot kept in 8 bits (state_dtype="8bit"), whose `slots` entry
+  // then holds uint8 codes; undefined for every other slot (optim/functional/state_precision.h).
+  std::array<at::Tensor, 4> scales;
   // The CUDA fused kernels' copy of `step`, as PyTorch's fused path keeps state["step"]: a 0-dim
   // float32 tensor on the parameter's device holding `device_step_value`. Undefined until a CUDA
   // fused step; rebuilt from `step` whenever the two differ (a loaded state, an ATen-path step),
@@ -89,6 +94,9 @@ class FunctionalOptimizer {
   virtual double lr() const = 0;
   virtual void set_lr(double lr) = 0;
   virtual OptionsDict options_dict() const = 0;
+  // Every key set_options takes: options_dict() and, for the built-ins, the state-precision keys
+  // (state_precision.h) that options_dict() leaves out while state_dtype is None.
+  virtual OptionsDict all_options() const { return options_dict(); }
   // Validates every value (PyTorch's messages) before applying any. Unknown keys are an error;
   // PyTorch-only keys (foreach, capturable, differentiable, fused) are accepted when they ask for
   // nothing dtrain lacks. `fused` is an option of Adam, AdamW, SGD and Adagrad (None, the default,
@@ -154,7 +162,7 @@ class FunctionalOptimizer {
   // All parameters at once (entries may be undefined). The default calls update() per parameter;
   // optimizers with a fused multi-tensor path override it.
   virtual void update_all(const std::vector<at::Tensor>& grads);
-  // Builds new options from `merged` (every key of options_dict() present), validates them
+  // Builds new options from `merged` (every key of all_options() present), validates them
   // with PyTorch's messages (c10::Error) and only then replaces the current ones.
   virtual void apply_options(const OptionsDict& merged) = 0;
 
@@ -163,13 +171,18 @@ class FunctionalOptimizer {
   // state dict, unless none_for_undefined_slots() (SGD writes momentum_buffer=None).
   virtual std::array<const char*, 4> slot_names() const = 0;
   virtual bool none_for_undefined_slots() const { return false; }
+  // Which slots hold signed values (an 8-bit slot's quantisation map; state_precision.h).
+  virtual std::array<bool, 4> signed_slots() const { return {true, true, true, true}; }
+  // Which slots are 0-dim scalars kept in float32 whatever the state precision (NAdam's
+  // mu_product, ASGD's eta and mu).
+  virtual std::array<bool, 4> scalar_slots() const { return {}; }
   // The shape of slot `slot` for `param`; load_state_dict() checks loaded tensors against it and
   // casts them to the parameter's dtype and device, as PyTorch's Optimizer.load_state_dict does.
   virtual std::vector<int64_t> slot_shape(size_t slot, const at::Tensor& param) const {
     return param.sizes().vec();
   }
   // The slots a loaded entry for `param` must have under the full options `merged`
-  // (options_dict()'s keys): those the update takes as there once a parameter has state. The
+  // (all_options()'s keys): those the update takes as there once a parameter has state. The
   // default (a user's optimizer): none.
   virtual std::array<bool, 4> required_slots(const at::Tensor& param,
                                              const OptionsDict& merged) const {
@@ -207,6 +220,13 @@ class FunctionalOptimizer {
   absl::StatusOr<ParamState> entry_state(const checkpoint::StateEntry& entry,
                                          const at::Tensor& param, int64_t file_index,
                                          const OptionsDict& merged, bool copy) const;
+
+  // One slot of a loaded entry (its value, or an 8-bit slot's codes and scales, as the entry has
+  // them) checked and, with `copy`, kept in *s at `precision`. InvalidArgument naming the key.
+  absl::Status load_slot(const c10::IValue* value, const c10::IValue* codes,
+                         const c10::IValue* absmax, size_t slot, const at::Tensor& param,
+                         int64_t file_index, const StatePrecision& precision, bool copy,
+                         ParamState* s) const;
 
   void check_grad(size_t index, const at::Tensor& grad) const;
 };

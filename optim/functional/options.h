@@ -29,6 +29,7 @@
 #include <c10/util/Exception.h>
 
 #include "optim/functional/optimizer.h"
+#include "optim/functional/state_precision.h"
 
 namespace dtrain::optim {
 
@@ -65,6 +66,15 @@ c10::IValue option_ivalue(const OptionalDoublePair& v);
 c10::IValue option_ivalue(const DoubleTriple& v);
 c10::IValue option_ivalue(const OptionalString& v);
 c10::IValue option_ivalue(const OptionalBool& v);
+
+// The state-precision options of every built-in optimizer (optim/functional/state_precision.h):
+// state_dtype None (the parameter's dtype, PyTorch's), "bfloat16" or "8bit" (the Adam family);
+// state_stochastic_rounding (bfloat16: stochastic, the default, or to nearest); state_seed (the
+// stochastic rounding's key). A field of every built-in's options struct.
+#define DTRAIN_STATE_PRECISION_ARGS                      \
+  TORCH_ARG(OptionalString, state_dtype) = std::nullopt; \
+  TORCH_ARG(bool, state_stochastic_rounding) = true;     \
+  TORCH_ARG(int64_t, state_seed) = 0
 
 // PyTorch's check of one value: returns, or throws c10::Error with PyTorch's message.
 template <typename T>
@@ -144,6 +154,22 @@ class OptionTable {
   // optimizers with ATen fused kernels take (see FunctionalOptimizer::set_options).
   OptionTable& fused() { return option(DTRAIN_OPTION(fused)); }
   OptionTable& differentiable() { return fixed("differentiable", false); }
+  // The three state-precision rows (DTRAIN_STATE_PRECISION_ARGS) and their check; `allow_8bit`:
+  // whether the optimizer has 8-bit state. TypedFunctionalOptimizer appends them to every
+  // built-in's table; state_dict() leaves them out while state_dtype is None, so a default
+  // optimizer's param_group has PyTorch's keys exactly.
+  OptionTable& state_precision(bool allow_8bit) {
+    const size_t first = rows_.size();
+    option(DTRAIN_OPTION(state_dtype));
+    option(DTRAIN_OPTION(state_stochastic_rounding));
+    option(DTRAIN_OPTION(state_seed));
+    for (size_t i = first; i < rows_.size(); ++i) rows_[i].precision = true;
+    default_precision_ = [](const Options& o) { return !o.state_dtype().has_value(); };
+    return check([name = name_, allow_8bit](const Options& o) {
+      parse_state_precision(name, o.state_dtype(), o.state_stochastic_rounding(), o.state_seed(),
+                            allow_8bit);
+    });
+  }
 
   const std::string& name() const { return name_; }
   const Options& defaults() const { return defaults_; }
@@ -164,10 +190,14 @@ class OptionTable {
     }
     for (const auto& rule : cross_checks_) rule(o);
   }
-  // Every key, in PyTorch's param_group order.
-  OptionsDict to_dict(const Options& o) const {
+  // Every key, in PyTorch's param_group order; the state-precision keys only while state_dtype is
+  // set, unless `all` (the keys set_options takes).
+  OptionsDict to_dict(const Options& o, bool all = false) const {
     OptionsDict d = new_options_dict();
-    for (const Row& row : rows_) d.insert(row.key, row.get ? row.get(o) : row.fixed);
+    const bool omit = !all && default_precision_ && default_precision_(o);
+    for (const Row& row : rows_) {
+      if (!(omit && row.precision)) d.insert(row.key, row.get ? row.get(o) : row.fixed);
+    }
     return d;
   }
   // `base` with every field-backed key of `d` (which must have them all) applied; not validated.
@@ -184,8 +214,9 @@ class OptionTable {
       TORCH_CHECK(overrides.contains(key), name_, " needs an '", key,
                   "' option (it has no default)");
     }
-    Options o = from_dict(FunctionalOptimizer::merged_options(name_, to_dict(defaults_), overrides),
-                          defaults_);
+    Options o = from_dict(
+        FunctionalOptimizer::merged_options(name_, to_dict(defaults_, /*all=*/true), overrides),
+        defaults_);
     validate(o);
     return o;
   }
@@ -197,6 +228,7 @@ class OptionTable {
     std::function<void(Options&, const OptionsDict&)> set;  // null for a fixed key
     std::function<void(const Options&)> check;              // null when unchecked
     c10::IValue fixed;
+    bool precision = false;  // a state-precision key (see to_dict)
   };
 
   std::string name_;
@@ -205,6 +237,7 @@ class OptionTable {
   std::vector<std::function<void(const Options&)>> cross_checks_;
   std::vector<std::string> required_;
   std::vector<std::string> check_order_;
+  std::function<bool(const Options&)> default_precision_;  // state_dtype None
 };
 
 // A built-in functional optimizer with options of type `Options` (FunctionalAdam is
@@ -243,6 +276,7 @@ class TypedFunctionalOptimizer : public FunctionalOptimizer {
     set_options(o);
   }
   OptionsDict options_dict() const override { return option_table().to_dict(options_); }
+  OptionsDict all_options() const override { return option_table().to_dict(options_, true); }
 
  protected:
   void update(size_t index, const at::Tensor& grad) override;
@@ -253,6 +287,8 @@ class TypedFunctionalOptimizer : public FunctionalOptimizer {
   StepKind step_kind() const override;
   std::array<const char*, 4> slot_names() const override;
   bool none_for_undefined_slots() const override;
+  std::array<bool, 4> signed_slots() const override;
+  std::array<bool, 4> scalar_slots() const override;
   std::vector<int64_t> slot_shape(size_t slot, const at::Tensor& param) const override;
   bool takes_sparse_gradients() const override;
   // The descriptor's own lazy initialisation, run on a meta tensor of the parameter's shape (no

@@ -22,6 +22,7 @@ struct RAdamOptions {
   TORCH_ARG(double, weight_decay) = 0;
   TORCH_ARG(bool, decoupled_weight_decay) = false;
   TORCH_ARG(bool, maximize) = false;
+  DTRAIN_STATE_PRECISION_ARGS;
 };
 
 extern template class TypedFunctionalOptimizer<RAdamOptions>;

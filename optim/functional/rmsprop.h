@@ -22,6 +22,7 @@ struct RMSpropOptions {
   TORCH_ARG(double, momentum) = 0;
   TORCH_ARG(bool, centered) = false;
   TORCH_ARG(bool, maximize) = false;
+  DTRAIN_STATE_PRECISION_ARGS;
 };
 
 extern template class TypedFunctionalOptimizer<RMSpropOptions>;

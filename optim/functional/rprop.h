@@ -17,6 +17,7 @@ struct RpropOptions {
   TORCH_ARG(DoublePair, etas) = std::make_tuple(0.5, 1.2);
   TORCH_ARG(DoublePair, step_sizes) = std::make_tuple(1e-6, 50.0);
   TORCH_ARG(bool, maximize) = false;
+  DTRAIN_STATE_PRECISION_ARGS;
 };
 
 extern template class TypedFunctionalOptimizer<RpropOptions>;

@@ -25,6 +25,7 @@ struct SGDOptions {
   // False through the per-tensor ATen ops; CPU parameters take dtrain's fused CPU kernel unless
   // fused is True, then at::_fused_sgd_ on CPU as PyTorch (see AdamOptions::fused).
   TORCH_ARG(OptionalBool, fused) = std::nullopt;
+  DTRAIN_STATE_PRECISION_ARGS;
 };
 
 extern template class TypedFunctionalOptimizer<SGDOptions>;

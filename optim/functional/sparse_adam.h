@@ -23,6 +23,7 @@ struct SparseAdamOptions {
   TORCH_ARG(DoublePair, betas) = std::make_tuple(0.9, 0.999);
   TORCH_ARG(double, eps) = 1e-8;
   TORCH_ARG(bool, maximize) = false;
+  DTRAIN_STATE_PRECISION_ARGS;
 };
 
 extern template class TypedFunctionalOptimizer<SparseAdamOptions>;

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "optim/functional/state_precision.h"
 
 namespace dtrain::optim {
 namespace {
@@ -82,6 +83,33 @@ absl::StatusOr<int64_t> loaded_step(const c10::IValue& step) {
     return v;
   }
   return step_from_double(t.item<double>());
+}
+
+absl::Status check_8bit_slot(const at::Tensor& codes, const at::Tensor& absmax,
+                             c10::IntArrayRef shape) {
+  if (codes.layout() != at::kStrided || codes.scalar_type() != at::kByte) {
+    return invalid(absl::StrCat("has _codes of type ", c10::toString(codes.scalar_type()),
+                                "; an 8-bit slot's codes are a dense uint8 tensor"));
+  }
+  if (!codes.sizes().equals(shape)) {
+    return invalid(absl::StrCat("has _codes of shape [", absl::StrJoin(codes.sizes(), ", "),
+                                "], the slot has shape [", absl::StrJoin(shape, ", "), "]"));
+  }
+  const int64_t blocks = quant_blocks(c10::multiply_integers(shape));
+  if (absmax.layout() != at::kStrided || !at::isFloatingType(absmax.scalar_type()) ||
+      absmax.dim() != 1 || absmax.numel() != blocks) {
+    return invalid(absl::StrCat(
+        "has _absmax of shape [", absl::StrJoin(absmax.sizes(), ", "), "] and type ",
+        c10::toString(absmax.scalar_type()), "; an 8-bit slot of ", c10::multiply_integers(shape),
+        " elements has ", blocks, " float scales (one per block of ", kQuantBlock, ")"));
+  }
+  const at::Tensor scales = absmax.to(at::kFloat);
+  const int64_t bad = first_non_finite(scales);
+  if (bad >= 0) return invalid(absl::StrCat("has a non-finite _absmax at block ", bad));
+  if (scales.numel() > 0 && scales.min().item<float>() < 0) {
+    return invalid("has a negative _absmax; scales are absolute maxima");
+  }
+  return absl::OkStatus();
 }
 
 absl::Status check_state_tensor(const at::Tensor& t, const at::Tensor& param,

@@ -54,6 +54,12 @@ absl::Status check_state_tensor(const at::Tensor& t, const at::Tensor& param,
                                 c10::IntArrayRef shape,
                                 const std::string& optimizer = "the optimizer");
 
+// An 8-bit slot (state_precision.h) of shape `shape`: `codes` a dense uint8 tensor of that shape,
+// `absmax` a dense floating 1-D tensor of quant_blocks(numel) finite scales >= 0. InvalidArgument
+// with what is wrong, naming "_codes" or "_absmax".
+absl::Status check_8bit_slot(const at::Tensor& codes, const at::Tensor& absmax,
+                             c10::IntArrayRef shape);
+
 // "<what>: state '<key>' of parameter <file_index> " + problem's message + "; " + kLoadAdvice.
 absl::Status state_error(const std::string& what, const std::string& key, int64_t file_index,
                          const absl::Status& problem);

@@ -34,6 +34,7 @@
 #include <ATen/ATen.h>
 
 #include "optim/functional/internal/fused.h"
+#include "optim/functional/internal/low_precision.h"
 #include "optim/functional/options.h"
 
 namespace dtrain::optim::internal {
@@ -83,6 +84,14 @@ struct DescriptorDefaults {
   static constexpr bool kCudaFused = false;
   // Batches split by prepare()'s `first` too (SGD: ATen's is_first_step holds for a whole call).
   static constexpr bool kCudaBatchByFirst = false;
+  // Whether state_dtype="8bit" is offered (the Adam family), and which slots hold signed values
+  // (the signed dynamic map) rather than non-negative ones (the unsigned map, finer near zero).
+  static constexpr bool k8Bit = false;
+  static constexpr std::array<bool, 4> kSignedSlots = {true, true, true, true};
+  // Whether the descriptor has low_precision_kernel (internal/low_precision.h): a fused CPU
+  // kernel that reads and writes bfloat16 or 8-bit slots in place; without one, low-precision
+  // state goes through the float path one parameter at a time.
+  static constexpr bool kLowPrecisionKernel = false;
 };
 
 // One batch of a CUDA step: the parameters of one (device, dtype) -- PyTorch's
@@ -302,12 +311,15 @@ void drive_fused(std::vector<at::Tensor>& params, std::vector<ParamState>& state
 // the fused kernel over all contiguous float/double CPU tensors in one parallel pass, ATen's fused
 // multi-tensor kernels over CUDA tensors (Traits::kCudaFused: drive_aten_fused), Traits::aten (ATen
 // operations, PyTorch's exact sequence) over the rest, or over all when !Traits::kFused; then
-// Traits::finish on each.
+// Traits::finish on each. State kept in bfloat16 or 8 bits goes through drive_low_precision.
 template <typename Traits, typename Options>
 void drive(const std::string& name, std::vector<at::Tensor>& params, std::vector<ParamState>& state,
            const Options& o, const std::vector<std::pair<size_t, at::Tensor>>& work) {
   for (const auto& [i, g] : work) Traits::require_state(name, state[i], params[i], i, o);
-  if constexpr (Traits::kFused) {
+  const StatePrecision precision = precision_of(name, o, Traits::k8Bit);
+  if (precision.dtype != StateDtype::kParam) {
+    drive_low_precision<Traits>(params, state, o, work, precision);
+  } else if constexpr (Traits::kFused) {
     drive_fused<Traits>(params, state, o, work);
   } else {
     for (const auto& [i, g] : work) {
@@ -343,7 +355,8 @@ TypedFunctionalOptimizer<Options>::TypedFunctionalOptimizer(std::vector<at::Tens
 template <typename Options>
 const OptionTable<Options>& TypedFunctionalOptimizer<Options>::option_table() {
   static const OptionTable<Options>* table =
-      new OptionTable<Options>(internal::Descriptor<Options>::options());
+      new OptionTable<Options>(internal::Descriptor<Options>::options().state_precision(
+          internal::Descriptor<Options>::k8Bit));
   return *table;
 }
 
@@ -380,6 +393,16 @@ std::array<const char*, 4> TypedFunctionalOptimizer<Options>::slot_names() const
 template <typename Options>
 bool TypedFunctionalOptimizer<Options>::none_for_undefined_slots() const {
   return internal::Descriptor<Options>::kNoneForUndefinedSlots;
+}
+
+template <typename Options>
+std::array<bool, 4> TypedFunctionalOptimizer<Options>::signed_slots() const {
+  return internal::Descriptor<Options>::kSignedSlots;
+}
+
+template <typename Options>
+std::array<bool, 4> TypedFunctionalOptimizer<Options>::scalar_slots() const {
+  return internal::Descriptor<Options>::kScalarSlots;
 }
 
 template <typename Options>
