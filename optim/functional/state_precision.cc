@@ -136,6 +136,17 @@ Encoder8::Encoder8(bool is_signed) : map_(dynamic_map(is_signed)) {
     std::memcpy(&lowest_value, &bits, sizeof lowest_value);
     table_[h] = std::isnan(lowest_value) ? 0 : encode8_reference(lowest_value, is_signed);
   }
+  // Whether every bucket of values in [-1, 1] spans at most one threshold: then encode_fast.
+  one_threshold_per_bucket_ = true;
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const uint32_t low_bits = (h & 0x8000u) ? ((h << 16) | 0xffffu) : (h << 16);
+    const uint32_t high_bits = (h & 0x8000u) ? (h << 16) : ((h << 16) | 0xffffu);
+    float low, high;
+    std::memcpy(&low, &low_bits, sizeof low);
+    std::memcpy(&high, &high_bits, sizeof high);
+    if (std::isnan(low) || std::isnan(high) || std::fabs(low) > 1 || std::fabs(high) > 1) continue;
+    if (encode(high) > table_[h] + 1) one_threshold_per_bucket_ = false;
+  }
 }
 
 const Encoder8& Encoder8::get(bool is_signed) {
@@ -158,8 +169,7 @@ namespace {
 at::Tensor rounding_bits_aten(uint32_t salt, int64_t n, const at::TensorOptions& options) {
   const int64_t mask = 0xffffffffLL;
   at::Tensor x = at::arange(n, options.dtype(at::kLong));
-  x = at::bitwise_xor(at::bitwise_and(x.mul(static_cast<int64_t>(0x9E3779B9u)), mask),
-                      static_cast<int64_t>(salt));
+  x = at::bitwise_xor(at::bitwise_and(x, mask), static_cast<int64_t>(salt));
   x = at::bitwise_xor(x, at::bitwise_right_shift(x, 16));
   x = at::bitwise_and(x.mul(static_cast<int64_t>(0x7feb352du)), mask);
   x = at::bitwise_xor(x, at::bitwise_right_shift(x, 15));
@@ -243,7 +253,7 @@ Quantized8 quantize8(const at::Tensor& x, bool is_signed) {
       for (int64_t k = lo; k < hi; ++k) a = std::max(a, std::fabs(in[k]));
       a = std::max(a, kMinAbsmax);
       absmax[b] = a;
-      for (int64_t k = lo; k < hi; ++k) codes[k] = enc.encode(in[k] / a);
+      for (int64_t k = lo; k < hi; ++k) codes[k] = enc.encode_fast(in[k] / a);
     }
   });
   return q;

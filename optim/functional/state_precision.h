@@ -98,6 +98,15 @@ class Encoder8 {
     while (c < 255 && u >= threshold_[c]) ++c;
     return static_cast<uint8_t>(c);
   }
+  // encode() for maps whose 16-bit buckets each hold at most one threshold (both of dtrain's:
+  // checked at construction, else it is encode()): one table read and one compare, no branch.
+  uint8_t encode_fast(float u) const {
+    if (!one_threshold_per_bucket_) return encode(u);
+    uint32_t bits;
+    std::memcpy(&bits, &u, sizeof bits);
+    const unsigned c = table_[bits >> 16];
+    return static_cast<uint8_t>(c + (u >= threshold_[c] ? 1u : 0u));
+  }
   float decode(uint8_t c) const { return map_[c]; }
 
  private:
@@ -105,6 +114,7 @@ class Encoder8 {
   std::array<float, 256> map_;
   std::array<float, 256> threshold_;  // threshold_[c]: the smallest u whose code exceeds c
   std::array<uint8_t, 65536> table_;  // the code of the lowest value of each 16-bit bucket
+  bool one_threshold_per_bucket_ = false;
 };
 
 // Stochastic rounding's random bits: 16 per element, a counter-based hash of (key, element
@@ -119,7 +129,7 @@ inline uint32_t rounding_salt(uint64_t key) {
   return static_cast<uint32_t>(key);
 }
 inline uint32_t rounding_bits(uint32_t salt, int64_t index) {
-  uint32_t x = static_cast<uint32_t>(index) * 0x9E3779B9u ^ salt;
+  uint32_t x = static_cast<uint32_t>(index) ^ salt;  // lowbias32 of it (two multiplies)
   x ^= x >> 16;
   x *= 0x7feb352du;
   x ^= x >> 15;

@@ -56,6 +56,7 @@ TEST(Encode8, TableEqualsReference) {
     auto check = [&](float u) {
       if (std::isnan(u) || std::fabs(u) > 1) return;
       ASSERT_EQ(enc.encode(u), encode8_reference(u, is_signed)) << u;
+      ASSERT_EQ(enc.encode_fast(u), encode8_reference(u, is_signed)) << u;
     };
     for (uint32_t h = 0; h < 65536; ++h) {
       for (uint32_t low : {0u, 0x8000u, 0xffffu}) {

@@ -15,24 +15,24 @@
 
 namespace dtrain::optim::internal {
 
-// bfloat16 state: m, v (and vmax) rounded as `stochastic` says, with each slot's salt.
-template <typename D, bool kAmsgrad, bool kDecoupled, typename Options>
-void adam_bf16(const LowPrecisionTensor& t, int64_t lo, int64_t hi, const Options& o,
-               bool stochastic) {
+// bfloat16 state: m, v (and vmax) rounded stochastically (with each slot's salt) or to nearest.
+template <typename D, bool kAmsgrad, bool kDecoupled, bool kStochastic, typename Options>
+void adam_bf16(const LowPrecisionTensor& t, int64_t lo, int64_t hi, const Options& o) {
   float* __restrict p = t.p;
   const float* __restrict g = t.g;
   auto* __restrict m = static_cast<uint16_t*>(t.s[0]);
   auto* __restrict v = static_cast<uint16_t*>(t.s[1]);
   auto* __restrict vmax = static_cast<uint16_t*>(t.s[2]);
+  const uint32_t salt_m = t.salt[0], salt_v = t.salt[1], salt_vmax = t.salt[2];
   const typename D::template Constants<float> c(o, t.c);
   for (int64_t k = lo; k < hi; ++k) {
     float mk = bf16_value(m[k]), vk = bf16_value(v[k]);
     float vmk = kAmsgrad ? bf16_value(vmax[k]) : 0.0f;
     p[k] = D::template element<float, kAmsgrad, kDecoupled>(c, p[k], g[k], mk, vk, vmk);
-    m[k] = bf16_bits(mk, stochastic, stochastic ? rounding_bits(t.salt[0], k) : 0);
-    v[k] = bf16_bits(vk, stochastic, stochastic ? rounding_bits(t.salt[1], k) : 0);
+    m[k] = bf16_bits(mk, kStochastic, kStochastic ? rounding_bits(salt_m, k) : 0);
+    v[k] = bf16_bits(vk, kStochastic, kStochastic ? rounding_bits(salt_v, k) : 0);
     if (kAmsgrad)
-      vmax[k] = bf16_bits(vmk, stochastic, stochastic ? rounding_bits(t.salt[2], k) : 0);
+      vmax[k] = bf16_bits(vmk, kStochastic, kStochastic ? rounding_bits(salt_vmax, k) : 0);
   }
 }
 
@@ -43,7 +43,7 @@ inline void encode_block(const float* values, int64_t len, const Encoder8& enc, 
   for (int64_t j = 0; j < len; ++j) a = std::max(a, std::fabs(values[j]));
   a = std::max(a, kMinAbsmax);
   *absmax = a;
-  for (int64_t j = 0; j < len; ++j) codes[j] = enc.encode(values[j] / a);
+  for (int64_t j = 0; j < len; ++j) codes[j] = enc.encode_fast(values[j] / a);
 }
 
 // 8-bit state, [lo, hi) block-aligned.
@@ -82,7 +82,8 @@ void adam_low_precision_typed(const LowPrecisionTensor& t, int64_t lo, int64_t h
   if (precision.dtype == StateDtype::k8Bit) {
     adam_8bit<D, kAmsgrad, kDecoupled>(t, lo, hi, o);
   } else {
-    adam_bf16<D, kAmsgrad, kDecoupled>(t, lo, hi, o, precision.stochastic);
+    if (precision.stochastic) return adam_bf16<D, kAmsgrad, kDecoupled, true>(t, lo, hi, o);
+    adam_bf16<D, kAmsgrad, kDecoupled, false>(t, lo, hi, o);
   }
 }
 
