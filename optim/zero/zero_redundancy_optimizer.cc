@@ -14,6 +14,7 @@
 #include "comm/rendezvous_checks.h"
 #include "optim/functional/registry.h"
 #include "optim/functional/state_checks.h"
+#include "optim/functional/state_precision.h"
 #include "optim/functional/torch_state.h"
 #include "optim/functional/torch_twins.h"
 #include "optim/zero/internal/layout.h"
@@ -21,6 +22,22 @@
 
 namespace dtrain::optim {
 namespace {
+
+// Whether the defaults or a group's own options ask for 8-bit optimizer state.
+bool asks_8bit_state(const std::vector<torch::optim::OptimizerParamGroup>& groups,
+                     const torch::optim::OptimizerOptions* defaults) {
+  auto eight_bit = [](const torch::optim::OptimizerOptions* o) {
+    const auto* dict = dynamic_cast<const DictOptions*>(o);
+    if (dict == nullptr || !dict->dict().contains(kStateDtypeKey)) return false;
+    const c10::IValue v = dict->dict().at(kStateDtypeKey);
+    return v.isString() && v.toStringRef() == kState8Bit;
+  };
+  if (eight_bit(defaults)) return true;
+  for (const auto& g : groups) {
+    if (g.has_options() && eight_bit(&g.options())) return true;
+  }
+  return false;
+}
 
 std::string type_name(const at::Tensor& t) {
   if (t.is_sparse()) return "sparse " + std::string(c10::toString(t.scalar_type())) + " tensor";
@@ -97,6 +114,14 @@ void ZeroRedundancyOptimizer::init(std::vector<torch::optim::OptimizerParamGroup
               " cuts parameters into element ranges, which would change its math; use "
               "PartitionStrategy::kSortedGreedy (whole parameters per rank, PyTorch's) without "
               "shard_gradients");
+  // 8-bit state (state_precision.h) is quantised in blocks of 256 elements of each parameter: a
+  // partition into element ranges would cut blocks at the shard edges.
+  TORCH_CHECK(!element_ranges || !asks_8bit_state(param_groups_, defaults_.get()),
+              "ZeroRedundancyOptimizer: state_dtype='8bit' keeps blocks of ", kQuantBlock,
+              " elements of each parameter, but ",
+              options_.shard_gradients ? "shard_gradients" : "partition_strategy=kFlat",
+              " cuts parameters into element ranges; use PartitionStrategy::kSortedGreedy "
+              "without shard_gradients, or state_dtype='bfloat16' (elementwise)");
   // One name per instance for control-plane keys (rank 0's), and a check that every rank built
   // the same optimizer: mismatched settings would otherwise pair unrelated collectives.
   std::string fingerprint =
