@@ -40,6 +40,9 @@ ABSL_FLAG(std::string, zero, "sorted_greedy",
 ABSL_FLAG(bool, zero_overlap, false,
           "Step ZeRO inside the DDP hook, bucket by bucket (needs --zero=sorted_greedy and "
           "--hook=allreduce|fp16|bf16).");
+ABSL_FLAG(std::string, state_dtype, "",
+          "Adam's optimizer state: empty (the parameters' dtype), bfloat16 (stochastic rounding) "
+          "or 8bit (blockwise; not with --zero=flat|stage2 or --checkpoint_format=dcp).");
 ABSL_FLAG(bool, bucket_view, true,
           "Gradients (DDP) and parameters (ZeRO) as views into communication buckets.");
 ABSL_FLAG(std::string, checkpoint_dir, "/tmp/dtrain-train",
@@ -210,6 +213,19 @@ absl::Status check_values(const TrainConfig& c, const std::string& backend) {
   if (c.zero == "stage2" && c.hook != "allreduce") {
     return usage("--zero=stage2 reduce-scatters gradients: use --hook=allreduce");
   }
+  if (!c.state_dtype.empty() && c.state_dtype != "bfloat16" && c.state_dtype != "8bit") {
+    return usage(
+        absl::StrCat("--state_dtype must be empty, bfloat16 or 8bit, got '", c.state_dtype, "'"));
+  }
+  if (c.state_dtype == "8bit" && (c.zero == "flat" || c.zero == "stage2")) {
+    return usage("--state_dtype=8bit quantises blocks of whole parameters, which --zero=" + c.zero +
+                 " cuts into element ranges; use --zero=sorted_greedy or --state_dtype=bfloat16");
+  }
+  if (c.state_dtype == "8bit" && c.checkpoint_format == "dcp") {
+    return usage(
+        "--state_dtype=8bit has no DCP layout yet (its codes and scales are in torch_save "
+        "checkpoints); use --checkpoint_format=torch_save or --state_dtype=bfloat16");
+  }
   if (c.resume && c.checkpoint_dir.empty()) return usage("--resume needs a --checkpoint_dir");
   if (absl::Status s = check_dcp_flags(c); !s.ok()) return s;
   if (c.sharded_checkpoint && c.zero == "off") {
@@ -323,6 +339,7 @@ absl::StatusOr<TrainConfig> read_flags() {
   c.checkpoint_format = absl::GetFlag(FLAGS_checkpoint_format);
   c.init_from_dcp = absl::GetFlag(FLAGS_init_from_dcp);
   c.lr = absl::GetFlag(FLAGS_lr);
+  c.state_dtype = absl::GetFlag(FLAGS_state_dtype);
   c.batch_size = absl::GetFlag(FLAGS_batch_size);
   c.hidden = absl::GetFlag(FLAGS_hidden);
   c.log_every = absl::GetFlag(FLAGS_log_every);

@@ -45,6 +45,7 @@ struct TrainConfig {
   std::string checkpoint_format = "torch_save";  // torch_save|dcp
   std::string init_from_dcp;                     // a DCP directory to start from; "" none
   double lr = 3e-3;
+  std::string state_dtype;  // Adam's state: "" (the parameters' dtype), "bfloat16" or "8bit"
   int batch_size = 64;
   int hidden = 256;
   int log_every = 0;

@@ -185,6 +185,7 @@ void make_models(const Config& c, const Job& job, Trainer& t) {
 void make_optimizer(const Config& c, const Job& job, Trainer& t) {
   optim::OptionsDict adam = optim::new_options_dict();
   adam.insert("lr", c.lr);
+  if (!c.state_dtype.empty()) adam.insert("state_dtype", c.state_dtype);
   t.local_sgd_start = std::min(50, std::max(2, c.steps / 4));
   if (c.zero != "off") {
     optim::ZeroOptions zo;

@@ -92,6 +92,35 @@ assert len(state) == 8 and "exp_avg" in state[0], list(state)
 print("torch.load: step", ckpt["step"], "with", len(state), "parameter states")
 PY
 
+# 3b. --state_dtype: Adam's state in bfloat16 or 8 bits. The loss still halves, each rank's state
+# is smaller than float32's, a resumed run ends where the straight one does (to the printed digit),
+# PyTorch reads the checkpoint, and 8-bit state is refused where ZeRO cuts its blocks.
+kib() { sed -n "s/^| optimizer state, rank 0 | \([0-9.]*\) KiB.*/\1/p" "$1"; }
+for dtype in bfloat16 8bit; do
+  "$TRAIN" --steps=40 --state_dtype=$dtype --checkpoint_dir="$TMP/q-$dtype" >"$TMP/q-$dtype.log" 2>&1 || fail "--state_dtype=$dtype exited with $?: $(cat "$TMP/q-$dtype.log")"
+  q_last=$(final_loss "$TMP/q-$dtype.log")
+  echo "--state_dtype=$dtype: final loss $q_last (float32: $last), state $(kib "$TMP/q-$dtype.log") KiB/rank (float32: $(kib "$TMP/a.log"))"
+  awk -v f="$first" -v l="$q_last" 'BEGIN { exit !(l < f / 2) }' || fail "--state_dtype=$dtype: loss did not halve: $first -> $q_last"
+  awk -v q="$(kib "$TMP/q-$dtype.log")" -v f="$(kib "$TMP/a.log")" 'BEGIN { exit !(q < f * 0.6) }' || fail "--state_dtype=$dtype: state $(kib "$TMP/q-$dtype.log") KiB/rank, float32 $(kib "$TMP/a.log")"
+  "$TRAIN" --steps=20 --state_dtype=$dtype --checkpoint_dir="$TMP/qr-$dtype" >/dev/null 2>&1 || fail "--state_dtype=$dtype first half failed"
+  "$TRAIN" --steps=40 --resume --state_dtype=$dtype --checkpoint_dir="$TMP/qr-$dtype" >"$TMP/qr-$dtype.log" 2>&1 || fail "--state_dtype=$dtype resume exited with $?: $(cat "$TMP/qr-$dtype.log")"
+  [[ "$(final_loss "$TMP/qr-$dtype.log")" == "$q_last" ]] || fail "--state_dtype=$dtype resumed ends at loss $(final_loss "$TMP/qr-$dtype.log"), straight at $q_last"
+  /usr/bin/python3 - "$TMP/q-$dtype/checkpoint.pt" "$dtype" <<'PY' || fail "torch.load could not read the --state_dtype=$dtype checkpoint"
+import sys, torch
+ckpt = torch.load(sys.argv[1], weights_only=tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 0))
+state, group = ckpt["optimizer"]["state"][0], ckpt["optimizer"]["param_groups"][0]
+assert group["state_dtype"] == sys.argv[2], group
+if sys.argv[2] == "bfloat16":
+    assert state["exp_avg"].dtype == torch.bfloat16, state["exp_avg"].dtype
+else:
+    assert "exp_avg" not in state and state["exp_avg_codes"].dtype == torch.uint8, list(state)
+    assert state["exp_avg_absmax"].numel() == (state["exp_avg_codes"].numel() + 255) // 256
+print("torch.load:", sys.argv[2], "state", sorted(state))
+PY
+done
+out=$("$TRAIN" --steps=2 --state_dtype=8bit --zero=flat --checkpoint_dir= 2>&1) && fail "--state_dtype=8bit --zero=flat was accepted"
+grep -q "state_dtype=8bit quantises blocks of whole parameters" <<<"$out" || fail "--state_dtype=8bit --zero=flat: $out"
+
 # 4. Sharded optimizer state (--sharded_checkpoint): each rank writes its own shard; resuming
 # ends where the straight run does, another rank count and strategy read the same shards, and
 # shards from another step than checkpoint.pt are refused.

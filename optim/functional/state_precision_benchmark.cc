@@ -41,10 +41,10 @@ double stream_rate() {
   double best = 1e30;
   for (int r = 0; r < 10; ++r) {
     best = std::min(best, seconds([&] {
-      at::parallel_for(0, kTotal, int64_t{1} << 16, [&](int64_t lo, int64_t hi) {
-        for (int64_t k = lo; k < hi; ++k) pa[k] = 0.5f * pa[k] + pb[k];
-      });
-    }));
+                      at::parallel_for(0, kTotal, int64_t{1} << 16, [&](int64_t lo, int64_t hi) {
+                        for (int64_t k = lo; k < hi; ++k) pa[k] = 0.5f * pa[k] + pb[k];
+                      });
+                    }));
   }
   return 12.0 * kTotal / best;
 }
