@@ -6,7 +6,7 @@
 //   ./bazelw run //bench/lm:lm_train -- --optimizer=Adam --lr=1e-3 --options=betas=0.9:0.95
 //   ./bazelw run //bench/lm:lm_train -- --options=state_dtype=bfloat16   # where AdamW takes it
 //
-// The default text is base-files' license texts (/usr/share/common-licenses, about 410 KB of
+// The default text is base-files' license texts (/usr/share/common-licenses, 383 KB of
 // English, present on every Debian system). Prints a progress line at every validation and ends
 // with "final train_loss X val_loss Y steps/s Z" (train_loss: the mean of the last 10 steps').
 #include <cstdio>
