@@ -173,6 +173,24 @@ absl::Status check_dcp_flags(const TrainConfig& c) {
   return absl::OkStatus();
 }
 
+// --state_dtype against the flags whose layouts it cannot use.
+absl::Status check_state_dtype(const TrainConfig& c) {
+  if (!c.state_dtype.empty() && c.state_dtype != "bfloat16" && c.state_dtype != "8bit") {
+    return usage(
+        absl::StrCat("--state_dtype must be empty, bfloat16 or 8bit, got '", c.state_dtype, "'"));
+  }
+  if (c.state_dtype == "8bit" && (c.zero == "flat" || c.zero == "stage2")) {
+    return usage("--state_dtype=8bit quantises blocks of whole parameters, which --zero=" + c.zero +
+                 " cuts into element ranges; use --zero=sorted_greedy or --state_dtype=bfloat16");
+  }
+  if (c.state_dtype == "8bit" && c.checkpoint_format == "dcp") {
+    return usage(
+        "--state_dtype=8bit has no DCP layout yet (its codes and scales are in torch_save "
+        "checkpoints); use --checkpoint_format=torch_save or --state_dtype=bfloat16");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status check_values(const TrainConfig& c, const std::string& backend) {
   const std::vector<std::string> hooks = {"allreduce", "fp16",           "bf16",
                                           "powersgd",  "post_local_sgd", "noop"};
@@ -213,19 +231,7 @@ absl::Status check_values(const TrainConfig& c, const std::string& backend) {
   if (c.zero == "stage2" && c.hook != "allreduce") {
     return usage("--zero=stage2 reduce-scatters gradients: use --hook=allreduce");
   }
-  if (!c.state_dtype.empty() && c.state_dtype != "bfloat16" && c.state_dtype != "8bit") {
-    return usage(
-        absl::StrCat("--state_dtype must be empty, bfloat16 or 8bit, got '", c.state_dtype, "'"));
-  }
-  if (c.state_dtype == "8bit" && (c.zero == "flat" || c.zero == "stage2")) {
-    return usage("--state_dtype=8bit quantises blocks of whole parameters, which --zero=" + c.zero +
-                 " cuts into element ranges; use --zero=sorted_greedy or --state_dtype=bfloat16");
-  }
-  if (c.state_dtype == "8bit" && c.checkpoint_format == "dcp") {
-    return usage(
-        "--state_dtype=8bit has no DCP layout yet (its codes and scales are in torch_save "
-        "checkpoints); use --checkpoint_format=torch_save or --state_dtype=bfloat16");
-  }
+  if (absl::Status s = check_state_dtype(c); !s.ok()) return s;
   if (c.resume && c.checkpoint_dir.empty()) return usage("--resume needs a --checkpoint_dir");
   if (absl::Status s = check_dcp_flags(c); !s.ok()) return s;
   if (c.sharded_checkpoint && c.zero == "off") {
