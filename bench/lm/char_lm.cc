@@ -10,6 +10,8 @@
 #include <system_error>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <torch/nn/functional.h>
+#include <torch/torch.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"

@@ -29,7 +29,13 @@
 #include <string>
 #include <vector>
 
-#include <torch/torch.h>
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/nn/pimpl.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"

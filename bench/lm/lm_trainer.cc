@@ -6,6 +6,8 @@
 #include <memory>
 #include <utility>
 
+#include <torch/torch.h>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
