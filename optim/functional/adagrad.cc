@@ -1,7 +1,7 @@
 #include "optim/functional/adagrad.h"
 
 #include "optim/functional/internal/optimizer_impl.h"
-#include "optim/libtorch_compat.h"
+#include "optim/functional/libtorch_compat.h"
 
 namespace dtrain::optim::internal {
 

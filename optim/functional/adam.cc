@@ -4,7 +4,7 @@
 
 #include "optim/functional/internal/adam_low_precision.h"
 #include "optim/functional/internal/optimizer_impl.h"
-#include "optim/libtorch_compat.h"
+#include "optim/functional/libtorch_compat.h"
 
 namespace dtrain::optim::internal {
 

@@ -22,7 +22,7 @@
 #include "comm/testing/gpu_testing.h"
 #include "optim/functional/internal/fused.h"
 #include "optim/functional/optimizers.h"
-#include "optim/libtorch_compat.h"
+#include "optim/functional/libtorch_compat.h"
 
 namespace dtrain::optim {
 namespace {

@@ -12,7 +12,7 @@
 #include "optim/functional/internal/fused.h"
 #include "optim/functional/registry.h"
 #include "optim/functional/testing/reference.h"
-#include "optim/libtorch_compat.h"
+#include "optim/functional/libtorch_compat.h"
 #include "testing/test_util.h"
 
 namespace dtrain::optim {

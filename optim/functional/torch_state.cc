@@ -7,7 +7,7 @@
 #include "optim/functional/adapter.h"
 #include "optim/functional/registry.h"
 #include "optim/functional/torch_twins.h"
-#include "optim/libtorch_compat.h"
+#include "optim/functional/libtorch_compat.h"
 
 namespace dtrain::optim {
 

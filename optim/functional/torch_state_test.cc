@@ -13,7 +13,7 @@
 
 #include "optim/functional/optimizers.h"
 #include "optim/functional/registry.h"
-#include "optim/libtorch_compat.h"
+#include "optim/functional/libtorch_compat.h"
 
 namespace dtrain::optim {
 namespace {

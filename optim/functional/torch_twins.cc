@@ -9,7 +9,7 @@
 #include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
 
-#include "optim/libtorch_compat.h"
+#include "optim/functional/libtorch_compat.h"
 
 namespace dtrain::optim {
 namespace {

@@ -24,8 +24,8 @@
 // _foreach_ ops instead.
 //
 //   if (dtrain::optim::has_cuda_kernel("aten::_fused_adagrad_")) dtrain::optim::fused_adagrad_(...);
-#ifndef DTRAIN_OPTIM_LIBTORCH_COMPAT_H_
-#define DTRAIN_OPTIM_LIBTORCH_COMPAT_H_
+#ifndef DTRAIN_OPTIM_FUNCTIONAL_LIBTORCH_COMPAT_H_
+#define DTRAIN_OPTIM_FUNCTIONAL_LIBTORCH_COMPAT_H_
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -89,4 +89,4 @@ inline void fused_adagrad_(at::TensorList params, at::TensorList grads, at::Tens
 
 }  // namespace dtrain::optim
 
-#endif  // DTRAIN_OPTIM_LIBTORCH_COMPAT_H_
+#endif  // DTRAIN_OPTIM_FUNCTIONAL_LIBTORCH_COMPAT_H_
