@@ -7,8 +7,13 @@
 // with that rank's code (128 + signal for a rank killed by a signal), or, with --max_restarts,
 // starts all ranks again up to R times (TORCHELASTIC_RESTART_COUNT tells them which attempt), on
 // every node together when there are several (launcher/node_rendezvous.h).
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -88,6 +93,15 @@ int main(int argc, char** argv) {
       "launch --nproc_per_node=N [--master_port=P] -- PROGRAM ARGS...\n"
       "Starts N ranks of PROGRAM with torchrun's environment variables.");
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  // Under `bazel run` the program starts in its runfiles; PROGRAM (bazel-bin/examples/...) and the
+  // ranks' files are the user's, relative to where they typed the command, as torchrun's are.
+  if (const char* cwd = std::getenv("BUILD_WORKING_DIRECTORY"); cwd != nullptr && *cwd != '\0') {
+    if (::chdir(cwd) != 0) {
+      std::fprintf(stderr, "launch: cannot enter BUILD_WORKING_DIRECTORY %s: %s\n", cwd,
+                   std::strerror(errno));
+      return 2;
+    }
+  }
   if (rest.size() < 2) {
     std::fprintf(stderr,
                  "launch: no program given; usage: launch --nproc_per_node=N -- PROGRAM ARGS...\n");
