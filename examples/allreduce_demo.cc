@@ -1,6 +1,7 @@
 // A first multi-rank program: joins the job from torchrun-style environment variables, sums a
 // tensor across ranks and gathers every rank's host name. Run it with
-//   ./bazelw run //launcher:launch -- --nproc_per_node=2 -- examples/allreduce_demo
+//   ./bazelw build //examples:allreduce_demo
+//   ./bazelw run //launcher:launch -- --nproc_per_node=2 -- bazel-bin/examples/allreduce_demo
 #include <unistd.h>
 
 #include <iostream>

@@ -232,13 +232,6 @@ TEST(LaunchTest, RanksDieWithAKilledLauncher) {
   }
 }
 
-TEST(LaunchTest, RunsTheDemoOverGloo) {
-  Result r = run_launch({"--nproc_per_node=2", "--", "examples/allreduce_demo"});
-  EXPECT_EQ(r.code, 0) << r.output;
-  EXPECT_THAT(r.output, HasSubstr("[rank 0] rank 0 of 2: allreduce sum = 3 (expected 3)"));
-  EXPECT_THAT(r.output, HasSubstr("[rank 1] rank 1 of 2: allreduce sum = 3 (expected 3)"));
-}
-
 TEST(LaunchTest, BadUsageIsAOneLineError) {
   Result r = run_launch({"--nproc_per_node=0", "--", "/bin/true"});
   EXPECT_EQ(r.code, 2);
