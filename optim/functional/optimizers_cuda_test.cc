@@ -21,8 +21,8 @@
 
 #include "comm/testing/gpu_testing.h"
 #include "optim/functional/internal/fused.h"
-#include "optim/functional/optimizers.h"
 #include "optim/functional/libtorch_compat.h"
+#include "optim/functional/optimizers.h"
 
 namespace dtrain::optim {
 namespace {

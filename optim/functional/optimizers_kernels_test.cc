@@ -9,9 +9,9 @@
 #include <gtest/gtest.h>
 
 #include "optim/functional/internal/fused.h"
+#include "optim/functional/libtorch_compat.h"
 #include "optim/functional/registry.h"
 #include "optim/functional/testing/reference.h"
-#include "optim/functional/libtorch_compat.h"
 #include "testing/test_util.h"
 
 namespace dtrain::optim {

@@ -5,9 +5,9 @@
 
 #include "checkpoint/optimizer_state_dict.h"
 #include "optim/functional/adapter.h"
+#include "optim/functional/libtorch_compat.h"
 #include "optim/functional/registry.h"
 #include "optim/functional/torch_twins.h"
-#include "optim/functional/libtorch_compat.h"
 
 namespace dtrain::optim {
 

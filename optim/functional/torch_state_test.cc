@@ -11,9 +11,9 @@
 #include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
 
+#include "optim/functional/libtorch_compat.h"
 #include "optim/functional/optimizers.h"
 #include "optim/functional/registry.h"
-#include "optim/functional/libtorch_compat.h"
 
 namespace dtrain::optim {
 namespace {
