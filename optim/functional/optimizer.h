@@ -69,7 +69,7 @@ class FunctionalOptimizer {
  public:
   // REQUIRES: params are defined, dense, distinct tensors. This base class accepts an empty list;
   // the built-in optimizers refuse one unless asked (PyTorch's _allow_empty_param_list, see
-  // functional_optimizer_options.h), and a user's optimizer decides for itself.
+  // options.h), and a user's optimizer decides for itself.
   explicit FunctionalOptimizer(std::vector<at::Tensor> params);
   virtual ~FunctionalOptimizer();
   FunctionalOptimizer(const FunctionalOptimizer&) = delete;

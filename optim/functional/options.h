@@ -243,7 +243,7 @@ class OptionTable {
 // A built-in functional optimizer with options of type `Options` (FunctionalAdam is
 // TypedFunctionalOptimizer<AdamOptions>): options validated with PyTorch's messages at
 // construction and on every set_options(); the update runs the fused kernels where it can (see
-// functional_optimizers.h). Defined, per optimizer, in functional_<name>.cc.
+// internal/optimizer_impl.h). Defined, per optimizer, in <name>.cc.
 template <typename Options>
 class TypedFunctionalOptimizer : public FunctionalOptimizer {
  public:

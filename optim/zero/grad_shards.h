@@ -2,7 +2,7 @@
 // hook_with_zero2 (ddp_hooks/zero_hook.h), visible to ddp_hooks only. One iteration:
 //
 //   1. registration: hook_with_zero2 passes DDP's buckets (global parameter indices) to
-//      set_buckets(), which lays them out as a GradShardLayout (internal/zero_layout.h): per
+//      set_buckets(), which lays them out as a GradShardLayout (internal/layout.h): per
 //      bucket a flat range padded to world x chunk; this rank owns chunk `rank` of every bucket,
 //      and the local optimizer is rebuilt over those chunks.
 //   2. backward, per bucket b (ddp_hooks/zero_hook.cc): the bucket's gradients, padded to

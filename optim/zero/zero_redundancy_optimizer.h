@@ -206,7 +206,7 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer, public comm::Joi
   int64_t local_state_bytes();
 
  private:
-  // The one door for its extensions (zero_overlap.h, zero_grad_shards.h): internal/zero_access.h.
+  // The one door for its extensions (overlap.h, grad_shards.h): internal/access.h.
   friend class internal::ZeroAccess;
   class JoinStep;  // join_hook()'s hook: shadows the steps of the ranks still training
   // step() without its error translation.

@@ -3,7 +3,7 @@
 // then the fused kernel over all contiguous float/double tensors in one parallel pass, the ATen
 // path over the rest) and TypedFunctionalOptimizer's members. Internal to optim/.
 //
-// A descriptor (see functional_adamax.cc for a short one):
+// A descriptor (see adamax.cc for a short one):
 //   template <> struct Descriptor<AdamaxOptions> : DescriptorDefaults {
 //     static OptionTable<AdamaxOptions> options();            // keys, checks, registry defaults
 //     static constexpr auto kStep = StepKind::kFloatTensor;    // how "step" appears in state_dict

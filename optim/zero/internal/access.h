@@ -1,5 +1,5 @@
 // The one door into ZeroRedundancyOptimizer's private state, for the APIs that extend it from
-// outside its class -- ZeroOverlap (zero_overlap.h) and ZeroGradShards (zero_grad_shards.h) --
+// outside its class -- ZeroOverlap (overlap.h) and ZeroGradShards (grad_shards.h) --
 // instead of a friend declaration per class: what they read, and the re-layout they trigger.
 // Inside optim/ only (Bazel visibility).
 //

@@ -1,4 +1,4 @@
-// FlatLayout: element ranges of one flat buffer per rank (see zero_layout.h).
+// FlatLayout: element ranges of one flat buffer per rank (see layout.h).
 #include "optim/zero/internal/layout.h"
 
 #include <algorithm>

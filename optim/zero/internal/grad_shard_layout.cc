@@ -1,4 +1,4 @@
-// GradShardLayout: ZeRO-2's bucket-aligned ranges and sharded gradients (see zero_layout.h).
+// GradShardLayout: ZeRO-2's bucket-aligned ranges and sharded gradients (see layout.h).
 #include <c10/core/GradMode.h>
 
 #include <ATen/ATen.h>

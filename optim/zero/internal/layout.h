@@ -4,12 +4,12 @@
 // implementation per PartitionStrategy:
 //   WholeParamLayout  whole parameters per rank: PyTorch's sorted-greedy partition, a manual
 //                     params_per_rank, or the DDP buckets the overlap hook derives; optionally
-//                     in one bucket view per rank (zero_whole_layout.cc)
+//                     in one bucket view per rank (whole_layout.cc)
 //   FlatLayout        every parameter a view into one flat buffer, each rank owning one aligned
-//                     element range, pieces of parameters (zero_flat_layout.cc)
+//                     element range, pieces of parameters (flat_layout.cc)
 //   GradShardLayout   ZeRO-2: the flat buffer in DDP's buckets, each rank owning one aligned
 //                     range of every bucket and the reduced gradients of only those ranges; the
-//                     updated ranges are all-gathered bucket by bucket (zero_grad_shard_layout.cc)
+//                     updated ranges are all-gathered bucket by bucket (grad_shard_layout.cc)
 // Internal to optim/. Constructing a layout may move the parameters' data (set_data) into its
 // buffers. Collective where stated; not thread-safe.
 //

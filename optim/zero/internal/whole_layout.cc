@@ -1,4 +1,4 @@
-// WholeParamLayout: whole parameters per rank (see zero_layout.h).
+// WholeParamLayout: whole parameters per rank (see layout.h).
 #include "optim/zero/internal/layout.h"
 
 #include <algorithm>
