@@ -32,8 +32,8 @@
 namespace dtrain::comm {
 namespace {
 
-// master_port 0 on several nodes (torchrun's default port): every node must know it in advance.
-constexpr int kDefaultMultiNodePort = 29500;
+// master_port 0 on several nodes is kDefaultMasterPort (torchrun's): every node must know it in
+// advance.
 // rdzv_id "" on several nodes: the id their launchers meet under (torchrun's default --rdzv_id).
 constexpr char kDefaultRdzvId[] = "none";
 // Connections node 0 refuses that it reports on stderr; later ones are counted only.
@@ -251,7 +251,7 @@ absl::StatusOr<int> launch_with_rendezvous(Job job) {
   r.nproc_per_node = o.nproc_per_node;
   r.max_restarts = o.max_restarts;
   r.master_addr = o.master_addr;
-  r.master_port = o.master_port != 0 ? o.master_port : kDefaultMultiNodePort;
+  r.master_port = o.master_port != 0 ? o.master_port : kDefaultMasterPort;
   r.run_id = job.run_id;
   r.rdzv_id = o.rdzv_id.empty() ? kDefaultRdzvId : o.rdzv_id;
   int refusals = 0;
@@ -416,7 +416,7 @@ absl::StatusOr<int> launch_local(const std::vector<std::string>& argv,
     if (options.master_port != 0) {
       port = options.master_port;
     } else {
-      port = nnodes == 1 ? fresh_port(port) : kDefaultMultiNodePort;
+      port = nnodes == 1 ? fresh_port(port) : kDefaultMasterPort;
     }
     const bool last = attempt == max_restarts;
     absl::StatusOr<Outcome> outcome =

@@ -41,6 +41,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "launcher/process_set.h"
 
 namespace dtrain::comm {
 
@@ -50,7 +51,7 @@ struct NodeRendezvousOptions {
   int nproc_per_node = 1;                 // must be the same on every node (checked at join)
   int max_restarts = 0;                   // must be the same on every node (checked at join)
   std::string master_addr = "127.0.0.1";  // node 0 listens on this address only
-  int master_port = 29500;                // in [1, 65535]
+  int master_port = kDefaultMasterPort;   // in [1, 65535]
   std::string run_id;                     // node 0's is every node's TORCHELASTIC_RUN_ID
   // The job's id (torchrun's --rdzv_id, "none" by default as there): every node must be given the
   // same; node 0 refuses a HELLO with another. 1 to 128 characters from [A-Za-z0-9._-].

@@ -57,8 +57,10 @@ int free_port(const std::string& addr) {
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE;
   addrinfo* ai = nullptr;
-  if (::getaddrinfo(addr.c_str(), "0", &hints, &ai) != 0 || ai == nullptr) return 29500;
-  int port = 29500;
+  if (::getaddrinfo(addr.c_str(), "0", &hints, &ai) != 0 || ai == nullptr) {
+    return kDefaultMasterPort;
+  }
+  int port = kDefaultMasterPort;
   const int fd = ::socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_storage bound{};
   socklen_t len = sizeof(bound);

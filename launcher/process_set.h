@@ -33,8 +33,12 @@
 
 namespace dtrain::comm {
 
+// torchrun's default --master_port: node 0's rendezvous on several nodes, and free_port's fallback.
+// The one place the number is written.
+inline constexpr int kDefaultMasterPort = 29500;
+
 // A TCP port on `addr` (an address of this host or a name resolving to one) that was free a moment
-// ago; 29500 when none could be found.
+// ago; kDefaultMasterPort when none could be found.
 int free_port(const std::string& addr = "127.0.0.1");
 
 struct ProcessSpec {
