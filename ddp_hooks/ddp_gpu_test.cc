@@ -16,6 +16,7 @@
 #include "comm/testing/test_harness.h"
 #include "ddp_hooks/default_hooks.h"
 #include "ddp_hooks/powersgd_hook.h"
+#include "ddp_hooks/testing/embedding_mlp.h"
 #include "ddp_hooks/zero_hook.h"
 #include "optim/model_averagers.h"
 #include "optim/post_local_sgd_optimizer.h"
@@ -32,15 +33,8 @@ using optim::ZeroRedundancyOptimizer;
 constexpr int kBatch = 8;
 constexpr int kSteps = 6;
 
-struct NetImpl : torch::nn::Module {
-  NetImpl() {
-    emb = register_module("emb", torch::nn::Embedding(40, 8));
-    fc1 = register_module("fc1", torch::nn::Linear(8, 16));
-    fc2 = register_module("fc2", torch::nn::Linear(16, 3));
-  }
-  torch::Tensor forward(const torch::Tensor& idx) { return fc2(torch::tanh(fc1(emb(idx)))); }
-  torch::nn::Embedding emb{nullptr};
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+struct NetImpl : EmbeddingMlpImpl {
+  NetImpl() : EmbeddingMlpImpl(/*vocab=*/40, /*dim=*/8, /*hidden=*/16, /*out=*/3) {}
 };
 TORCH_MODULE(Net);
 

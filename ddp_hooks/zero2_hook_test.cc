@@ -11,6 +11,7 @@
 #include "comm/object_collectives.h"
 #include "comm/testing/counting_group.h"
 #include "comm/testing/test_harness.h"
+#include "ddp_hooks/testing/embedding_mlp.h"
 #include "ddp_hooks/zero_hook.h"
 
 namespace dtrain::ddp_hooks {
@@ -27,15 +28,8 @@ constexpr int kBatch = 12;  // divisible by 2, 3 and 4
 
 // An embedding far larger than the rest (it dominates any whole-parameter partition), and
 // parameters of uneven sizes.
-struct NetImpl : torch::nn::Module {
-  NetImpl() {
-    emb = register_module("emb", torch::nn::Embedding(60, 8));
-    fc1 = register_module("fc1", torch::nn::Linear(8, 5));
-    fc2 = register_module("fc2", torch::nn::Linear(5, 3));
-  }
-  torch::Tensor forward(const torch::Tensor& idx) { return fc2(torch::tanh(fc1(emb(idx)))); }
-  torch::nn::Embedding emb{nullptr};
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+struct NetImpl : EmbeddingMlpImpl {
+  NetImpl() : EmbeddingMlpImpl(/*vocab=*/60, /*dim=*/8, /*hidden=*/5, /*out=*/3) {}
 };
 TORCH_MODULE(Net);
 
