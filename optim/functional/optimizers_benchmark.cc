@@ -13,20 +13,17 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>
-#include <torch/optim/adagrad.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
-#include <torch/optim/rmsprop.h>
-#include <torch/optim/sgd.h>
 
 #include "optim/functional/internal/fused.h"
 #include "optim/functional/optimizers.h"
+#include "optim/functional/torch_twins.h"
 
 namespace dtrain::optim {
 namespace {
@@ -163,6 +160,30 @@ int arrays_read(Kind k) {
 }
 int bytes_per_param(Kind k) { return 4 * (2 * arrays_read(k) - 1); }
 
+// The functional optimizer's registry name (the one its LibTorch twin, if any, has too).
+const char* registry_name(Kind k) {
+  switch (k) {
+    case Kind::kSGD:
+    case Kind::kSGDMomentum:
+      return "SGD";
+    case Kind::kAdam:
+      return "Adam";
+    case Kind::kAdamW:
+      return "AdamW";
+    case Kind::kAdagrad:
+      return "Adagrad";
+    case Kind::kAdadelta:
+      return "Adadelta";
+    case Kind::kAdamax:
+      return "Adamax";
+    case Kind::kRMSprop:
+      return "RMSprop";
+    case Kind::kRprop:
+      return "Rprop";
+  }
+  return "";
+}
+
 // fused_true: PyTorch's fused=True (ATen's CPU fused kernel), for Adam and SGD with momentum.
 std::unique_ptr<FunctionalOptimizer> make_ours(Kind k, std::vector<at::Tensor> p,
                                                bool fused_true = false) {
@@ -193,23 +214,14 @@ std::unique_ptr<FunctionalOptimizer> make_ours(Kind k, std::vector<at::Tensor> p
   return nullptr;
 }
 
+// LibTorch's optimizer of kind `k` (torch_twins.h's table), PyTorch's defaults; nullptr when the
+// optimizer has no LibTorch twin.
 std::unique_ptr<torch::optim::Optimizer> make_torch(Kind k, std::vector<at::Tensor> p) {
-  switch (k) {
-    case Kind::kSGD:
-      return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(1e-3));
-    case Kind::kSGDMomentum:
-      return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(1e-3).momentum(0.9));
-    case Kind::kAdam:
-      return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions());
-    case Kind::kAdamW:
-      return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions());
-    case Kind::kAdagrad:
-      return std::make_unique<torch::optim::Adagrad>(p, torch::optim::AdagradOptions());
-    case Kind::kRMSprop:
-      return std::make_unique<torch::optim::RMSprop>(p, torch::optim::RMSpropOptions());
-    default:
-      return nullptr;
-  }
+  const TorchTwin* twin = twin_named(registry_name(k));
+  if (twin == nullptr) return nullptr;
+  OptionsDict options = new_options_dict();
+  if (k == Kind::kSGDMomentum) options.insert("momentum", 0.9);
+  return twin->make(std::move(p), options);
 }
 
 // torch::optim's step time on the same layout, measured once per (optimizer, layout).

@@ -23,11 +23,9 @@
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
 #include <torch/cuda.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
-#include <torch/optim/sgd.h>
 
 #include "optim/functional/optimizers.h"
+#include "optim/functional/torch_twins.h"
 
 namespace dtrain::optim {
 namespace {
@@ -70,18 +68,27 @@ std::unique_ptr<FunctionalOptimizer> make_ours(Kind k, std::vector<at::Tensor> p
   return nullptr;
 }
 
-std::unique_ptr<torch::optim::Optimizer> make_torch(Kind k, std::vector<at::Tensor> p) {
+const char* registry_name(Kind k) {
   switch (k) {
     case Kind::kSGD:
-      return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(1e-3));
     case Kind::kSGDMomentum:
-      return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(1e-3).momentum(0.9));
+      return "SGD";
     case Kind::kAdam:
-      return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions());
+      return "Adam";
     case Kind::kAdamW:
-      return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions());
+      return "AdamW";
   }
-  return nullptr;
+  return "";
+}
+
+// LibTorch's optimizer of kind `k` (torch_twins.h's table), PyTorch's defaults; nullptr when the
+// optimizer has no LibTorch twin.
+std::unique_ptr<torch::optim::Optimizer> make_torch(Kind k, std::vector<at::Tensor> p) {
+  const TorchTwin* twin = twin_named(registry_name(k));
+  if (twin == nullptr) return nullptr;
+  OptionsDict options = new_options_dict();
+  if (k == Kind::kSGDMomentum) options.insert("momentum", 0.9);
+  return twin->make(std::move(p), options);
 }
 
 // Mean seconds of `steps` calls of f, each followed by a device synchronisation, after one

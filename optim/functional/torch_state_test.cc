@@ -1,6 +1,7 @@
 #include "optim/functional/torch_state.h"
 
 #include <cmath>
+#include <typeindex>
 
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
@@ -14,6 +15,7 @@
 #include "optim/functional/libtorch_compat.h"
 #include "optim/functional/optimizers.h"
 #include "optim/functional/registry.h"
+#include "optim/functional/torch_twins.h"
 
 namespace dtrain::optim {
 namespace {
@@ -91,6 +93,28 @@ TEST(TorchStateTest, RoundTripsWithEveryLibTorchTwin) {
   round_trip<torch::optim::Adagrad>("Adagrad", torch::optim::AdagradOptions(0.1).lr_decay(0.01));
   round_trip<torch::optim::RMSprop>(
       "RMSprop", torch::optim::RMSpropOptions(0.01).centered(true).momentum(0.5));
+}
+
+// torch_twins.h's table makes each LibTorch twin with PyTorch's defaults and the options given.
+TEST(TorchTwinsTest, MakeBuildsTheLibTorchOptimizerWithTheOptionsGiven) {
+  std::vector<at::Tensor> params = {at::zeros({3})};
+  const TorchTwin* sgd = twin_named("SGD");
+  ASSERT_NE(sgd, nullptr);
+  OptionsDict options = new_options_dict();
+  options.insert("momentum", 0.9);
+  auto opt = sgd->make(params, options);
+  auto* typed = dynamic_cast<torch::optim::SGD*>(opt.get());
+  ASSERT_NE(typed, nullptr);
+  const auto& o = static_cast<const torch::optim::SGDOptions&>(typed->defaults());
+  EXPECT_EQ(o.lr(), 1e-3);
+  EXPECT_EQ(o.momentum(), 0.9);
+  for (const char* name : {"Adam", "AdamW", "Adagrad", "RMSprop"}) {
+    const TorchTwin* twin = twin_named(name);
+    ASSERT_NE(twin, nullptr) << name;
+    auto made = twin->make(params, new_options_dict());
+    EXPECT_EQ(std::type_index(typeid(*made)), twin->optimizer) << name;
+  }
+  EXPECT_EQ(twin_named("Adadelta"), nullptr);  // no LibTorch twin
 }
 
 TEST(TorchStateTest, MismatchedGroupsAreAnError) {

@@ -1,6 +1,8 @@
 #include "optim/functional/torch_twins.h"
 
 #include <cmath>
+#include <type_traits>
+#include <utility>
 
 #include <ATen/ATen.h>
 #include <torch/optim/adagrad.h>
@@ -252,6 +254,16 @@ std::unique_ptr<torch::optim::RMSpropParamState> rmsprop_state(const Entry& e, c
   return x;
 }
 
+// LibTorch's default options of each type (SGDOptions has no default lr; PyTorch's is 1e-3).
+template <typename Options>
+Options default_options() {
+  if constexpr (std::is_same_v<Options, torch::optim::SGDOptions>) {
+    return Options(1e-3);
+  } else {
+    return Options();
+  }
+}
+
 // One row: the typed functions above behind the type tests (the only dynamic_casts on these types).
 template <typename Optimizer, typename Options, typename State>
 TorchTwin twin(const char* name, OptionsDict (*to_dict)(const Options&),
@@ -278,6 +290,12 @@ TorchTwin twin(const char* name, OptionsDict (*to_dict)(const Options&),
       [from_entry](const Entry& e, const at::Tensor& p, int64_t index) {
         return std::unique_ptr<torch::optim::OptimizerParamState>(from_entry(e, p, index));
       },
+      [apply](std::vector<at::Tensor> params, const OptionsDict& d) {
+        Options o = default_options<Options>();
+        apply(o, d);
+        return std::unique_ptr<torch::optim::Optimizer>(
+            std::make_unique<Optimizer>(std::move(params), o));
+      },
   };
 }
 
@@ -300,6 +318,13 @@ const std::vector<TorchTwin>& torch_twins() {
           "RMSprop", rmsprop_options, apply_rmsprop, rmsprop_entry, rmsprop_state),
   };
   return *table;
+}
+
+const TorchTwin* twin_named(const std::string& name) {
+  for (const TorchTwin& t : torch_twins()) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
 }
 
 const TorchTwin* twin_of(const torch::optim::OptimizerOptions& options) {

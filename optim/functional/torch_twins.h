@@ -59,10 +59,18 @@ struct TorchTwin {
   std::function<std::unique_ptr<torch::optim::OptimizerParamState>(
       const c10::impl::GenericDict& entry, const at::Tensor& param, int64_t index)>
       state_from_entry;
+  // LibTorch's optimizer over `params`: its default options (SGD's lr 1e-3, as PyTorch's) with
+  // `options` applied as apply_options applies them.
+  std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor> params,
+                                                         const OptionsDict& options)>
+      make;
 };
 
 // SGD, Adam, AdamW, Adagrad, RMSprop.
 const std::vector<TorchTwin>& torch_twins();
+
+// The twin registered under `name` ("Adam"); nullptr when that optimizer has no LibTorch twin.
+const TorchTwin* twin_named(const std::string& name);
 
 // The twin whose options type (or parameter state type) this is; nullptr when none is.
 const TorchTwin* twin_of(const torch::optim::OptimizerOptions& options);
