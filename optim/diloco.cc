@@ -1,0 +1,310 @@
+#include "optim/diloco.h"
+
+#include <algorithm>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <utility>
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+#include "absl/status/status.h"
+#include "optim/functional/registry.h"
+#include "optim/functional/torch_state.h"
+
+namespace dtrain::optim {
+namespace {
+
+constexpr char kDiLoCoKey[] = "diloco";
+constexpr char kLoad[] = "DiLoCo.load_state_dict: ";
+constexpr char kSameRun[] =
+    "; load a state dict that DiLoCo::state_dict() wrote for the same parameters and options";
+
+const torch::optim::Optimizer& checked(const std::unique_ptr<torch::optim::Optimizer>& inner) {
+  TORCH_CHECK(inner != nullptr,
+              "DiLoCo: the inner optimizer is null; pass the optimizer of the local steps (e.g. "
+              "std::make_unique<torch::optim::AdamW>(params, options))");
+  return *inner;
+}
+
+std::vector<torch::optim::OptimizerParamGroup> copy_groups(const torch::optim::Optimizer& optim) {
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  for (const auto& g : optim.param_groups()) groups.emplace_back(g);
+  return groups;
+}
+
+// The dtype of a parameter's global copy: float32, or float64 for float64 parameters.
+at::ScalarType global_dtype(at::ScalarType param) {
+  return param == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+std::string shape_of(at::IntArrayRef sizes) {
+  std::ostringstream out;
+  out << sizes;
+  return out.str();
+}
+
+// Contiguous fragments of about equal element counts: fragment f starts at the first parameter
+// whose preceding elements reach f/F of the total, moved so that no fragment is empty.
+std::vector<std::vector<int64_t>> split_fragments(const std::vector<at::Tensor>& params,
+                                                  int64_t fragments) {
+  const auto n = static_cast<int64_t>(params.size());
+  std::vector<int64_t> before(params.size() + 1, 0);  // elements before parameter i
+  for (size_t i = 0; i < params.size(); ++i) before[i + 1] = before[i] + params[i].numel();
+  std::vector<int64_t> start(static_cast<size_t>(fragments) + 1, 0);
+  start.back() = n;
+  for (int64_t f = 1; f < fragments; ++f) {
+    int64_t s = 0;
+    while (s < n && before[s] * fragments < f * before[n]) ++s;
+    start[f] = std::min(std::max(s, start[f - 1] + 1), n - (fragments - f));
+  }
+  std::vector<std::vector<int64_t>> out(static_cast<size_t>(fragments));
+  for (int64_t f = 0; f < fragments; ++f) {
+    for (int64_t i = start[f]; i < start[f + 1]; ++i) out[f].push_back(i);
+  }
+  return out;
+}
+
+// An integer entry of the "diloco" dict, checked to lie in [lo, hi].
+int64_t int_entry(const c10::impl::GenericDict& d, const char* key, int64_t lo, int64_t hi,
+                  const std::string& meaning) {
+  TORCH_CHECK(d.contains(key), kLoad, "the 'diloco' entry has no '", key, "' (", meaning, ")",
+              kSameRun);
+  const c10::IValue v = d.at(key);
+  TORCH_CHECK(v.isInt(), kLoad, "diloco.", key, " is a ", v.tagKind(), ", not an int (", meaning,
+              ")", kSameRun);
+  const int64_t x = v.toInt();
+  TORCH_CHECK(x >= lo && x <= hi, kLoad, "diloco.", key, " is ", x, ", outside [", lo, ", ", hi,
+              "] (", meaning, ")", kSameRun);
+  return x;
+}
+
+}  // namespace
+
+OptionsDict default_outer_options() {
+  OptionsDict d = new_options_dict();
+  d.insert("lr", 0.7);
+  d.insert("momentum", 0.9);
+  d.insert("nesterov", true);
+  return d;
+}
+
+void check_diloco_options(const DiLoCoOptions& options, size_t num_params) {
+  TORCH_CHECK(options.sync_every >= 1, "DiLoCoOptions::sync_every is ", options.sync_every,
+              "; it is H, the inner steps per outer round: set it to 1 or more (the paper uses "
+              "500)");
+  TORCH_CHECK(options.fragments >= 1, "DiLoCoOptions::fragments is ", options.fragments,
+              "; set it to 1 (plain DiLoCo) or more (Streaming DiLoCo)");
+  TORCH_CHECK(static_cast<size_t>(options.fragments) <= num_params, "DiLoCoOptions::fragments is ",
+              options.fragments, " but there are only ", num_params,
+              " parameters; every fragment needs one: set fragments to at most ", num_params);
+  TORCH_CHECK(options.sync_every % options.fragments == 0, "DiLoCoOptions::sync_every (",
+              options.sync_every, ") is not a multiple of fragments (", options.fragments,
+              "): one fragment syncs every sync_every / fragments inner steps; make sync_every a "
+              "multiple of fragments");
+  const FunctionalRegistry& registry = FunctionalRegistry::global();
+  if (!registry.contains(options.outer_optimizer)) {
+    std::string names;
+    for (const std::string& n : registry.names()) names += (names.empty() ? "" : ", ") + n;
+    TORCH_CHECK(false, "DiLoCoOptions::outer_optimizer '", options.outer_optimizer,
+                "' is not a registered functional optimizer; use one of ", names,
+                ", or register yours with FunctionalRegistry::global().register_optimizer");
+  }
+}
+
+DiLoCo::DiLoCo(std::unique_ptr<torch::optim::Optimizer> inner, DiLoCoOptions options)
+    : torch::optim::Optimizer(copy_groups(checked(inner)), checked(inner).defaults().clone()),
+      inner_(std::move(inner)),
+      options_(std::move(options)) {
+  options_.outer_options = options_.outer_options.copy();
+  TORCH_CHECK(options_.group.is_member(),
+              "DiLoCo: DiLoCoOptions::group is not set or this rank is not in it; pass the group "
+              "whose ranks average pseudo-gradients (for all ranks, the world group that "
+              "init_process_group returned)");
+  const std::vector<at::Tensor> params = local_params();
+  TORCH_CHECK(!params.empty(),
+              "DiLoCo: the inner optimizer has no parameters; give it the model's parameters "
+              "before wrapping it");
+  check_diloco_options(options_, params.size());
+  c10::NoGradGuard no_grad;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor p = params[i].detach();
+    TORCH_CHECK(at::isFloatingType(p.scalar_type()), "DiLoCo: parameter ", i, " is ",
+                p.scalar_type(),
+                "; DiLoCo averages floating-point parameters only: leave it out of the inner "
+                "optimizer");
+    global_.push_back(
+        at::empty(p.sizes(), p.options().dtype(global_dtype(p.scalar_type()))).copy_(p));
+  }
+  try {
+    outer_ = FunctionalRegistry::global().create(options_.outer_optimizer, global_,
+                                                 options_.outer_options);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "DiLoCo: the outer optimizer '", options_.outer_optimizer,
+                "' refused DiLoCoOptions::outer_options ", c10::IValue(options_.outer_options),
+                ": ", e.what_without_backtrace(),
+                "; give outer_options that optimizer's own options (the defaults are SGD's)");
+  }
+  fragments_ = split_fragments(params, options_.fragments);
+  // LibTorch's add_param_group may have given this side the defaults instead of options of a type
+  // it does not know (the adapter's DictOptions): take the inner optimizer's own.
+  sync_options(/*to_inner=*/false);
+}
+
+std::vector<at::Tensor> DiLoCo::local_params() const {
+  std::vector<at::Tensor> params;
+  for (const auto& g : inner_->param_groups()) {
+    params.insert(params.end(), g.params().begin(), g.params().end());
+  }
+  return params;
+}
+
+void DiLoCo::sync_options(bool to_inner) {
+  auto& inner = inner_->param_groups();
+  TORCH_CHECK(inner.size() == param_groups_.size(),
+              "DiLoCo: param groups were added after construction (", inner.size(),
+              " in the inner optimizer, ", param_groups_.size(),
+              " here); DiLoCo keeps global copies of the parameters it was built with: add every "
+              "group to the inner optimizer before constructing DiLoCo");
+  for (size_t g = 0; g < inner.size(); ++g) {
+    if (to_inner) {
+      inner[g].set_options(param_groups_[g].options().clone());
+    } else {
+      param_groups_[g].set_options(inner[g].options().clone());
+    }
+  }
+}
+
+at::Tensor DiLoCo::step(LossClosure closure) {
+  sync_options(/*to_inner=*/true);  // LR schedulers act on this optimizer's groups
+  at::Tensor loss = inner_->step(std::move(closure));
+  sync_options(/*to_inner=*/false);
+  if (++local_step_ >= options_.sync_every / options_.fragments) {
+    outer_sync(fragments_[static_cast<size_t>(outer_step_ % options_.fragments)]);
+    local_step_ = 0;
+    ++outer_step_;
+  }
+  return loss;
+}
+
+void DiLoCo::outer_sync(const std::vector<int64_t>& fragment) {
+  c10::NoGradGuard no_grad;
+  const std::vector<at::Tensor> local = local_params();
+  TORCH_CHECK(local.size() == global_.size(), "DiLoCo: the inner optimizer has ", local.size(),
+              " parameters, DiLoCo was built over ", global_.size(),
+              "; parameters cannot be added or removed after construction: build a new DiLoCo");
+  // Pseudo-gradients (global minus local, in the global copies' precision), averaged as
+  // average_parameters averages: each divided by the group's size, then one all-reduce (sum).
+  std::vector<at::Tensor> parts;
+  for (int64_t i : fragment) parts.push_back((global_[i] - local[i].detach()).reshape(-1));
+  at::Tensor flat = at::cat(parts);
+  flat.div_(options_.group.size());
+  std::vector<at::Tensor> bufs = {flat};
+  options_.group->allreduce(bufs)->wait();
+  std::vector<at::Tensor> grads(global_.size());  // undefined: not this fragment's, left alone
+  int64_t offset = 0;
+  for (int64_t i : fragment) {
+    const int64_t n = global_[i].numel();
+    grads[i] = flat.narrow(0, offset, n).view(global_[i].sizes()).to(global_[i].scalar_type());
+    offset += n;
+  }
+  outer_->step(grads);
+  for (int64_t i : fragment) local[i].detach().copy_(global_[i]);
+}
+
+c10::IValue DiLoCo::state_dict() {
+  sync_options(/*to_inner=*/true);
+  c10::IValue sd = optimizer_state_dict(*inner_);
+  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+  d.insert("local_step", local_step_);
+  d.insert("outer_step", outer_step_);
+  d.insert("sync_every", options_.sync_every);
+  d.insert("fragments", options_.fragments);
+  c10::List<at::Tensor> globals;
+  for (const at::Tensor& g : global_) globals.push_back(g);
+  d.insert("global_params", globals);
+  d.insert("outer_optimizer", outer_->state_dict());
+  sd.toGenericDict().insert_or_assign(kDiLoCoKey, d);
+  return sd;
+}
+
+namespace {
+
+// The "diloco" entry's global parameters, each checked against its global copy.
+std::vector<at::Tensor> checked_globals(const c10::impl::GenericDict& d,
+                                        const std::vector<at::Tensor>& global) {
+  TORCH_CHECK(d.contains("global_params"), kLoad,
+              "the 'diloco' entry has no 'global_params' (the global parameters)", kSameRun);
+  const c10::IValue v = d.at("global_params");
+  TORCH_CHECK(v.isList(), kLoad, "diloco.global_params is a ", v.tagKind(),
+              ", not a list of tensors", kSameRun);
+  const c10::List<c10::IValue> list = v.toList();
+  TORCH_CHECK(list.size() == global.size(), kLoad, "diloco.global_params holds ", list.size(),
+              " tensors, this DiLoCo has ", global.size(), " parameters", kSameRun);
+  std::vector<at::Tensor> out;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const c10::IValue e = list.get(i);
+    TORCH_CHECK(e.isTensor(), kLoad, "diloco.global_params[", i, "] is a ", e.tagKind(),
+                ", not a tensor", kSameRun);
+    const at::Tensor t = e.toTensor();
+    TORCH_CHECK(t.defined() && t.layout() == at::kStrided, kLoad, "diloco.global_params[", i,
+                "] is not a dense tensor", kSameRun);
+    TORCH_CHECK(t.sizes().equals(global[i].sizes()), kLoad, "diloco.global_params[", i,
+                "] has shape ", shape_of(t.sizes()), ", parameter ", i, " has shape ",
+                shape_of(global[i].sizes()), kSameRun);
+    TORCH_CHECK(t.scalar_type() == global[i].scalar_type(), kLoad, "diloco.global_params[", i,
+                "] is ", t.scalar_type(), ", the global copy of parameter ", i, " is ",
+                global[i].scalar_type(), kSameRun);
+    TORCH_CHECK(at::isfinite(t).all().item<bool>(), kLoad, "diloco.global_params[", i,
+                "] has a value that is not finite (nan or inf)", kSameRun);
+    out.push_back(t);
+  }
+  return out;
+}
+
+}  // namespace
+
+void DiLoCo::load_state_dict(const c10::IValue& state_dict) {
+  TORCH_CHECK(state_dict.isGenericDict(), kLoad, "the state dict is a ", state_dict.tagKind(),
+              ", not a dict", kSameRun);
+  const c10::impl::GenericDict sd = state_dict.toGenericDict();
+  TORCH_CHECK(sd.contains(kDiLoCoKey), kLoad,
+              "the state dict has no 'diloco' entry (it is not from DiLoCo::state_dict(): an "
+              "inner optimizer's alone lacks the global parameters and the outer state)",
+              kSameRun);
+  const c10::IValue entry = sd.at(kDiLoCoKey);
+  TORCH_CHECK(entry.isGenericDict(), kLoad, "'diloco' is a ", entry.tagKind(), ", not a dict",
+              kSameRun);
+  const c10::impl::GenericDict d = entry.toGenericDict();
+  int_entry(d, "sync_every", options_.sync_every, options_.sync_every,
+            "it must equal this DiLoCo's sync_every");
+  int_entry(d, "fragments", options_.fragments, options_.fragments,
+            "it must equal this DiLoCo's fragments");
+  const int64_t local_step =
+      int_entry(d, "local_step", 0, options_.sync_every / options_.fragments - 1,
+                "inner steps since the last sync");
+  const int64_t outer_step =
+      int_entry(d, "outer_step", 0, std::numeric_limits<int64_t>::max(), "syncs so far");
+  const std::vector<at::Tensor> globals = checked_globals(d, global_);
+  TORCH_CHECK(d.contains("outer_optimizer"), kLoad,
+              "the 'diloco' entry has no 'outer_optimizer' (the outer optimizer's state)",
+              kSameRun);
+  const c10::IValue outer_sd = d.at("outer_optimizer");
+  if (absl::Status ok = outer_->check_state_dict(outer_sd); !ok.ok()) {
+    TORCH_CHECK(false, kLoad, "diloco.outer_optimizer: ", ok.message());
+  }
+  try {
+    load_optimizer_state_dict(*inner_, state_dict);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, kLoad, "the inner optimizer's state: ", e.what_without_backtrace());
+  }
+  sync_options(/*to_inner=*/false);
+  outer_->load_state_dict(outer_sd);
+  c10::NoGradGuard no_grad;
+  for (size_t i = 0; i < global_.size(); ++i) global_[i].copy_(globals[i]);
+  local_step_ = local_step;
+  outer_step_ = outer_step;
+}
+
+}  // namespace dtrain::optim

@@ -1,0 +1,138 @@
+// DiLoCo (arXiv 2311.08105; torchft's DiLoCo): every rank runs H inner optimizer steps alone; then
+// the ranks all-reduce the pseudo-gradient (the global parameters of the last round minus the
+// local ones now), an outer optimizer -- Nesterov SGD, lr 0.7, momentum 0.9 by default -- applies
+// it to the global parameters, and every rank continues from the new global parameters. With
+// `fragments` > 1 it is Streaming DiLoCo (arXiv 2501.18512): the parameters are cut into
+// fragments that synchronise in turn. Itself a torch::optim::Optimizer, in the PostLocalSGD family.
+//
+//   auto inner = std::make_unique<torch::optim::AdamW>(model->parameters(),
+//                                                     torch::optim::AdamWOptions(4e-4));
+//   dtrain::optim::DiLoCoOptions options;
+//   options.group = world;              // required: the ranks that average pseudo-gradients
+//   options.sync_every = 500;           // H
+//   dtrain::optim::DiLoCo opt(std::move(inner), options);
+//   for (...) { opt.zero_grad(); loss.backward(); opt.step(); }   // every 500th step syncs
+//   c10::IValue sd = opt.state_dict();  // the inner optimizer's, plus "diloco" (see state_dict)
+//
+// REQUIRES: every rank of the group starts with equal parameters (seed the model alike, or
+// broadcast them) and steps the same number of times; DiLoCo checks neither.
+// Thread safety: none (as torch::optim). Param groups: the inner optimizer's, as in
+// PostLocalSGDOptimizer: options set on this optimizer's groups (an LR scheduler's) reach the inner
+// optimizer at each step and override what was set on inner() directly; a loaded state dict's
+// reach this optimizer. Groups cannot be added after construction (step() refuses).
+#ifndef DTRAIN_OPTIM_DILOCO_H_
+#define DTRAIN_OPTIM_DILOCO_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+#include <torch/optim/optimizer.h>
+
+#include "comm/process_group.h"
+#include "optim/functional/optimizer.h"
+
+namespace dtrain::optim {
+
+// {"lr": 0.7, "momentum": 0.9, "nesterov": true}: the paper's outer optimizer (SGD's options).
+OptionsDict default_outer_options();
+
+// How a DiLoCo synchronises. Checked (TORCH_CHECK, naming the option and what to do) when the
+// DiLoCo is constructed; conflicts are listed with each option.
+struct DiLoCoOptions {
+  // The ranks whose pseudo-gradients are averaged: the world for plain DiLoCo, or e.g. the ranks
+  // with one local rank across nodes when DDP runs within each node. Required (dtrain has no
+  // implicit world group: pass the one init_process_group returned); this rank must be a member.
+  comm::Group group;
+  // H: inner steps per outer round (torchft's `sync_every`; the paper's H, whose 500 is the
+  // default). >= 1, and a multiple of `fragments`.
+  int64_t sync_every = 500;
+  // The outer optimizer: any name in FunctionalRegistry::global() (a built-in's PyTorch name,
+  // "SGD", "Adam", "AdamW", ..., or one a user registered), created over the global parameters
+  // with `outer_options`.
+  std::string outer_optimizer = "SGD";
+  // The outer optimizer's options, PyTorch's keys. Default: default_outer_options(), which are
+  // SGD's: when you change `outer_optimizer`, give that optimizer's options too (the outer
+  // optimizer refuses keys it does not know, e.g. Adam refuses "nesterov"). A c10 dict is shared
+  // on copy; DiLoCo copies it at construction.
+  OptionsDict outer_options = default_outer_options();
+  // Streaming DiLoCo, as torchft's DiLoCo with `fragments` model fragments and
+  // fragment_sync_delay 0: the parameters (in the inner optimizer's order, groups concatenated)
+  // are cut into this many contiguous fragments of about equal element counts (fragment_params()
+  // gives them); every sync_every / fragments inner steps one fragment synchronises, in turn
+  // 0, 1, ..., so fragment f syncs after inner steps (f + 1) * sync_every / fragments + k *
+  // sync_every. Only that fragment's pseudo-gradient is all-reduced, stepped by the outer optimizer
+  // and copied into the local parameters. >= 1 (1: plain DiLoCo), at most the number of
+  // parameters, and dividing `sync_every`.
+  int64_t fragments = 1;
+};
+
+// The options' own checks (the ranges and conflicts above, not the outer optimizer's options nor
+// the group), with their messages; DiLoCo's constructor runs them. `num_params` is the number of
+// parameters DiLoCo would wrap.
+void check_diloco_options(const DiLoCoOptions& options, size_t num_params);
+
+class DiLoCo : public torch::optim::Optimizer {
+ public:
+  // Wraps `inner` (any torch::optim optimizer: LibTorch's, a FunctionalOptimizerAdapter, ...) and
+  // copies its current parameters as the global parameters: float32 for float32, bfloat16 and
+  // float16 parameters, float64 for float64 ones. Not a collective. TORCH_CHECK: a null inner
+  // optimizer, one without parameters, a parameter that is not floating point, the options'
+  // checks (check_diloco_options), this rank outside `group`, and the outer optimizer's creation
+  // (an unknown name, options it refuses), each naming what was wrong and what to do.
+  DiLoCo(std::unique_ptr<torch::optim::Optimizer> inner, DiLoCoOptions options);
+
+  // The inner step (with `closure`, returning its loss); then, at the end of a round, the outer
+  // step of this round's fragment. A collective over the group at those steps only (every
+  // sync_every / fragments inner steps): one all-reduce of the fragment's pseudo-gradients in one
+  // flat buffer (each divided by the group's size first, as average_parameters does), then the
+  // outer optimizer's step on the global parameters, which are then copied into the local ones.
+  // The inner optimizer's state is kept across rounds, as torchft keeps it.
+  at::Tensor step(LossClosure closure = nullptr) override;
+
+  // The inner optimizer's state dict in PyTorch's format (optimizer_state_dict), plus the entry
+  // "diloco": {"local_step": inner steps since the last sync, "outer_step": syncs so far,
+  // "sync_every", "fragments", "global_params": [tensor per parameter], "outer_optimizer": the
+  // outer optimizer's state dict}. Tensors are the live ones, as every state dict here: save or
+  // copy it before stepping again.
+  c10::IValue state_dict();
+  // Loads such a dict. Everything of the "diloco" entry is checked before anything changes: the
+  // entry present, the counters whole numbers in range, sync_every and fragments equal to this
+  // DiLoCo's, one global parameter per parameter, each a tensor of its parameter's shape, of the
+  // global copy's dtype (float32, or float64 for float64 parameters) and finite, and the outer
+  // optimizer's state (FunctionalOptimizer::check_state_dict); then the inner optimizer's state is
+  // loaded (its own checks), then the DiLoCo part. Errors (c10::Error): one line naming the key,
+  // the parameter's index and what was expected. A run resumed this way (with the local
+  // parameters it had) continues bit for bit as if it had not stopped.
+  void load_state_dict(const c10::IValue& state_dict);
+
+  torch::optim::Optimizer& inner() { return *inner_; }
+  FunctionalOptimizer& outer() { return *outer_; }
+  // The global parameters (what the last round agreed on), one per parameter.
+  const std::vector<at::Tensor>& global_params() const { return global_; }
+  // Indices (into the parameters, groups concatenated) of fragment f's parameters.
+  const std::vector<int64_t>& fragment_params(size_t f) const { return fragments_.at(f); }
+  int64_t local_step() const { return local_step_; }
+  int64_t outer_step() const { return outer_step_; }
+  const DiLoCoOptions& options() const { return options_; }
+
+ private:
+  std::vector<at::Tensor> local_params() const;
+  void sync_options(bool to_inner);
+  void outer_sync(const std::vector<int64_t>& fragment);
+
+  std::unique_ptr<torch::optim::Optimizer> inner_;
+  DiLoCoOptions options_;
+  std::vector<at::Tensor> global_;
+  std::unique_ptr<FunctionalOptimizer> outer_;
+  std::vector<std::vector<int64_t>> fragments_;
+  int64_t local_step_ = 0;
+  int64_t outer_step_ = 0;
+};
+
+}  // namespace dtrain::optim
+
+#endif  // DTRAIN_OPTIM_DILOCO_H_
