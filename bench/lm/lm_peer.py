@@ -248,7 +248,11 @@ def train(model, opt, train_split, val, args, csv):
         x, y = sample_batch(train_split, args.batch_size, args.context, args.seed, TRAIN_STREAM, s)
         if args.warmup > 0:
             for group in opt.param_groups:
-                group["lr"] = args.lr * min(1.0, float(s) / float(args.warmup))
+                lr = args.lr * min(1.0, float(s) / float(args.warmup))
+                if isinstance(group["lr"], torch.Tensor):  # torchao keeps lr a tensor
+                    group["lr"].fill_(lr)
+                else:
+                    group["lr"] = lr
         opt.zero_grad(set_to_none=True)
         loss = model.loss(x, y)
         loss.backward()
