@@ -10,6 +10,7 @@
 #include <c10/core/GradMode.h>
 
 #include "absl/status/status.h"
+#include "optim/diloco_compression.h"
 #include "optim/functional/registry.h"
 #include "optim/functional/torch_state.h"
 
@@ -80,6 +81,23 @@ int64_t int_entry(const c10::impl::GenericDict& d, const char* key, int64_t lo, 
   return x;
 }
 
+// The "diloco" dict's outer_compression ("none" when absent: written before the option) against
+// this DiLoCo's.
+void check_compression_entry(const c10::impl::GenericDict& d, const std::string& mine) {
+  std::string saved = "none";
+  if (d.contains("outer_compression")) {
+    const c10::IValue v = d.at("outer_compression");
+    TORCH_CHECK(v.isString(), kLoad, "diloco.outer_compression is a ", v.tagKind(),
+                ", not a string", kSameRun);
+    saved = v.toStringRef();
+  }
+  TORCH_CHECK(saved == mine, kLoad, "diloco.outer_compression is '", saved, "', this DiLoCo's is '",
+              mine,
+              "'; the outer optimizer's state was built on those outer gradients: resume with "
+              "DiLoCoOptions::outer_compression = \"",
+              saved, "\"");
+}
+
 }  // namespace
 
 OptionsDict default_outer_options() {
@@ -103,6 +121,7 @@ void check_diloco_options(const DiLoCoOptions& options, size_t num_params) {
               options.sync_every, ") is not a multiple of fragments (", options.fragments,
               "): one fragment syncs every sync_every / fragments inner steps; make sync_every a "
               "multiple of fragments");
+  check_outer_compression(options.outer_compression);
   const FunctionalRegistry& registry = FunctionalRegistry::global();
   if (!registry.contains(options.outer_optimizer)) {
     std::string names;
@@ -199,9 +218,13 @@ void DiLoCo::outer_sync(const std::vector<int64_t>& fragment) {
   std::vector<at::Tensor> parts;
   for (int64_t i : fragment) parts.push_back((global_[i] - local[i].detach()).reshape(-1));
   at::Tensor flat = at::cat(parts);
-  flat.div_(options_.group.size());
-  std::vector<at::Tensor> bufs = {flat};
-  options_.group->allreduce(bufs)->wait();
+  if (options_.outer_compression == "none") {
+    flat.div_(options_.group.size());
+    std::vector<at::Tensor> bufs = {flat};
+    options_.group->allreduce(bufs)->wait();
+  } else {
+    flat = compressed_average(options_.group, flat.to(at::kFloat), options_.outer_compression);
+  }
   std::vector<at::Tensor> grads(global_.size());  // undefined: not this fragment's, left alone
   int64_t offset = 0;
   for (int64_t i : fragment) {
@@ -221,6 +244,7 @@ c10::IValue DiLoCo::state_dict() {
   d.insert("outer_step", outer_step_);
   d.insert("sync_every", options_.sync_every);
   d.insert("fragments", options_.fragments);
+  d.insert("outer_compression", options_.outer_compression);
   c10::List<at::Tensor> globals;
   for (const at::Tensor& g : global_) globals.push_back(g);
   d.insert("global_params", globals);
@@ -281,6 +305,7 @@ void DiLoCo::load_state_dict(const c10::IValue& state_dict) {
             "it must equal this DiLoCo's sync_every");
   int_entry(d, "fragments", options_.fragments, options_.fragments,
             "it must equal this DiLoCo's fragments");
+  check_compression_entry(d, options_.outer_compression);
   const int64_t local_step =
       int_entry(d, "local_step", 0, options_.sync_every / options_.fragments - 1,
                 "inner steps since the last sync");

@@ -68,6 +68,35 @@ struct DiLoCoOptions {
   // and copied into the local parameters. >= 1 (1: plain DiLoCo), at most the number of
   // parameters, and dividing `sync_every`.
   int64_t fragments = 1;
+  // Compressed outer gradients (Streaming DiLoCo's low-precision outer gradients, arXiv
+  // 2501.18512; torchft's quantized all-reduce). Each rank turns its pseudo-gradient (in float32;
+  // float64 ones are rounded to float32 first) into the codes below; the ranks all-gather the
+  // codes; every rank decodes every rank's, sums them in rank order and divides by the group's
+  // size (identical bits on every rank), and the outer optimizer steps on that average, cast to
+  // the global copies' dtype. The bytes a rank sends per sync are then (n-1) x the compressed size
+  // (optim/diloco_compression.h: outer_compressed_bytes), against 2(n-1)/n x 4 bytes per element
+  // for "none"'s ring all-reduce: an all-gather because a sum of codes is not a code (an all-reduce
+  // would decode and re-encode at every hop, each rank adding its own rounding), and it is exact
+  // and simple. So it sends fewer bytes than "none" only while n x bytes per element < 8: up to
+  // 3 ranks for "bfloat16", 7 for "fp8_e4m3", 14 for "4bit" (a reduce-scatter of codes, then an
+  // all-gather of re-encoded averages, would scale, at the cost of a second rounding; torchft
+  // re-quantises so). No error feedback:
+  // what the rounding drops is lost, not carried to the next round. Values:
+  //   "none" (default): float32 pseudo-gradients, one all-reduce: exactly the path without this
+  //     option.
+  //   "bfloat16": rounded to nearest even (Tensor::to(kBFloat16)); 2 bytes per element; relative
+  //     error at most 2^-8.
+  //   "fp8_e4m3": blocks of 64 consecutive elements of the fragment's flat pseudo-gradient (the
+  //     parameters in order, so a block may span two; the last may be shorter), each with its
+  //     float32 absmax; the element x / (absmax / 448), clamped to +-448, rounded to nearest even
+  //     float8_e4m3fn; decoded as code * (absmax / 448). 1 byte per element + 4 per block; error
+  //     at most max(2^-4 |x|, 2^-10 absmax / 448) (3 mantissa bits; subnormals below 2^-6).
+  //   "4bit": the same blocks and absmaxes; the code round(x / (absmax / 7)) (half to even) in
+  //     [-7, 7], two's complement, two per byte; decoded as code * (absmax / 7). Half a byte per
+  //     element + 4 per block (9/64 of float32's bytes); error at most absmax / 14 (half a step).
+  // A block of zeros stays zero. Conflicts: none. Recorded in the state dict: a resume with a
+  // different value is refused (load_state_dict).
+  std::string outer_compression = "none";
 };
 
 // The options' own checks (the ranges and conflicts above, not the outer optimizer's options nor
@@ -88,20 +117,22 @@ class DiLoCo : public torch::optim::Optimizer {
   // The inner step (with `closure`, returning its loss); then, at the end of a round, the outer
   // step of this round's fragment. A collective over the group at those steps only (every
   // sync_every / fragments inner steps): one all-reduce of the fragment's pseudo-gradients in one
-  // flat buffer (each divided by the group's size first, as average_parameters does), then the
+  // flat buffer (each divided by the group's size first, as average_parameters does), or with
+  // outer_compression one all-gather of their codes (see there), then the
   // outer optimizer's step on the global parameters, which are then copied into the local ones.
   // The inner optimizer's state is kept across rounds, as torchft keeps it.
   at::Tensor step(LossClosure closure = nullptr) override;
 
   // The inner optimizer's state dict in PyTorch's format (optimizer_state_dict), plus the entry
   // "diloco": {"local_step": inner steps since the last sync, "outer_step": syncs so far,
-  // "sync_every", "fragments", "global_params": [tensor per parameter], "outer_optimizer": the
+  // "sync_every", "fragments", "outer_compression", "global_params": [tensor per parameter], "outer_optimizer": the
   // outer optimizer's state dict}. Tensors are the live ones, as every state dict here: save or
   // copy it before stepping again.
   c10::IValue state_dict();
   // Loads such a dict. Everything of the "diloco" entry is checked before anything changes: the
-  // entry present, the counters whole numbers in range, sync_every and fragments equal to this
-  // DiLoCo's, one global parameter per parameter, each a tensor of its parameter's shape, of the
+  // entry present, the counters whole numbers in range, sync_every, fragments and
+  // outer_compression equal to this DiLoCo's (a dict without "outer_compression", written before
+  // the option, counts as "none"), one global parameter per parameter, each a tensor of its parameter's shape, of the
   // global copy's dtype (float32, or float64 for float64 parameters) and finite, and the outer
   // optimizer's state (FunctionalOptimizer::check_state_dict); then the inner optimizer's state is
   // loaded (its own checks), then the DiLoCo part. Errors (c10::Error): one line naming the key,
