@@ -134,6 +134,28 @@ struct Outcome {
   bool stopped = false;    // stopped because another node's attempt failed
 };
 
+// Local rank `local`'s process: the program with torchrun's environment for this attempt.
+ProcessSpec rank_spec(const Job& job, int local, int port, int attempt) {
+  const LaunchOptions& options = *job.options;
+  const int nproc = options.nproc_per_node;
+  ProcessSpec spec;
+  spec.argv = job.argv;
+  spec.env = {{"RANK", std::to_string(options.node_rank * nproc + local)},
+              {"LOCAL_RANK", std::to_string(local)},
+              {"WORLD_SIZE", std::to_string(job.world)},
+              {"LOCAL_WORLD_SIZE", std::to_string(nproc)},
+              {"GROUP_RANK", std::to_string(options.node_rank)},
+              {"MASTER_ADDR", options.master_addr},
+              {"MASTER_PORT", std::to_string(port)},
+              {"TORCHELASTIC_RESTART_COUNT", std::to_string(attempt)},
+              {"TORCHELASTIC_MAX_RESTARTS", std::to_string(options.max_restarts)},
+              {"TORCHELASTIC_RUN_ID", job.run_id}};
+  if (job.set_omp) spec.env.emplace_back("OMP_NUM_THREADS", "1");
+  if (options.rank0_owns_terminal && local == 0) spec.output = ProcessSpec::Output::kInherit;
+  spec.error_prefix = "launch: ";
+  return spec;
+}
+
 // Starts every rank once (TORCHELASTIC_RESTART_COUNT=attempt) and waits for all of them; when one
 // fails, prints "launch: rank R exited with code C; <on_failure>" and stops the others. With
 // `rdzv` (several nodes that restart together) a failure is told to the other nodes, and this
@@ -147,22 +169,7 @@ absl::StatusOr<Outcome> run_attempt(const Job& job, int port, int attempt,
   std::vector<Relay> relays(nproc);
   for (int local = 0; local < nproc; ++local) {
     relays[local].rank = node_rank * nproc + local;
-    ProcessSpec spec;
-    spec.argv = job.argv;
-    spec.env = {{"RANK", std::to_string(relays[local].rank)},
-                {"LOCAL_RANK", std::to_string(local)},
-                {"WORLD_SIZE", std::to_string(job.world)},
-                {"LOCAL_WORLD_SIZE", std::to_string(nproc)},
-                {"GROUP_RANK", std::to_string(node_rank)},
-                {"MASTER_ADDR", options.master_addr},
-                {"MASTER_PORT", std::to_string(port)},
-                {"TORCHELASTIC_RESTART_COUNT", std::to_string(attempt)},
-                {"TORCHELASTIC_MAX_RESTARTS", std::to_string(options.max_restarts)},
-                {"TORCHELASTIC_RUN_ID", job.run_id}};
-    if (job.set_omp) spec.env.emplace_back("OMP_NUM_THREADS", "1");
-    if (options.rank0_owns_terminal && local == 0) spec.output = ProcessSpec::Output::kInherit;
-    spec.error_prefix = "launch: ";
-    if (absl::Status s = ranks.start(spec); !s.ok()) {
+    if (absl::Status s = ranks.start(rank_spec(job, local, port, attempt)); !s.ok()) {
       // The ranks already started must not train on without their peers.
       ranks.kill_all();
       return absl::InternalError(
