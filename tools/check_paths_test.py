@@ -6,65 +6,38 @@ comment's renamed header given without its folder (the drift the optim/ split le
 of a missing package; the `paths-example:` escape and a Bazel target named by its folder pass.
 """
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-failures = []
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from scratch_repo import ScratchRepo  # noqa: E402
 
+repo = ScratchRepo(["tools/check_paths.py"])
+repo.write("optim/zero/BUILD.bazel", 'cc_binary(name = "train", srcs = ["layout.cc"])\n')
+repo.write("optim/zero/layout.h", "// The layouts (layout.cc); see optim/zero/layout.h and //optim/zero:train.\n")
+repo.write("optim/zero/layout.cc", "")
+repo.write("docs/a.md", "Run optim/zero/train (a target), read `optim/zero/layout.h`.\n")
 
-def check(cond, what):
-    print(("ok:   " if cond else "FAIL: ") + what)
-    if not cond:
-        failures.append(what)
+rc, out = repo.run("tools/check_paths.py")
+repo.check(rc == 0, "paths that exist pass (%s)" % out.strip())
 
+repo.write("docs/a.md", "Run optim/zero/train, read `optim/zero/zero_layout.h`.\n")
+rc, out = repo.run("tools/check_paths.py")
+repo.check(rc == 1 and "docs/a.md:1: optim/zero/zero_layout.h" in out, "a doc's missing path fails (%s)" % out.strip())
+repo.write("docs/a.md", "Read `optim/zero/zero_layout.h` (paths-example: a name to make up).\n")
+rc, out = repo.run("tools/check_paths.py")
+repo.check(rc == 0, "the paths-example: escape passes (%s)" % out.strip())
 
-def write(root, rel, text):
-    path = os.path.join(root, rel)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        f.write(text)
-
-
-def run(root):
-    p = subprocess.run([sys.executable, os.path.join(root, "tools", "check_paths.py")],
-                       capture_output=True, text=True)
-    return p.returncode, p.stdout + p.stderr
-
-
-root = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
-os.makedirs(os.path.join(root, "tools"))
-shutil.copy(os.path.join(REPO, "tools", "check_paths.py"), os.path.join(root, "tools"))
-write(root, "optim/zero/BUILD.bazel", 'cc_binary(name = "train", srcs = ["layout.cc"])\n')
-write(root, "optim/zero/layout.h", "// The layouts (layout.cc); see optim/zero/layout.h and //optim/zero:train.\n")
-write(root, "optim/zero/layout.cc", "")
-write(root, "docs/a.md", "Run optim/zero/train (a target), read `optim/zero/layout.h`.\n")
-
-rc, out = run(root)
-check(rc == 0, "paths that exist pass (%s)" % out.strip())
-
-write(root, "docs/a.md", "Run optim/zero/train, read `optim/zero/zero_layout.h`.\n")
-rc, out = run(root)
-check(rc == 1 and "docs/a.md:1: optim/zero/zero_layout.h" in out, "a doc's missing path fails (%s)" % out.strip())
-write(root, "docs/a.md", "Read `optim/zero/zero_layout.h` (paths-example: a name to make up).\n")
-rc, out = run(root)
-check(rc == 0, "the paths-example: escape passes (%s)" % out.strip())
-
-write(root, "optim/zero/layout.cc", "// FlatLayout (see zero_layout.h).\n")
-rc, out = run(root)
-check(rc == 1 and "optim/zero/layout.cc:1: zero_layout.h" in out,
+repo.write("optim/zero/layout.cc", "// FlatLayout (see zero_layout.h).\n")
+rc, out = repo.run("tools/check_paths.py")
+repo.check(rc == 1 and "optim/zero/layout.cc:1: zero_layout.h" in out,
       "a renamed header named without its folder fails (%s)" % out.strip())
-write(root, "optim/zero/layout.cc", "// FlatLayout (see layout.h).\n")
+repo.write("optim/zero/layout.cc", "// FlatLayout (see layout.h).\n")
 
-write(root, "optim/zero/layout.h", "// Built by //optim/zro:train.\n")
-rc, out = run(root)
-check(rc == 1 and "//optim/zro: no such package" in out, "a label of a missing package fails (%s)" % out.strip())
-write(root, "optim/zero/layout.h", "")
+repo.write("optim/zero/layout.h", "// Built by //optim/zro:train.\n")
+rc, out = repo.run("tools/check_paths.py")
+repo.check(rc == 1 and "//optim/zro: no such package" in out, "a label of a missing package fails (%s)" % out.strip())
+repo.write("optim/zero/layout.h", "")
 
-rc, out = run(root)
-check(rc == 0, "fixed, the check passes again (%s)" % out.strip())
-shutil.rmtree(root, ignore_errors=True)
-print("%d check(s) failed" % len(failures) if failures else "all checks passed")
-sys.exit(1 if failures else 0)
+rc, out = repo.run("tools/check_paths.py")
+repo.check(rc == 0, "fixed, the check passes again (%s)" % out.strip())
+sys.exit(repo.finish())
