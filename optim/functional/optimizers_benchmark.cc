@@ -23,7 +23,7 @@
 
 #include "optim/functional/internal/fused.h"
 #include "optim/functional/optimizers.h"
-#include "optim/functional/torch_twins.h"
+#include "optim/functional/testing/benchmark_rows.h"
 
 namespace dtrain::optim {
 namespace {
@@ -133,17 +133,7 @@ double floor_seconds(int reads, int writes, int64_t pieces) {
       {best_seconds(20, concatenated), best_seconds(20, each_array), best_seconds(20, aten)});
 }
 
-enum class Kind {
-  kSGD,
-  kSGDMomentum,
-  kAdam,
-  kAdamW,
-  kAdagrad,
-  kAdadelta,
-  kAdamax,
-  kRMSprop,
-  kRprop
-};
+using Kind = BenchKind;
 
 // fp32 arrays a step must read (parameter, gradient, state); it writes all but the gradient.
 int arrays_read(Kind k) {
@@ -159,30 +149,6 @@ int arrays_read(Kind k) {
   }
 }
 int bytes_per_param(Kind k) { return 4 * (2 * arrays_read(k) - 1); }
-
-// The functional optimizer's registry name (the one its LibTorch twin, if any, has too).
-const char* registry_name(Kind k) {
-  switch (k) {
-    case Kind::kSGD:
-    case Kind::kSGDMomentum:
-      return "SGD";
-    case Kind::kAdam:
-      return "Adam";
-    case Kind::kAdamW:
-      return "AdamW";
-    case Kind::kAdagrad:
-      return "Adagrad";
-    case Kind::kAdadelta:
-      return "Adadelta";
-    case Kind::kAdamax:
-      return "Adamax";
-    case Kind::kRMSprop:
-      return "RMSprop";
-    case Kind::kRprop:
-      return "Rprop";
-  }
-  return "";
-}
 
 // fused_true: PyTorch's fused=True (ATen's CPU fused kernel), for Adam and SGD with momentum.
 std::unique_ptr<FunctionalOptimizer> make_ours(Kind k, std::vector<at::Tensor> p,
@@ -212,16 +178,6 @@ std::unique_ptr<FunctionalOptimizer> make_ours(Kind k, std::vector<at::Tensor> p
       return std::make_unique<FunctionalRprop>(p, RpropOptions());
   }
   return nullptr;
-}
-
-// LibTorch's optimizer of kind `k` (torch_twins.h's table), PyTorch's defaults; nullptr when the
-// optimizer has no LibTorch twin.
-std::unique_ptr<torch::optim::Optimizer> make_torch(Kind k, std::vector<at::Tensor> p) {
-  const TorchTwin* twin = twin_named(registry_name(k));
-  if (twin == nullptr) return nullptr;
-  OptionsDict options = new_options_dict();
-  if (k == Kind::kSGDMomentum) options.insert("momentum", 0.9);
-  return twin->make(std::move(p), options);
 }
 
 // torch::optim's step time on the same layout, measured once per (optimizer, layout).

@@ -25,14 +25,14 @@
 #include <torch/cuda.h>
 
 #include "optim/functional/optimizers.h"
-#include "optim/functional/torch_twins.h"
+#include "optim/functional/testing/benchmark_rows.h"
 
 namespace dtrain::optim {
 namespace {
 
 constexpr int64_t kTotal = int64_t{16} << 20;
 
-enum class Kind { kSGD, kSGDMomentum, kAdam, kAdamW };
+using Kind = BenchKind;
 
 // Bytes one step must move per parameter: fp32 arrays read (parameter, gradient, state) plus
 // those written back (all but the gradient).
@@ -64,31 +64,9 @@ std::unique_ptr<FunctionalOptimizer> make_ours(Kind k, std::vector<at::Tensor> p
       return std::make_unique<FunctionalAdam>(p, AdamOptions().fused(f));
     case Kind::kAdamW:
       return std::make_unique<FunctionalAdamW>(p, AdamWOptions().fused(f));
+    default:  // the CPU table's other rows have no CUDA row here
+      return nullptr;
   }
-  return nullptr;
-}
-
-const char* registry_name(Kind k) {
-  switch (k) {
-    case Kind::kSGD:
-    case Kind::kSGDMomentum:
-      return "SGD";
-    case Kind::kAdam:
-      return "Adam";
-    case Kind::kAdamW:
-      return "AdamW";
-  }
-  return "";
-}
-
-// LibTorch's optimizer of kind `k` (torch_twins.h's table), PyTorch's defaults; nullptr when the
-// optimizer has no LibTorch twin.
-std::unique_ptr<torch::optim::Optimizer> make_torch(Kind k, std::vector<at::Tensor> p) {
-  const TorchTwin* twin = twin_named(registry_name(k));
-  if (twin == nullptr) return nullptr;
-  OptionsDict options = new_options_dict();
-  if (k == Kind::kSGDMomentum) options.insert("momentum", 0.9);
-  return twin->make(std::move(p), options);
 }
 
 // Mean seconds of `steps` calls of f, each followed by a device synchronisation, after one
