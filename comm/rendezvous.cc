@@ -182,122 +182,98 @@ absl::Status store_error(const std::exception& e, const std::string& master,
       absl::StrCat("rendezvous with master ", master, " failed: ", first_line));
 }
 
-}  // namespace
-
-namespace internal {
-
-absl::StatusOr<Rendezvous> rendezvous(const InitOptions& o) {
-  Rendezvous rv;
-  rv.rank = o.rank;
-  rv.world_size = o.world_size;
-  if (o.store) {
-    if (absl::Status s = check_rank(rv.rank, rv.world_size, "rank", "world_size"); !s.ok())
-      return s;
-    rv.store = o.store;
-    rv.master = "in-process store";
-    rv.bind_host = "127.0.0.1";
-    return rv;
+// env://: MASTER_ADDR and MASTER_PORT, and RANK and WORLD_SIZE where `rv` does not have them yet.
+absl::Status parse_env_method(Rendezvous& rv, std::string* host, int* port) {
+  const char* addr = std::getenv("MASTER_ADDR");
+  if (addr == nullptr || *addr == '\0') {
+    return absl::NotFoundError(
+        "env:// rendezvous: environment variable MASTER_ADDR expected, but not set; set it to "
+        "rank 0's address (//launcher:launch and torchrun do)");
   }
-  const std::string& url = o.init_method;
-  std::string host;
-  int port = 0;
-  if (url == "env://" || absl::StartsWith(url, "env://")) {
-    const char* addr = std::getenv("MASTER_ADDR");
-    if (addr == nullptr || *addr == '\0') {
-      return absl::NotFoundError(
-          "env:// rendezvous: environment variable MASTER_ADDR expected, but not set; set it to "
-          "rank 0's address (//launcher:launch and torchrun do)");
-    }
-    host = addr;
-    auto p = env_int("MASTER_PORT", 1, 65535);
-    if (!p.ok()) return p.status();
-    port = *p;
-    if (rv.rank < 0) {
-      auto r = env_int("RANK", 0, 1 << 30);
-      if (!r.ok()) return r.status();
-      rv.rank = *r;
-    }
-    if (rv.world_size < 0) {
-      auto w = env_int("WORLD_SIZE", 1, 1 << 30);
-      if (!w.ok()) return w.status();
-      rv.world_size = *w;
-    }
-    if (absl::Status s = check_rank(rv.rank, rv.world_size, "RANK", "WORLD_SIZE"); !s.ok())
-      return s;
-  } else if (absl::StartsWith(url, "tcp://")) {
-    std::pair<std::string, std::string> hq = absl::StrSplit(url.substr(6), absl::MaxSplits('?', 1));
-    if (absl::Status s = parse_query(hq.second, &rv.rank, &rv.world_size); !s.ok()) return s;
-    const size_t colon = hq.first.rfind(':');
-    if (colon == std::string::npos || colon == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("init_method '", url, "' must be tcp://HOST:PORT"));
-    }
-    host = hq.first.substr(0, colon);
-    if (host.size() > 2 && host.front() == '[' && host.back() == ']')
-      host = host.substr(1, host.size() - 2);
-    auto p = parse_int(absl::StrCat("port of init_method '", url, "'"), hq.first.substr(colon + 1),
-                       1, 65535);
-    if (!p.ok()) return p.status();
-    port = *p;
-    if (absl::Status s = check_rank(rv.rank, rv.world_size, "rank", "world_size"); !s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          s.message(), " (tcp:// needs InitOptions rank and world_size, or ?rank=&world_size=)"));
-    }
-  } else if (absl::StartsWith(url, "file://")) {
-    std::pair<std::string, std::string> pq = absl::StrSplit(url.substr(7), absl::MaxSplits('?', 1));
-    if (absl::Status s = parse_query(pq.second, &rv.rank, &rv.world_size); !s.ok()) return s;
-    if (pq.first.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("init_method '", url, "' must be file:///PATH"));
-    }
-    if (absl::Status s = check_rank(rv.rank, rv.world_size, "rank", "world_size"); !s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          s.message(), " (file:// needs InitOptions rank and world_size, or ?rank=&world_size=)"));
-    }
-    rv.master = pq.first;
-    try {
-      rv.store = c10::make_intrusive<c10d::FileStore>(pq.first, rv.world_size);
-      rv.store->setTimeout(o.timeout);
-    } catch (const std::exception& e) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot open rendezvous file ", pq.first, ": ", e.what()));
-    }
-    return rv;
-  } else {
+  *host = addr;
+  auto p = env_int("MASTER_PORT", 1, 65535);
+  if (!p.ok()) return p.status();
+  *port = *p;
+  if (rv.rank < 0) {
+    auto r = env_int("RANK", 0, 1 << 30);
+    if (!r.ok()) return r.status();
+    rv.rank = *r;
+  }
+  if (rv.world_size < 0) {
+    auto w = env_int("WORLD_SIZE", 1, 1 << 30);
+    if (!w.ok()) return w.status();
+    rv.world_size = *w;
+  }
+  return check_rank(rv.rank, rv.world_size, "RANK", "WORLD_SIZE");
+}
+
+// tcp://HOST:PORT?rank=&world_size=, the host without an IPv6 address's brackets.
+absl::Status parse_tcp_method(const std::string& url, Rendezvous& rv, std::string* host,
+                              int* port) {
+  std::pair<std::string, std::string> hq = absl::StrSplit(url.substr(6), absl::MaxSplits('?', 1));
+  if (absl::Status s = parse_query(hq.second, &rv.rank, &rv.world_size); !s.ok()) return s;
+  const size_t colon = hq.first.rfind(':');
+  if (colon == std::string::npos || colon == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("init_method '", url, "' must be tcp://HOST:PORT"));
+  }
+  *host = hq.first.substr(0, colon);
+  if (host->size() > 2 && host->front() == '[' && host->back() == ']')
+    *host = host->substr(1, host->size() - 2);
+  auto p = parse_int(absl::StrCat("port of init_method '", url, "'"), hq.first.substr(colon + 1), 1,
+                     65535);
+  if (!p.ok()) return p.status();
+  *port = *p;
+  if (absl::Status s = check_rank(rv.rank, rv.world_size, "rank", "world_size"); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "unknown init_method '", url, "': use env://, tcp://HOST:PORT or file:///PATH"));
+        s.message(), " (tcp:// needs InitOptions rank and world_size, or ?rank=&world_size=)"));
   }
+  return absl::OkStatus();
+}
 
-  rv.master = absl::StrCat(host, ":", port);
-  if (is_loopback(host)) rv.bind_host = "127.0.0.1";
-  // Every step under one deadline enforced here, each failure with its cause (rendezvous_checks.h):
-  // reach the master, connect to its store, then every rank announces itself and waits for all.
-  const std::chrono::milliseconds rendezvous_timeout =
-      o.rendezvous_timeout.count() > 0 ? o.rendezvous_timeout : o.timeout;
-  const Deadline deadline = std::chrono::steady_clock::now() + rendezvous_timeout;
-  if (rv.rank != 0) {
-    if (absl::Status s = wait_for_listener(host, port, deadline); !s.ok()) return s;
+// file:///PATH?rank=&world_size=: the whole rendezvous, a FileStore on PATH.
+absl::Status open_file_store(const std::string& url, const InitOptions& o, Rendezvous& rv) {
+  std::pair<std::string, std::string> pq = absl::StrSplit(url.substr(7), absl::MaxSplits('?', 1));
+  if (absl::Status s = parse_query(pq.second, &rv.rank, &rv.world_size); !s.ok()) return s;
+  if (pq.first.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("init_method '", url, "' must be file:///PATH"));
   }
-  c10d::TCPStoreOptions so = tcp_store_options();
-  so.port = static_cast<uint16_t>(port);
-  so.isServer = rv.rank == 0;
-  so.numWorkers = rv.world_size;
-  so.waitWorkers = false;  // check_arrivals waits, naming who is missing
-  so.timeout = o.timeout;
-  // The store's server listens on MASTER_ADDR's interface only (loopback stays loopback). A port in
-  // use is found here, by a plain bind, so that the one line below is all the user sees (c10d's
-  // server would log its failed binds first).
-  if (so.isServer) {
-    int bind_error = 0;
-    const int fd = kTcpStoreTakesListenFd ? listen_on_host(host, port, &bind_error) : -1;
-    if (fd >= 0) {
-      set_store_listen_fd(so, fd);
-    } else if (bind_error == EADDRINUSE || port_in_use(port)) {
-      return port_in_use_error(rv.master, "");
-    }
+  if (absl::Status s = check_rank(rv.rank, rv.world_size, "rank", "world_size"); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        s.message(), " (file:// needs InitOptions rank and world_size, or ?rank=&world_size=)"));
   }
-  const std::string master = rv.master;
-  const std::chrono::milliseconds timeout = rendezvous_timeout;
+  rv.master = pq.first;
+  try {
+    rv.store = c10::make_intrusive<c10d::FileStore>(pq.first, rv.world_size);
+    rv.store->setTimeout(o.timeout);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot open rendezvous file ", pq.first, ": ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+// Rank 0's store server listens on MASTER_ADDR's interface only (loopback stays loopback). A port in
+// use is found here, by a plain bind, so that the one line it returns is all the user sees (c10d's
+// server would log its failed binds first).
+absl::Status listen_for_store(const std::string& host, int port, const std::string& master,
+                              c10d::TCPStoreOptions& so) {
+  int bind_error = 0;
+  const int fd = kTcpStoreTakesListenFd ? listen_on_host(host, port, &bind_error) : -1;
+  if (fd >= 0) {
+    set_store_listen_fd(so, fd);
+  } else if (bind_error == EADDRINUSE || port_in_use(port)) {
+    return port_in_use_error(master, "");
+  }
+  return absl::OkStatus();
+}
+
+// The TCPStore (server on rank 0, client elsewhere), connected before `deadline`.
+absl::StatusOr<c10::intrusive_ptr<c10d::Store>> connect_store(const std::string& host,
+                                                              const c10d::TCPStoreOptions& so,
+                                                              const std::string& master,
+                                                              std::chrono::milliseconds timeout,
+                                                              Deadline deadline) {
   absl::StatusOr<c10::intrusive_ptr<c10d::Store>> store =
       run_with_deadline<c10::intrusive_ptr<c10d::Store>>(
           [host, so, master, timeout]() -> absl::StatusOr<c10::intrusive_ptr<c10d::Store>> {
@@ -319,7 +295,13 @@ absl::StatusOr<Rendezvous> rendezvous(const InitOptions& o) {
     }
     return store.status();
   }
-  rv.store = *store;
+  return store;
+}
+
+// Every rank announces itself on rv.store and waits for all (check_arrivals), a lost or silent
+// store named as such.
+absl::Status await_arrivals(const Rendezvous& rv, const std::string& master,
+                            std::chrono::milliseconds timeout, Deadline deadline) {
   const int rank = rv.rank, world = rv.world_size;
   const std::string what = absl::StrCat("rendezvous on ", master);
   const std::string waiting = absl::StrCat(what, ": waiting for the c10d store");
@@ -354,6 +336,70 @@ absl::StatusOr<Rendezvous> rendezvous(const InitOptions& o) {
     }
     return arrived.status();
   }
+  return absl::OkStatus();
+}
+
+// The tcp:// and env:// rendezvous at host:port: every step under one deadline enforced here, each
+// failure with its cause (rendezvous_checks.h): reach the master, connect to its store, then every
+// rank announces itself and waits for all.
+absl::Status rendezvous_over_tcp(const std::string& host, int port, const InitOptions& o,
+                                 Rendezvous& rv) {
+  rv.master = absl::StrCat(host, ":", port);
+  if (is_loopback(host)) rv.bind_host = "127.0.0.1";
+  const std::chrono::milliseconds rendezvous_timeout =
+      o.rendezvous_timeout.count() > 0 ? o.rendezvous_timeout : o.timeout;
+  const Deadline deadline = std::chrono::steady_clock::now() + rendezvous_timeout;
+  if (rv.rank != 0) {
+    if (absl::Status s = wait_for_listener(host, port, deadline); !s.ok()) return s;
+  }
+  c10d::TCPStoreOptions so = tcp_store_options();
+  so.port = static_cast<uint16_t>(port);
+  so.isServer = rv.rank == 0;
+  so.numWorkers = rv.world_size;
+  so.waitWorkers = false;  // check_arrivals waits, naming who is missing
+  so.timeout = o.timeout;
+  if (so.isServer) {
+    if (absl::Status s = listen_for_store(host, port, rv.master, so); !s.ok()) return s;
+  }
+  const std::string master = rv.master;
+  absl::StatusOr<c10::intrusive_ptr<c10d::Store>> store =
+      connect_store(host, so, master, rendezvous_timeout, deadline);
+  if (!store.ok()) return store.status();
+  rv.store = *store;
+  return await_arrivals(rv, master, rendezvous_timeout, deadline);
+}
+
+}  // namespace
+
+namespace internal {
+
+absl::StatusOr<Rendezvous> rendezvous(const InitOptions& o) {
+  Rendezvous rv;
+  rv.rank = o.rank;
+  rv.world_size = o.world_size;
+  if (o.store) {
+    if (absl::Status s = check_rank(rv.rank, rv.world_size, "rank", "world_size"); !s.ok())
+      return s;
+    rv.store = o.store;
+    rv.master = "in-process store";
+    rv.bind_host = "127.0.0.1";
+    return rv;
+  }
+  const std::string& url = o.init_method;
+  std::string host;
+  int port = 0;
+  if (url == "env://" || absl::StartsWith(url, "env://")) {
+    if (absl::Status s = parse_env_method(rv, &host, &port); !s.ok()) return s;
+  } else if (absl::StartsWith(url, "tcp://")) {
+    if (absl::Status s = parse_tcp_method(url, rv, &host, &port); !s.ok()) return s;
+  } else if (absl::StartsWith(url, "file://")) {
+    if (absl::Status s = open_file_store(url, o, rv); !s.ok()) return s;
+    return rv;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown init_method '", url, "': use env://, tcp://HOST:PORT or file:///PATH"));
+  }
+  if (absl::Status s = rendezvous_over_tcp(host, port, o, rv); !s.ok()) return s;
   return rv;
 }
 
