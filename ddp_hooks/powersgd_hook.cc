@@ -98,6 +98,137 @@ void adopt_loaded(PowerSGDState& s, int64_t index, bool last, const at::Tensor& 
   s.unchecked_memory_buckets.erase(index);
 }
 
+// PowerSGDHook::run's steps, in the order it takes them (the comments there number them).
+
+// A bucket's gradients as views: the uncompressed ones, and the compressed ones as n x m
+// matrices, grouped into the plan's batches.
+struct SplitBucket {
+  std::vector<at::Tensor> uncompressed;
+  std::vector<std::vector<at::Tensor>> batches;
+};
+
+internal::PowerSGDPlan plan_of(const std::vector<at::Tensor>& grads, const PowerSGDState& s) {
+  std::vector<std::vector<int64_t>> shapes;
+  for (const at::Tensor& grad : grads) shapes.push_back(grad.sizes().vec());
+  return internal::plan_bucket(shapes, s);
+}
+
+SplitBucket split_bucket(const std::vector<at::Tensor>& grads, const internal::PowerSGDPlan& plan) {
+  SplitBucket split;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (!plan.compressed[i]) split.uncompressed.push_back(grads[i]);
+  }
+  for (const internal::PowerSGDPlan::Batch& batch : plan.batches) {
+    split.batches.emplace_back();
+    for (size_t i : batch.members)
+      split.batches.back().push_back(grads[i].view({batch.n, batch.m}));
+  }
+  return split;
+}
+
+// Error feedback: adds bucket `index`'s error memory to `input` (a zero memory the first time)
+// and returns a copy of the result, from which the next error is taken.
+at::Tensor add_error_feedback(PowerSGDState& s, int64_t index, at::Tensor& input) {
+  auto it = s.error_dict.find(index);
+  if (it != s.error_dict.end()) {
+    input.add_(it->second);
+  } else {
+    s.error_dict[index] = at::zeros_like(input);
+  }
+  return input.clone();
+}
+
+// The uncompressed tensors' concatenation (empty, in `input`'s options, when there are none).
+at::Tensor concatenated(const std::vector<at::Tensor>& uncompressed, const at::Tensor& input) {
+  std::vector<at::Tensor> flat_parts;
+  for (const auto& t : uncompressed) flat_parts.push_back(t.reshape(-1));
+  return flat_parts.empty() ? at::empty({0}, input.options()) : at::cat(flat_parts);
+}
+
+// Bucket `index`'s P and Q memories, new ones without warm start or when their size changed;
+// whether they are new (their Qs are then drawn at random).
+bool ensure_memories(PowerSGDState& s, int64_t index, const internal::PowerSGDPlan& plan,
+                     const at::Tensor& input) {
+  if (!s.warm_start || s.p_memory_dict.count(index) == 0 ||
+      s.p_memory_dict[index].numel() != plan.ps_size) {
+    s.p_memory_dict[index] = at::empty({plan.ps_size}, input.options());
+    s.q_memory_dict[index] = at::empty({plan.qs_size}, input.options());
+    return true;
+  }
+  return false;
+}
+
+// Each batch as a b x n x m tensor M, with its Ps (b x n x r) and Qs (b x m x r) as views of
+// bucket `index`'s memories.
+struct Factors {
+  std::vector<at::Tensor> mats, ps, qs;
+};
+
+Factors factor_views(PowerSGDState& s, int64_t index,
+                     const std::vector<std::vector<at::Tensor>>& batches) {
+  Factors f;
+  int64_t p_idx = 0, q_idx = 0;
+  for (const auto& batch : batches) {
+    at::Tensor m = batch.size() == 1 ? batch[0].unsqueeze(0) : at::stack(batch);
+    const int64_t b = m.size(0), n = m.size(1), cols = m.size(2);
+    const int64_t r = std::min({n, cols, s.matrix_approximation_rank});
+    f.mats.push_back(m);
+    f.ps.push_back(s.p_memory_dict[index].narrow(0, p_idx, b * n * r).view({b, n, r}));
+    f.qs.push_back(s.q_memory_dict[index].narrow(0, q_idx, b * cols * r).view({b, cols, r}));
+    p_idx += b * n * r;
+    q_idx += b * cols * r;
+  }
+  return f;
+}
+
+// Orthogonalises the Qs, drawing them first when `randomize`.
+void prepare_qs(PowerSGDState& s, std::vector<at::Tensor>& qs, bool randomize) {
+  if (!randomize) {
+    for (auto& q : qs) orthogonalize(q, s.orthogonalization_epsilon);
+    return;
+  }
+  // The same random Qs on every rank: a seeded generator advanced identically everywhere. As
+  // PyTorch does, drawn on the CPU in the bucket's dtype and copied to the bucket's device (a
+  // CPU generator cannot fill a device tensor, and the numbers stay the same on any device).
+  if (!s.rng_seeded) {
+    s.rng.seed(s.random_seed);
+    s.rng_seeded = true;
+  }
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(s.rng() % 1000000000ULL);
+  for (auto& q : qs) {
+    q.copy_(at::randn(q.sizes(), gen, q.options().device(at::kCPU)));
+    orthogonalize(q, s.orthogonalization_epsilon);
+  }
+}
+
+// All-reduces the uncompressed tensors' concatenation `memory`, averages it and copies it back
+// into them.
+void average_uncompressed(const comm::Group& group, at::Tensor& memory,
+                          std::vector<at::Tensor>& uncompressed) {
+  allreduce(group, memory);
+  memory.div_(group.size());
+  int64_t offset = 0;
+  for (auto& t : uncompressed) {
+    t.copy_(memory.narrow(0, offset, t.numel()).view(t.sizes()));
+    offset += t.numel();
+  }
+}
+
+// Decompress: M ~ P Q^T, into the bucket.
+void decompress(const Factors& f, std::vector<std::vector<at::Tensor>>& batches) {
+  for (size_t k = 0; k < f.mats.size(); ++k) {
+    at::Tensor approx = reduced_on_cpu(f.ps[k]) ? at::bmm(f.ps[k].to(at::kFloat),
+                                                          f.qs[k].transpose(1, 2).to(at::kFloat))
+                                                : at::bmm(f.ps[k], f.qs[k].transpose(1, 2));
+    if (batches[k].size() == 1) {
+      batches[k][0].copy_(approx[0]);
+    } else {
+      for (size_t j = 0; j < batches[k].size(); ++j)
+        batches[k][j].copy_(approx[static_cast<int64_t>(j)]);
+    }
+  }
+}
+
 }  // namespace
 
 void orthogonalize(at::Tensor& matrices, double epsilon) {
@@ -179,100 +310,30 @@ c10::intrusive_ptr<c10::ivalue::Future> PowerSGDHook::run(c10d::GradBucket& buck
   // I. Split into compressed and uncompressed tensors (views of the bucket), the compressed ones
   // in batches (internal/powersgd_plan.h: what check_state_dict checks a loaded state against).
   const std::vector<at::Tensor> grads = bucket.getGradients();
-  std::vector<std::vector<int64_t>> shapes;
-  for (const at::Tensor& grad : grads) shapes.push_back(grad.sizes().vec());
-  const internal::PowerSGDPlan plan = internal::plan_bucket(shapes, s);
-  const int64_t ps_size = plan.ps_size, qs_size = plan.qs_size;
-  std::vector<at::Tensor> uncompressed;
-  for (size_t i = 0; i < grads.size(); ++i) {
-    if (!plan.compressed[i]) uncompressed.push_back(grads[i]);
-  }
-  std::vector<std::vector<at::Tensor>> batches;
-  for (const internal::PowerSGDPlan::Batch& batch : plan.batches) {
-    batches.emplace_back();
-    for (size_t i : batch.members) batches.back().push_back(grads[i].view({batch.n, batch.m}));
-  }
-  adopt_loaded(s, index, bucket.isLast(), input, ps_size, qs_size);  // before anything changes
+  const internal::PowerSGDPlan plan = plan_of(grads, s);
+  SplitBucket split = split_bucket(grads, plan);
+  // Before anything changes:
+  adopt_loaded(s, index, bucket.isLast(), input, plan.ps_size, plan.qs_size);
   s.total_numel_before_compression += plan.numel;
   s.total_numel_after_compression += plan.numel_after;
   at::Tensor input_copy;
-  if (s.use_error_feedback) {
-    auto it = s.error_dict.find(index);
-    if (it != s.error_dict.end()) {
-      input.add_(it->second);
-    } else {
-      s.error_dict[index] = at::zeros_like(input);
-    }
-    input_copy = input.clone();
-  }
+  if (s.use_error_feedback) input_copy = add_error_feedback(s, index, input);
   // II. Uncompressed tensors: one all-reduce of their concatenation.
-  std::vector<at::Tensor> flat_parts;
-  for (const auto& t : uncompressed) flat_parts.push_back(t.reshape(-1));
-  at::Tensor uncompressed_memory =
-      flat_parts.empty() ? at::empty({0}, input.options()) : at::cat(flat_parts);
+  at::Tensor uncompressed_memory = concatenated(split.uncompressed, input);
   // III. P and Q memories (reused across iterations with warm start).
-  bool randomize_qs = false;
-  if (!s.warm_start || s.p_memory_dict.count(index) == 0 ||
-      s.p_memory_dict[index].numel() != ps_size) {
-    randomize_qs = true;
-    s.p_memory_dict[index] = at::empty({ps_size}, input.options());
-    s.q_memory_dict[index] = at::empty({qs_size}, input.options());
-  }
-  std::vector<at::Tensor> mats, ps, qs;
-  int64_t p_idx = 0, q_idx = 0;
-  for (const auto& batch : batches) {
-    at::Tensor m = batch.size() == 1 ? batch[0].unsqueeze(0) : at::stack(batch);
-    const int64_t b = m.size(0), n = m.size(1), cols = m.size(2);
-    const int64_t r = std::min({n, cols, s.matrix_approximation_rank});
-    mats.push_back(m);
-    ps.push_back(s.p_memory_dict[index].narrow(0, p_idx, b * n * r).view({b, n, r}));
-    qs.push_back(s.q_memory_dict[index].narrow(0, q_idx, b * cols * r).view({b, cols, r}));
-    p_idx += b * n * r;
-    q_idx += b * cols * r;
-  }
-  if (!randomize_qs) {
-    for (auto& q : qs) orthogonalize(q, s.orthogonalization_epsilon);
-  } else {
-    // The same random Qs on every rank: a seeded generator advanced identically everywhere. As
-    // PyTorch does, drawn on the CPU in the bucket's dtype and copied to the bucket's device (a
-    // CPU generator cannot fill a device tensor, and the numbers stay the same on any device).
-    if (!s.rng_seeded) {
-      s.rng.seed(s.random_seed);
-      s.rng_seeded = true;
-    }
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(s.rng() % 1000000000ULL);
-    for (auto& q : qs) {
-      q.copy_(at::randn(q.sizes(), gen, q.options().device(at::kCPU)));
-      orthogonalize(q, s.orthogonalization_epsilon);
-    }
-  }
+  const bool randomize_qs = ensure_memories(s, index, plan, input);
+  Factors f = factor_views(s, index, split.batches);
+  prepare_qs(s, f.qs, randomize_qs);
   // P = M Q, all-reduced (no division: P is orthogonalised next).
-  for (size_t k = 0; k < mats.size(); ++k) bmm_into(ps[k], mats[k], qs[k]);
-  allreduce(group, uncompressed_memory);
-  uncompressed_memory.div_(world);
-  int64_t offset = 0;
-  for (auto& t : uncompressed) {
-    t.copy_(uncompressed_memory.narrow(0, offset, t.numel()).view(t.sizes()));
-    offset += t.numel();
-  }
+  for (size_t k = 0; k < f.mats.size(); ++k) bmm_into(f.ps[k], f.mats[k], f.qs[k]);
+  average_uncompressed(group, uncompressed_memory, split.uncompressed);
   allreduce(group, s.p_memory_dict[index]);
-  for (auto& p : ps) orthogonalize(p, s.orthogonalization_epsilon);
+  for (auto& p : f.ps) orthogonalize(p, s.orthogonalization_epsilon);
   // Q = M^T P, all-reduced and averaged.
-  for (size_t k = 0; k < mats.size(); ++k) bmm_into(qs[k], mats[k].transpose(1, 2), ps[k]);
+  for (size_t k = 0; k < f.mats.size(); ++k) bmm_into(f.qs[k], f.mats[k].transpose(1, 2), f.ps[k]);
   allreduce(group, s.q_memory_dict[index]);
   s.q_memory_dict[index].div_(world);
-  // Decompress: M ~ P Q^T, into the bucket.
-  for (size_t k = 0; k < mats.size(); ++k) {
-    at::Tensor approx = reduced_on_cpu(ps[k])
-                            ? at::bmm(ps[k].to(at::kFloat), qs[k].transpose(1, 2).to(at::kFloat))
-                            : at::bmm(ps[k], qs[k].transpose(1, 2));
-    if (batches[k].size() == 1) {
-      batches[k][0].copy_(approx[0]);
-    } else {
-      for (size_t j = 0; j < batches[k].size(); ++j)
-        batches[k][j].copy_(approx[static_cast<int64_t>(j)]);
-    }
-  }
+  decompress(f, split.batches);
   if (s.use_error_feedback) s.error_dict[index] = input_copy - input;
   if (!s.warm_start) {
     s.p_memory_dict.clear();
