@@ -28,20 +28,12 @@ std::string describe(const std::string& name, const at::Tensor& t) {
                       absl::StrJoin(t.sizes(), ", "), "]");
 }
 
-}  // namespace
+using State = DistributedDataParallel::State;
 
-DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
-                                                 DDPOptions options)
-    : module_(std::move(module)), state_(std::make_shared<State>()) {
-  TORCH_CHECK(module_ != nullptr, "DistributedDataParallel needs a module");
-  TORCH_CHECK(options.group.is_member(),
-              "DistributedDataParallel: DDPOptions::group is not set or this rank is not in it");
-  TORCH_CHECK(options.bucket_cap_mb > 0 && options.first_bucket_cap_mb > 0,
-              "bucket caps must be positive");
-  State& s = *state_;
-  s.self = state_;
-  s.options = std::move(options);
-  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+// The parameters that require a gradient (dense, all on one device, which an NCCL group needs to
+// be CUDA) and the buffers, in registration order.
+void collect_parameters(State& s, torch::nn::Module& module) {
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
     if (!item.value().requires_grad()) continue;
     TORCH_CHECK(item.value().layout() == at::kStrided, "DistributedDataParallel: parameter '",
                 item.key(), "' is sparse, which is not supported");
@@ -64,26 +56,29 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
               "DistributedDataParallel: the module is on ", s.params[0].device(),
               " but the group is NCCL's, which reduces CUDA tensors only: move the module to ",
               s.options.group.device(), " (group.device()), or use a Gloo group for a CPU module");
-  for (const auto& item : module_->named_buffers(/*recurse=*/true))
-    s.buffers.push_back(item.value());
+  for (const auto& item : module.named_buffers(/*recurse=*/true)) s.buffers.push_back(item.value());
+}
 
-  // Same model everywhere, or a clear error naming the first difference.
+// Same model everywhere, or a clear error naming the first difference; then rank 0's parameters
+// and buffers everywhere. A collective.
+void agree_on_model(State& s) {
   std::vector<std::string> mine;
   for (size_t i = 0; i < s.params.size(); ++i) mine.push_back(describe(s.names[i], s.params[i]));
   const absl::Status same = comm::check_identical(s.options.group, mine, "parameter");
   TORCH_CHECK(!absl::IsInvalidArgument(same),
               "DistributedDataParallel expects the same model on every rank: ", same.message());
   TORCH_CHECK(same.ok(), "DistributedDataParallel construction is a collective: ", same.ToString());
-  {
-    c10::NoGradGuard no_grad;
-    std::vector<at::Tensor> state;
-    for (const auto& p : s.params) state.push_back(p.detach());
-    for (const auto& b : s.buffers) state.push_back(b.detach());
-    comm::broadcast_coalesced(s.options.group, state, 0, int64_t{250} << 20).wait();
-  }
+  c10::NoGradGuard no_grad;
+  std::vector<at::Tensor> state;
+  for (const auto& p : s.params) state.push_back(p.detach());
+  for (const auto& b : s.buffers) state.push_back(b.detach());
+  comm::broadcast_coalesced(s.options.group, state, 0, int64_t{250} << 20).wait();
+}
 
-  // Buckets in reverse registration order (gradients become ready roughly back to front), one
-  // dtype per bucket, the first bucket of each dtype small so communication starts early.
+// Buckets in reverse registration order (gradients become ready roughly back to front), one
+// dtype per bucket, the first bucket of each dtype small so communication starts early; each with
+// its zeroed buffer.
+void assign_buckets(State& s) {
   std::map<at::ScalarType, std::pair<size_t, int64_t>> open;  // dtype -> (bucket, bytes)
   std::map<at::ScalarType, int> closed;
   s.where.resize(s.params.size());
@@ -115,18 +110,10 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     bucket.options = s.params[bucket.params[0]].options();
     bucket.buffer = at::zeros({bucket.numel}, bucket.options);
   }
-  s.ready.assign(s.params.size(), false);
-  s.reset();
-  if (s.options.gradient_as_bucket_view) {
-    for (size_t i = 0; i < s.params.size(); ++i) {
-      at::Tensor view = s.bucket_view(i);
-      if (s.params[i].grad().defined()) view.copy_(s.params[i].grad());
-      s.params[i].mutable_grad() = s.grad_alias(i);
-    }
-  }
-  s.hook = std::make_unique<AllReduceHook>(s.options.group);
+}
 
-  std::weak_ptr<State> weak = state_;
+// A post hook on every parameter's gradient accumulator: on_grad_ready while the state lives.
+void hook_grad_accumulators(State& s, const std::weak_ptr<State>& weak) {
   for (size_t i = 0; i < s.params.size(); ++i) {
     auto acc = torch::autograd::impl::grad_accumulator(s.params[i]);
     TORCH_CHECK(acc != nullptr, "DDP: parameter '", s.names[i],
@@ -139,6 +126,35 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
         }));
     s.accumulators.push_back(std::move(acc));
   }
+}
+
+}  // namespace
+
+DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
+                                                 DDPOptions options)
+    : module_(std::move(module)), state_(std::make_shared<State>()) {
+  TORCH_CHECK(module_ != nullptr, "DistributedDataParallel needs a module");
+  TORCH_CHECK(options.group.is_member(),
+              "DistributedDataParallel: DDPOptions::group is not set or this rank is not in it");
+  TORCH_CHECK(options.bucket_cap_mb > 0 && options.first_bucket_cap_mb > 0,
+              "bucket caps must be positive");
+  State& s = *state_;
+  s.self = state_;
+  s.options = std::move(options);
+  collect_parameters(s, *module_);
+  agree_on_model(s);
+  assign_buckets(s);
+  s.ready.assign(s.params.size(), false);
+  s.reset();
+  if (s.options.gradient_as_bucket_view) {
+    for (size_t i = 0; i < s.params.size(); ++i) {
+      at::Tensor view = s.bucket_view(i);
+      if (s.params[i].grad().defined()) view.copy_(s.params[i].grad());
+      s.params[i].mutable_grad() = s.grad_alias(i);
+    }
+  }
+  s.hook = std::make_unique<AllReduceHook>(s.options.group);
+  hook_grad_accumulators(s, state_);
 }
 
 DistributedDataParallel::~DistributedDataParallel() = default;
