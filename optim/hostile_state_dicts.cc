@@ -42,6 +42,7 @@ class Builder {
     h.may_go_non_finite = may_go_non_finite;
     out_.push_back(std::move(h));
   }
+  Hostile& last() { return out_.back(); }
   std::vector<Hostile> take() { return std::move(out_); }
 
  private:
@@ -187,11 +188,30 @@ void option_variants(Builder& b, const c10::IValue& base) {
   }
 }
 
+// Each option dropped from the group: accepted with PyTorch's value where PyTorch's load fills it
+// in, refused naming it where PyTorch's next step would fail (`oracle`: make_campaign_states.py's).
+void missing_option_variants(Builder& b, const c10::IValue& oracle) {
+  if (!oracle.isGenericDict()) return;
+  for (const auto& kv : oracle.toGenericDict()) {
+    const std::string key = kv.key().toStringRef();
+    const c10::impl::GenericDict verdict = kv.value().toGenericDict();
+    const bool accepted = verdict.at("accepted").toBool();
+    b.add("param_groups[0][" + quoted(key) + "] missing", "option missing",
+          [&](c10::IValue& sd) { (void)group0(sd).erase(key); }, !accepted,
+          {"param_groups[0]", quoted(key)});
+    if (accepted) {
+      b.last().option_key = key;
+      b.last().option_after = verdict.at("value");
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<Hostile> hostile_variants(const c10::IValue& state_dict,
                                       const std::vector<at::Tensor>& params,
-                                      const std::string& optimizer) {
+                                      const std::string& optimizer,
+                                      const c10::IValue& missing_options) {
   Builder b(state_dict, optimizer);
   // Each key once, at a parameter that has it, going round the parameters.
   std::set<std::string> done;
@@ -219,6 +239,7 @@ std::vector<Hostile> hostile_variants(const c10::IValue& state_dict,
   }
   index_variants(b, params.size());
   option_variants(b, state_dict);
+  missing_option_variants(b, missing_options);
   return b.take();
 }
 

@@ -35,6 +35,7 @@ struct Base {
   std::string name, optimizer;
   std::vector<at::Tensor> model;
   c10::IValue state_dict;
+  c10::IValue missing_options;  // make_campaign_states.py's oracle; None where dtrain wrote it
 };
 
 // The cases of make_campaign_states.py: (name, optimizer, shapes) -- written by dtrain itself where
@@ -91,6 +92,7 @@ class Campaign : public ::testing::Test {
         for (const auto& kv : v->toGenericDict().at("model").toGenericDict())
           b.model.push_back(kv.value().toTensor());
         b.state_dict = v->toGenericDict().at("state_dict");
+        b.missing_options = v->toGenericDict().at("missing_options");
       } else {
         std::printf("campaign: %s's state written by dtrain (the installed PyTorch lacks %s)\n",
                     spec.name, spec.optimizer);
@@ -180,6 +182,21 @@ struct Tally {
   }
 };
 
+// An accepted variant that dropped an option: the loaded group has PyTorch's value for it.
+void expect_option_after(const c10::IValue& state_dict, const Hostile& h,
+                         const std::string& target) {
+  if (h.option_key.empty()) return;
+  const auto group = state_dict.toGenericDict().at("param_groups").toList().get(0).toGenericDict();
+  ASSERT_TRUE(group.contains(h.option_key)) << target << " / " << h.label;
+  const c10::IValue got = group.at(h.option_key), want = h.option_after;
+  const bool same = (got.isNone() && want.isNone()) ||
+                    (got.isBool() && want.isBool() && got.toBool() == want.toBool()) ||
+                    ((got.isDouble() || got.isInt()) && (want.isDouble() || want.isInt()) &&
+                     got.toScalar().toDouble() == want.toScalar().toDouble());
+  EXPECT_TRUE(same) << target << " / " << h.label << ": the option is " << got
+                    << " after the load, PyTorch's load gives " << want;
+}
+
 // A step after an accepted load leaves the parameters finite (unless PyTorch's would not be).
 void expect_finite_after(const std::vector<at::Tensor>& params, const Hostile& h,
                          const std::string& target) {
@@ -194,7 +211,8 @@ TEST_F(Campaign, FunctionalOptimizersAndTheAdapterRefuseEveryHostileStateDict) {
   Tally tally;
   std::set<std::string> optimizers;
   for (const Base& b : *bases_) {
-    const std::vector<Hostile> variants = hostile_variants(b.state_dict, b.model, b.optimizer);
+    const std::vector<Hostile> variants =
+        hostile_variants(b.state_dict, b.model, b.optimizer, b.missing_options);
     optimizers.insert(b.optimizer);
     for (const Hostile& h : variants) {
       std::vector<at::Tensor> params = fresh(b.model);
@@ -207,6 +225,7 @@ TEST_F(Campaign, FunctionalOptimizersAndTheAdapterRefuseEveryHostileStateDict) {
                   before.toGenericDict().at("state").toGenericDict().size())
             << h.label;
       } else {
+        expect_option_after(functional->state_dict(), h, "functional " + b.name);
         std::vector<at::Tensor> grads;
         for (const auto& p : params) grads.push_back(at::ones_like(p));
         functional->step(grads);
@@ -218,6 +237,7 @@ TEST_F(Campaign, FunctionalOptimizersAndTheAdapterRefuseEveryHostileStateDict) {
       Outcome a = attempt([&] { adapter.load_state_dict(h.state_dict); });
       tally.judge("adapter " + b.name, h, a);
       if (!a.threw) {
+        expect_option_after(adapter.state_dict(), h, "adapter " + b.name);
         for (auto& p : adapter_params) p.mutable_grad() = at::ones_like(p);
         adapter.step();
         expect_finite_after(adapter_params, h, "adapter " + b.name);
@@ -237,7 +257,8 @@ TEST_F(Campaign, ZeroRedundancyOptimizerRefusesEveryHostileStateDictOnEveryRank)
   for (const Base& b : *bases_) {
     if (b.name != "adam" && b.name != "sgd_momentum" && b.name != "adafactor" && b.name != "muon")
       continue;
-    const std::vector<Hostile> variants = hostile_variants(b.state_dict, b.model, b.optimizer);
+    const std::vector<Hostile> variants =
+        hostile_variants(b.state_dict, b.model, b.optimizer, b.missing_options);
     std::vector<PartitionStrategy> strategies = {PartitionStrategy::kSortedGreedy};
     if (b.name == "adam") strategies.push_back(PartitionStrategy::kFlat);
     for (PartitionStrategy strategy : strategies) {

@@ -10,6 +10,7 @@
 #include "checkpoint/optimizer_state_dict.h"
 #include "optim/functional/state_checks.h"
 #include "optim/functional/state_precision.h"
+#include "optim/functional/torch_load_defaults.h"
 
 namespace dtrain::optim {
 
@@ -237,6 +238,24 @@ absl::Status FunctionalOptimizer::loaded_options(
     const std::string& key = kv.key().toStringRef();
     if (!known.contains(key)) kept->emplace_back(key, kv.value());
     if (known.contains(key) || is_torch_only_option(key)) options->insert(kv.key(), kv.value());
+  }
+  // PyTorch replaces the whole group: an option the group lacks takes PyTorch's load default
+  // (__setstate__'s setdefault), never this optimizer's current value, or is refused where
+  // PyTorch has none (its next step would raise KeyError). The state-precision options are
+  // dtrain's: a group without them (PyTorch's) keeps this optimizer's precision.
+  for (const auto& kv : known) {
+    const std::string& key = kv.key().toStringRef();
+    if (group_options.contains(key) || key == kStateDtypeKey ||
+        key == kStateStochasticRoundingKey || key == kStateSeedKey) {
+      continue;
+    }
+    std::optional<c10::IValue> fallback = torch_load_default(name(), key);
+    if (!fallback.has_value()) {
+      return invalid(absl::StrCat(
+          what, ": param_groups[", file_group, "] has no '", key, "' (PyTorch's ", name(),
+          " cannot step without it: its state dicts always have it); ", kLoadAdvice));
+    }
+    options->insert(key, *fallback);
   }
   try {
     *merged = merged_options(name(), known, *options);

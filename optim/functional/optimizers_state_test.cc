@@ -280,5 +280,43 @@ TEST(FunctionalOptimizersTest, AdamDecoupledWeightDecayIsAdamW) {
   EXPECT_TRUE(l2.options_dict().at("decoupled_weight_decay").toBool());
 }
 
+// PyTorch's load replaces the whole param group: an option the loaded group lacks takes the value
+// PyTorch's __setstate__ gives it -- not the loading optimizer's -- and a group without an option
+// PyTorch has no default for (its next step would raise KeyError) is refused, naming the key.
+TEST(FunctionalOptimizersTest, AGroupWithoutAnOptionTakesPyTorchsLoadDefault) {
+  auto group_of = [](const c10::IValue& sd) {
+    return sd.toGenericDict().at("param_groups").toList().get(0).toGenericDict();
+  };
+  auto without = [&](const FunctionalOptimizer& source, std::vector<std::string> keys) {
+    c10::IValue sd = source.state_dict().deepcopy();
+    for (const std::string& k : keys) (void)group_of(sd).erase(k);
+    return sd;
+  };
+  std::vector<at::Tensor> params = {at::zeros({3})};
+  FunctionalSGD plain(params, SGDOptions(0.1).momentum(0.9));
+  plain.step({at::ones({3})});
+  FunctionalSGD nesterov({at::zeros({3})}, SGDOptions(0.5).momentum(0.5).nesterov(true));
+  nesterov.load_state_dict(without(plain, {"nesterov"}));
+  EXPECT_FALSE(group_of(nesterov.state_dict()).at("nesterov").toBool());  // PyTorch's default
+  EXPECT_EQ(group_of(nesterov.state_dict()).at("lr").toDouble(), 0.1);    // the file's
+
+  FunctionalRMSprop rms_source({at::zeros({3})}, RMSpropOptions().lr(0.1));
+  rms_source.step({at::ones({3})});
+  FunctionalRMSprop centered({at::zeros({3})},
+                             RMSpropOptions().lr(0.1).momentum(0.5).centered(true));
+  centered.load_state_dict(without(rms_source, {"momentum", "centered", "foreach"}));
+  EXPECT_EQ(group_of(centered.state_dict()).at("momentum").toDouble(), 0.0);
+  EXPECT_FALSE(group_of(centered.state_dict()).at("centered").toBool());
+  centered.step({at::ones({3})});  // steps without the buffers it no longer needs
+
+  for (const char* key : {"lr", "momentum", "dampening", "weight_decay"}) {
+    SCOPED_TRACE(key);
+    FunctionalSGD target({at::zeros({3})}, SGDOptions(0.1).momentum(0.9));
+    expect_error([&] { target.load_state_dict(without(plain, {key})); },
+                 std::string("SGD.load_state_dict: param_groups[0] has no '") + key + "'");
+    EXPECT_EQ(group_of(target.state_dict()).at("lr").toDouble(), 0.1);  // nothing applied
+  }
+}
+
 }  // namespace
 }  // namespace dtrain::optim

@@ -12,11 +12,13 @@ a few parameters for two steps with torch.optim and saves, as a user would:
       "optimizer": "<class name>",        # "Adam", "SGD", ...
       "model": {"p0": tensor, ...},       # the parameters after the two steps
       "state_dict": opt.state_dict(),      # PyTorch's optimizer state then
+      "missing_options": {key: {"accepted": bool, "value": v}},   # see missing_options()
   }
   OUT_DIR/cases.txt                        # the cases written, one a line
 
 The C++ test makes each hostile variant from these (a NaN, a wrong shape, a string step, ...).
 """
+import copy
 import os
 import sys
 
@@ -33,6 +35,28 @@ CASES = {
     "adafactor": ("Adafactor", dict(lr=0.01), [(3, 4), (5,)]),
     "muon": ("Muon", dict(lr=0.01), [(3, 4), (4, 2)]),
 }
+
+
+def missing_options(cls, options, shapes, state_dict):
+    """For each option of the group: does PyTorch load and step a state dict without it, and what
+    value does its load give the option then (its __setstate__'s setdefault)?"""
+    out = {}
+    for key in state_dict["param_groups"][0]:
+        if key in ("params", "param_names"):
+            continue
+        params = [torch.nn.Parameter(torch.ones(s)) for s in shapes]
+        opt = cls(params, **options)
+        edited = copy.deepcopy(state_dict)
+        del edited["param_groups"][0][key]
+        try:
+            opt.load_state_dict(edited)
+            for p in params:
+                p.grad = torch.ones_like(p)
+            opt.step()
+            out[key] = {"accepted": True, "value": opt.param_groups[0][key]}
+        except KeyError:
+            out[key] = {"accepted": False, "value": None}
+    return out
 
 
 def main():
@@ -53,7 +77,9 @@ def main():
             opt.step()
         torch.save({"optimizer": cls_name,
                     "model": {f"p{i}": p.detach().clone() for i, p in enumerate(params)},
-                    "state_dict": opt.state_dict()}, os.path.join(out_dir, name + ".pt"))
+                    "state_dict": opt.state_dict(),
+                    "missing_options": missing_options(cls, options, shapes, opt.state_dict())},
+                   os.path.join(out_dir, name + ".pt"))
         written.append(name)
     with open(os.path.join(out_dir, "cases.txt"), "w") as f:
         f.write("\n".join(written) + "\n")
