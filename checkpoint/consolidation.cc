@@ -1,6 +1,7 @@
 #include "checkpoint/consolidation.h"
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -157,6 +158,104 @@ void receive_all(const comm::Group& group, const std::vector<std::vector<at::Ten
   drain();
 }
 
+// The target's check of every rank's description, before any data moves: each decodes, has as
+// many param groups as the target's, and holds parameters no other rank holds. `parts` gets the
+// decoded descriptions, the target's own (`mine`) at `to`.
+absl::Status check_parts(const RankPart& mine, const std::vector<c10::IValue>& all, int to, int n,
+                         std::vector<RankPart>& parts) {
+  for (int r = 0; r < n; ++r) {
+    absl::StatusOr<RankPart> part =
+        r == to ? absl::StatusOr<RankPart>(mine) : RankPart::decode(all[r], r);
+    if (!part.ok()) return malformed(std::string(part.status().message()));
+    parts.push_back(*std::move(part));
+  }
+  std::map<int64_t, int> holder;
+  const size_t num_groups = mine.groups.size();
+  for (int r = 0; r < n; ++r) {
+    if (parts[r].groups.size() != num_groups) {
+      return malformed(absl::StrCat("rank ", r, " has ", parts[r].groups.size(),
+                                    " param groups, rank ", to, " has ", num_groups,
+                                    "; every rank must pass the same groups"));
+    }
+    std::set<int64_t> seen_here;
+    for (const EntryDescription& e : parts[r].entries) {
+      if (!seen_here.insert(e.index).second) continue;
+      auto [it, inserted] = holder.emplace(e.index, r);
+      if (!inserted) {
+        return malformed(absl::StrCat("state of parameter ", e.index, " is held by both rank ",
+                                      it->second, " and rank ", r,
+                                      "; each parameter's state must live on one rank"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Calls `f` on `t`'s consecutive pieces of at most `chunk_bytes` (at least one element each).
+void for_each_chunk(const at::Tensor& t, int64_t chunk_bytes,
+                    const std::function<void(at::Tensor)>& f) {
+  at::Tensor flat = t.reshape(-1);
+  const int64_t per = std::max<int64_t>(1, chunk_bytes / std::max<int64_t>(1, t.element_size()));
+  for (int64_t b = 0; b < flat.numel(); b += per)
+    f(flat.narrow(0, b, std::min(per, flat.numel() - b)));
+}
+
+// A sender's part: this rank's tensors to `to` in order, chunk by chunk: straight from their
+// storage where they are on the group's device, else through a copy of one chunk there.
+absl::Status send_tensors(const comm::Group& group, const std::vector<at::Tensor>& tensors, int to,
+                          int64_t chunk_bytes) {
+  try {
+    const c10::Device device = group.device();
+    for (const at::Tensor& t : tensors) {
+      for_each_chunk(t, chunk_bytes, [&](at::Tensor piece) {
+        std::vector<at::Tensor> v = {bytes_of(piece.to(device))};
+        group->send(v, to, kTag)->wait();
+      });
+    }
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("consolidate_state_dict: sending to rank ", to, ": ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+// The target's part: every rank's state dict with each final tensor allocated on the CPU, then
+// received into (the target's own tensors taken from `my_tensors`, already on the CPU).
+absl::Status receive_parts(const comm::Group& group, const std::vector<RankPart>& parts,
+                           const std::vector<at::Tensor>& my_tensors, int to, int64_t chunk_bytes,
+                           std::vector<OptimizerStateDict>& received) {
+  const int n = static_cast<int>(received.size());
+  std::vector<std::vector<at::Tensor>> pieces(n);  // each rank's, in the order it sends them
+  try {
+    for (int r = 0; r < n; ++r) {
+      received[r].param_groups = parts[r].groups;
+      size_t next_local = 0;
+      for (const EntryDescription& e : parts[r].entries) {
+        auto it = received[r].state.find(e.index);
+        if (it == received[r].state.end())
+          it = received[r].state.emplace(e.index, new_state_entry()).first;
+        if (!e.tensor) {
+          it->second.insert(e.key, e.value);
+          continue;
+        }
+        at::Tensor t;
+        if (r == to) {
+          t = my_tensors[next_local++];  // our own, already on the CPU (describe)
+        } else {
+          t = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
+          for_each_chunk(t, chunk_bytes, [&](at::Tensor piece) { pieces[r].push_back(piece); });
+        }
+        it->second.insert(e.key, t);
+      }
+    }
+    receive_all(group, pieces);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("consolidate_state_dict: receiving on rank ", to, ": ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<c10::IValue> consolidate_state_dict(const comm::Group& group,
@@ -187,95 +286,21 @@ absl::StatusOr<c10::IValue> consolidate_state_dict(const comm::Group& group,
   // input fails on all ranks at once instead of leaving senders blocked.
   absl::Status verdict;
   std::vector<RankPart> parts;
-  if (target) {
-    for (int r = 0; r < n && verdict.ok(); ++r) {
-      absl::StatusOr<RankPart> part =
-          r == to ? absl::StatusOr<RankPart>(mine) : RankPart::decode((*all)[r], r);
-      if (!part.ok()) {
-        verdict = malformed(std::string(part.status().message()));
-        break;
-      }
-      parts.push_back(*std::move(part));
-    }
-    std::map<int64_t, int> holder;
-    const size_t num_groups = mine.groups.size();
-    for (int r = 0; r < n && verdict.ok(); ++r) {
-      if (parts[r].groups.size() != num_groups) {
-        verdict = malformed(absl::StrCat("rank ", r, " has ", parts[r].groups.size(),
-                                         " param groups, rank ", to, " has ", num_groups,
-                                         "; every rank must pass the same groups"));
-        break;
-      }
-      std::set<int64_t> seen_here;
-      for (const EntryDescription& e : parts[r].entries) {
-        if (!seen_here.insert(e.index).second) continue;
-        auto [it, inserted] = holder.emplace(e.index, r);
-        if (!inserted) {
-          verdict = malformed(absl::StrCat("state of parameter ", e.index, " is held by both rank ",
-                                           it->second, " and rank ", r,
-                                           "; each parameter's state must live on one rank"));
-          break;
-        }
-      }
-    }
-  }
+  if (target) verdict = check_parts(mine, *all, to, n, parts);
   if (absl::Status s = comm::share_verdict(group, verdict, to); !s.ok()) return s;
 
-  auto chunks = [&](const at::Tensor& t, const std::function<void(at::Tensor)>& f) {
-    at::Tensor flat = t.reshape(-1);
-    const int64_t per =
-        std::max<int64_t>(1, options.chunk_bytes / std::max<int64_t>(1, t.element_size()));
-    for (int64_t b = 0; b < flat.numel(); b += per)
-      f(flat.narrow(0, b, std::min(per, flat.numel() - b)));
-  };
-  try {
-    if (!target) {
-      // 3a. Send this rank's tensors in order, chunk by chunk: straight from their storage where
-      // they are on the group's device, else through a copy of one chunk there.
-      const c10::Device device = group.device();
-      for (const at::Tensor& t : my_tensors) {
-        chunks(t, [&](at::Tensor piece) {
-          std::vector<at::Tensor> v = {bytes_of(piece.to(device))};
-          group->send(v, to, kTag)->wait();
-        });
-      }
-      return c10::IValue();
-    }
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("consolidate_state_dict: sending to rank ", to, ": ", e.what()));
+  if (!target) {
+    // 3a. Send this rank's tensors.
+    if (absl::Status s = send_tensors(group, my_tensors, to, options.chunk_bytes); !s.ok())
+      return s;
+    return c10::IValue();
   }
 
   // 3b. Target: allocate every final tensor on the CPU, then receive into it.
   std::vector<OptimizerStateDict> received(n);
-  std::vector<std::vector<at::Tensor>> pieces(n);  // each rank's, in the order it sends them
-  try {
-    for (int r = 0; r < n; ++r) {
-      received[r].param_groups = parts[r].groups;
-      size_t next_local = 0;
-      for (const EntryDescription& e : parts[r].entries) {
-        auto it = received[r].state.find(e.index);
-        if (it == received[r].state.end())
-          it = received[r].state.emplace(e.index, new_state_entry()).first;
-        if (!e.tensor) {
-          it->second.insert(e.key, e.value);
-          continue;
-        }
-        at::Tensor t;
-        if (r == to) {
-          t = my_tensors[next_local++];  // our own, already on the CPU (describe)
-        } else {
-          t = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
-          chunks(t, [&](at::Tensor piece) { pieces[r].push_back(piece); });
-        }
-        it->second.insert(e.key, t);
-      }
-    }
-    receive_all(group, pieces);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("consolidate_state_dict: receiving on rank ", to, ": ", e.what()));
-  }
+  if (absl::Status s = receive_parts(group, parts, my_tensors, to, options.chunk_bytes, received);
+      !s.ok())
+    return s;
 
   // 4. One dict: state the union (disjoint, checked above), groups' options from the target and
   // their params the sorted union.
