@@ -37,8 +37,10 @@ std::string printable_start(std::string_view bytes) {
   return out;
 }
 
-absl::StatusOr<c10::IValue> read(std::string_view bytes, const std::string& name,
-                                 const TorchFileReadOptions& options) {
+// The zip archive torch.save writes, or why `bytes` are not one: PyTorch's legacy format, or no
+// zip at all.
+absl::StatusOr<StoredZip> open_archive(std::string_view bytes, const std::string& name,
+                                       const TorchFileReadOptions& options) {
   if (starts_with(bytes, std::string_view(kLegacyMagic, sizeof(kLegacyMagic) - 1))) {
     return absl::InvalidArgumentError(absl::StrCat(name,
                                                    " is in PyTorch's legacy (pre-1.6) torch.save "
@@ -59,9 +61,18 @@ absl::StatusOr<c10::IValue> read(std::string_view bytes, const std::string& name
     }
     return zip.status();
   }
+  return zip;
+}
+
+// The archive's one <prefix>/data.pkl entry, with its prefix (a view into the entry's name).
+struct PickleEntry {
+  const ZipEntry* entry = nullptr;
   std::string_view prefix;
-  const ZipEntry* pickle = nullptr;
-  for (const ZipEntry& e : zip->entries) {
+};
+
+absl::StatusOr<PickleEntry> find_pickle(const StoredZip& zip, const std::string& name) {
+  PickleEntry found;
+  for (const ZipEntry& e : zip.entries) {
     const size_t slash = e.name.find('/');
     if (slash == std::string::npos || slash == 0) continue;
     const std::string_view rest = std::string_view(e.name).substr(slash + 1);
@@ -73,23 +84,31 @@ absl::StatusOr<c10::IValue> read(std::string_view bytes, const std::string& name
                        "dicts: in Python, torch.save(module.state_dict(), path)"));
     }
     if (rest != "data.pkl") continue;
-    if (pickle != nullptr) {
-      return absl::DataLossError(
-          absl::StrCat(name, " is damaged: it holds two pickles, ", pickle->name, " and ", e.name));
+    if (found.entry != nullptr) {
+      return absl::DataLossError(absl::StrCat(name, " is damaged: it holds two pickles, ",
+                                              found.entry->name, " and ", e.name));
     }
-    pickle = &e;
-    prefix = std::string_view(e.name).substr(0, slash);
+    found.entry = &e;
+    found.prefix = std::string_view(e.name).substr(0, slash);
   }
-  if (pickle == nullptr) {
+  if (found.entry == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat(name,
                      " is a zip archive without a <name>/data.pkl entry, so not a file torch.save "
                      "wrote; save the "
                      "state with torch.save (Python) or dtrain::checkpoint::save_state"));
   }
-  std::unordered_map<std::string_view, const ZipEntry*> storages;
-  const std::string data_dir = absl::StrCat(std::string(prefix), "/data/");
-  for (const ZipEntry& e : zip->entries) {
+  return found;
+}
+
+using Storages = std::unordered_map<std::string_view, const ZipEntry*>;
+
+// The entries under `data_dir` by storage key, once the archive's byteorder is known to be
+// little-endian (or unrecorded) and no two storages share bytes.
+absl::StatusOr<Storages> find_storages(const StoredZip& zip, std::string_view prefix,
+                                       const std::string& data_dir, const std::string& name) {
+  Storages storages;
+  for (const ZipEntry& e : zip.entries) {
     if (e.name == absl::StrCat(std::string(prefix), "/byteorder") && e.data != "little") {
       if (e.data == "big") {
         return absl::InvalidArgumentError(
@@ -118,56 +137,73 @@ absl::StatusOr<c10::IValue> read(std::string_view bytes, const std::string& name
                                               " overlap"));
     }
   }
+  return storages;
+}
+
+// Storage `entry` as `numel` elements of `dtype`: a view into the caller's bytes where
+// options.owner keeps them alive and the alignment allows, else a copy.
+absl::StatusOr<at::Storage> load_storage(const ZipEntry& entry, at::ScalarType dtype, int64_t numel,
+                                         const std::string& name,
+                                         const TorchFileReadOptions& options) {
+  const std::string_view data = entry.data;
+  const auto nbytes =
+      static_cast<uint64_t>(numel) * c10::elementSize(dtype);  // caller checked: no overflow
+  if (nbytes > data.size()) {
+    return absl::DataLossError(absl::StrCat(name, " is damaged: storage ", entry.name, " holds ",
+                                            data.size(), " bytes, its pickle says ", numel,
+                                            " elements of ", c10::toString(dtype), " (", nbytes,
+                                            " bytes)"));
+  }
+  if (dtype == at::kBool) {
+    for (size_t i = 0; i < nbytes; ++i) {
+      if (static_cast<unsigned char>(data[i]) > 1) {
+        return absl::DataLossError(absl::StrCat(name, " is damaged: bool storage ", entry.name,
+                                                " holds a byte other than 0 or 1 at ", i));
+      }
+    }
+  }
+  const auto address = reinterpret_cast<uintptr_t>(data.data());
+  if (options.owner != nullptr && address % c10::elementSize(dtype) == 0) {
+    // A view into the caller's bytes, holding a reference to their owner.
+    auto* keep = new std::shared_ptr<const void>(options.owner);
+    at::DataPtr ptr(
+        const_cast<char*>(data.data()), keep,
+        [](void* k) { delete static_cast<std::shared_ptr<const void>*>(k); }, at::Device(at::kCPU));
+    return at::Storage(at::Storage::use_byte_size_t(), static_cast<int64_t>(nbytes), std::move(ptr),
+                       /*allocator=*/nullptr, /*resizable=*/false);
+  }
+  try {
+    at::Tensor buffer =
+        at::empty({static_cast<int64_t>(nbytes)}, at::TensorOptions().dtype(at::kByte));
+    if (nbytes > 0) std::memcpy(buffer.data_ptr(), data.data(), nbytes);
+    return buffer.storage();
+  } catch (const std::exception& e) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate ", nbytes, " bytes for storage ", entry.name, " of ", name,
+                     ": ", std::string(e.what()).substr(0, 200)));
+  }
+}
+
+absl::StatusOr<c10::IValue> read(std::string_view bytes, const std::string& name,
+                                 const TorchFileReadOptions& options) {
+  absl::StatusOr<StoredZip> zip = open_archive(bytes, name, options);
+  if (!zip.ok()) return zip.status();
+  absl::StatusOr<PickleEntry> pickle = find_pickle(*zip, name);
+  if (!pickle.ok()) return pickle.status();
+  const std::string data_dir = absl::StrCat(std::string(pickle->prefix), "/data/");
+  absl::StatusOr<Storages> storages = find_storages(*zip, pickle->prefix, data_dir, name);
+  if (!storages.ok()) return storages.status();
   const StorageLoader loader = [&](const std::string& key, at::ScalarType dtype,
                                    int64_t numel) -> absl::StatusOr<at::Storage> {
-    auto it = storages.find(key);
-    if (it == storages.end()) {
+    auto it = storages->find(key);
+    if (it == storages->end()) {
       return absl::DataLossError(absl::StrCat(name, " is damaged: its pickle refers to storage ",
                                               key.substr(0, 64), " but the archive has no entry ",
                                               data_dir, key.substr(0, 64)));
     }
-    const std::string_view data = it->second->data;
-    const auto nbytes =
-        static_cast<uint64_t>(numel) * c10::elementSize(dtype);  // caller checked: no overflow
-    if (nbytes > data.size()) {
-      return absl::DataLossError(absl::StrCat(name, " is damaged: storage ", it->second->name,
-                                              " holds ", data.size(), " bytes, its pickle says ",
-                                              numel, " elements of ", c10::toString(dtype), " (",
-                                              nbytes, " bytes)"));
-    }
-    if (dtype == at::kBool) {
-      for (size_t i = 0; i < nbytes; ++i) {
-        if (static_cast<unsigned char>(data[i]) > 1) {
-          return absl::DataLossError(absl::StrCat(name, " is damaged: bool storage ",
-                                                  it->second->name,
-                                                  " holds a byte other than 0 or 1 at ", i));
-        }
-      }
-    }
-    const auto address = reinterpret_cast<uintptr_t>(data.data());
-    if (options.owner != nullptr && address % c10::elementSize(dtype) == 0) {
-      // A view into the caller's bytes, holding a reference to their owner.
-      auto* keep = new std::shared_ptr<const void>(options.owner);
-      at::DataPtr ptr(
-          const_cast<char*>(data.data()), keep,
-          [](void* k) { delete static_cast<std::shared_ptr<const void>*>(k); },
-          at::Device(at::kCPU));
-      return at::Storage(at::Storage::use_byte_size_t(), static_cast<int64_t>(nbytes),
-                         std::move(ptr),
-                         /*allocator=*/nullptr, /*resizable=*/false);
-    }
-    try {
-      at::Tensor buffer =
-          at::empty({static_cast<int64_t>(nbytes)}, at::TensorOptions().dtype(at::kByte));
-      if (nbytes > 0) std::memcpy(buffer.data_ptr(), data.data(), nbytes);
-      return buffer.storage();
-    } catch (const std::exception& e) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("cannot allocate ", nbytes, " bytes for storage ", it->second->name, " of ",
-                       name, ": ", std::string(e.what()).substr(0, 200)));
-    }
+    return load_storage(*it->second, dtype, numel, name, options);
   };
-  return read_pickle(pickle->data, name, loader);
+  return read_pickle(pickle->entry->data, name, loader);
 }
 
 // torch.load's map_location: moves every tensor in a value to one device in place, one copy per
