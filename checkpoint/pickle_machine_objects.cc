@@ -15,6 +15,21 @@
 
 namespace dtrain::checkpoint::pickle_internal {
 
+// LIST ('l'), DICT ('d'): a new container from the items above the mark.
+absl::Status Machine::push_marked_container(uint8_t op) {
+  absl::StatusOr<std::vector<Item>> items = pop_mark(op == 'l' ? "LIST" : "DICT");
+  if (!items.ok()) return items.status();
+  const Item container = Item::of(op == 'l' ? ctx_.new_list() : ctx_.new_dict());
+  if (op == 'd' && items->size() % 2 != 0) return ctx_.data_loss("DICT has an odd number of items");
+  for (size_t i = 0; i < items->size(); i += op == 'l' ? 1 : 2) {
+    absl::Status s = op == 'l' ? append(container, (*items)[i])
+                               : set_item(container, (*items)[i], (*items)[i + 1]);
+    if (!s.ok()) return s;
+  }
+  stack_.push_back(container);
+  return absl::OkStatus();
+}
+
 absl::Status Machine::step_containers(uint8_t op, bool* handled) {
   *handled = true;
   switch (op) {
@@ -43,20 +58,8 @@ absl::Status Machine::step_containers(uint8_t op, bool* handled) {
       return push_tuple(std::move(items));
     }
     case 'l':
-    case 'd': {  // LIST, DICT: from the items above the mark
-      absl::StatusOr<std::vector<Item>> items = pop_mark(op == 'l' ? "LIST" : "DICT");
-      if (!items.ok()) return items.status();
-      const Item container = Item::of(op == 'l' ? ctx_.new_list() : ctx_.new_dict());
-      if (op == 'd' && items->size() % 2 != 0)
-        return ctx_.data_loss("DICT has an odd number of items");
-      for (size_t i = 0; i < items->size(); i += op == 'l' ? 1 : 2) {
-        absl::Status s = op == 'l' ? append(container, (*items)[i])
-                                   : set_item(container, (*items)[i], (*items)[i + 1]);
-        if (!s.ok()) return s;
-      }
-      stack_.push_back(container);
-      return absl::OkStatus();
-    }
+    case 'd':
+      return push_marked_container(op);
     case 'a': {
       absl::StatusOr<Item> v = pop("APPEND");
       if (!v.ok()) return v.status();

@@ -27,7 +27,9 @@ constexpr size_t kMaxMarks = 100000;
 
 }  // namespace
 
-absl::Status Machine::step(uint8_t op) {
+// PROTO and FRAME, the stack's marks, POP, POP_MARK and DUP, and the memo's PUT, GET and MEMOIZE.
+absl::Status Machine::step_stack(uint8_t op, bool* handled) {
+  *handled = true;
   absl::StatusOr<uint64_t> n;
   switch (op) {
     case 0x80: {  // PROTO
@@ -62,15 +64,29 @@ absl::Status Machine::step(uint8_t op) {
       stack_.push_back(**t);
       return absl::OkStatus();
     }
-    case 'N':
-      stack_.push_back(Item::of(c10::IValue()));
+    case 'q':
+    case 'r':
+      return (n = le(op == 'q' ? 1 : 4, "BINPUT")).ok() ? memo_put(*n) : n.status();
+    case 0x94:
+      return memo_put(memo_.size());  // MEMOIZE
+    case 'p':
+      return (n = text_index("PUT")).ok() ? memo_put(*n) : n.status();
+    case 'h':
+    case 'j':
+      return (n = le(op == 'h' ? 1 : 4, "BINGET")).ok() ? memo_get(*n) : n.status();
+    case 'g':
+      return (n = text_index("GET")).ok() ? memo_get(*n) : n.status();
+    default:
+      *handled = false;
       return absl::OkStatus();
-    case 0x88:
-      stack_.push_back(Item::of(c10::IValue(true)));
-      return absl::OkStatus();
-    case 0x89:
-      stack_.push_back(Item::of(c10::IValue(false)));
-      return absl::OkStatus();
+  }
+}
+
+// Integers (BININT*, LONG*, INT, LONG) and floats (FLOAT, BINFLOAT).
+absl::Status Machine::step_numbers(uint8_t op, bool* handled) {
+  *handled = true;
+  absl::StatusOr<uint64_t> n;
+  switch (op) {
     case 'J':
     case 'K':
     case 'M': {
@@ -124,6 +140,24 @@ absl::Status Machine::step(uint8_t op) {
       stack_.push_back(Item::of(c10::IValue(v)));
       return absl::OkStatus();
     }
+    default:
+      *handled = false;
+      return absl::OkStatus();
+  }
+}
+
+// One opcode: None, True, False and the strings here, every other group in its step_* function.
+absl::Status Machine::step(uint8_t op) {
+  switch (op) {
+    case 'N':
+      stack_.push_back(Item::of(c10::IValue()));
+      return absl::OkStatus();
+    case 0x88:
+      stack_.push_back(Item::of(c10::IValue(true)));
+      return absl::OkStatus();
+    case 0x89:
+      stack_.push_back(Item::of(c10::IValue(false)));
+      return absl::OkStatus();
     case 'X':
       return push_sized_str(4, true, "BINUNICODE");
     case 0x8c:
@@ -140,22 +174,12 @@ absl::Status Machine::step(uint8_t op) {
       return push_sized_str(1, false, "SHORT_BINBYTES");
     case 0x8e:
       return push_sized_str(8, false, "BINBYTES8");
-    case 'q':
-    case 'r':
-      return (n = le(op == 'q' ? 1 : 4, "BINPUT")).ok() ? memo_put(*n) : n.status();
-    case 0x94:
-      return memo_put(memo_.size());  // MEMOIZE
-    case 'p':
-      return (n = text_index("PUT")).ok() ? memo_put(*n) : n.status();
-    case 'h':
-    case 'j':
-      return (n = le(op == 'h' ? 1 : 4, "BINGET")).ok() ? memo_get(*n) : n.status();
-    case 'g':
-      return (n = text_index("GET")).ok() ? memo_get(*n) : n.status();
     default:
       break;
   }
   bool handled = false;
+  if (absl::Status s = step_stack(op, &handled); !s.ok() || handled) return s;
+  if (absl::Status s = step_numbers(op, &handled); !s.ok() || handled) return s;
   if (absl::Status s = step_containers(op, &handled); !s.ok() || handled) return s;
   if (absl::Status s = step_objects(op, &handled); !s.ok() || handled) return s;
   if (const char* name = unsupported_name(op)) {

@@ -212,7 +212,10 @@ class Machine {
   }
 
   absl::Status step(uint8_t op);
+  absl::Status step_stack(uint8_t op, bool* handled);
+  absl::Status step_numbers(uint8_t op, bool* handled);
   absl::Status step_containers(uint8_t op, bool* handled);
+  absl::Status push_marked_container(uint8_t op);
   absl::Status step_objects(uint8_t op, bool* handled);
   absl::Status build();
   absl::StatusOr<c10::IValue> stop();
