@@ -88,7 +88,6 @@ class Parser {
     }
     StoredZip zip;
     zip.entries.reserve(static_cast<size_t>(count));
-    std::unordered_set<std::string_view> names;
     const uint64_t cd_end = cd_offset + cd_size;
     uint64_t at = cd_offset;
     std::vector<std::pair<uint64_t, uint64_t>> spans;  // [local header, end of data) of each entry
@@ -98,6 +97,23 @@ class Parser {
       if (!next.ok()) return next.status();
       at = *next;
     }
+    if (absl::Status st = check_entries(zip, spans, verify_crcs); !st.ok()) return st;
+    zip.comment = b_.view(e + kEocdSize, b_.size() - e - kEocdSize);
+    zip.eocd_offset = e;
+    return zip;
+  }
+
+ private:
+  absl::Status loss(const std::string& what) const {
+    return absl::DataLossError(absl::StrCat(name_, " is damaged: ", what));
+  }
+
+  // The entries' names are unique, their bytes (`spans`: [local header, end of data) of each) do
+  // not overlap, and, with `verify_crcs`, their data matches its CRC-32.
+  absl::Status check_entries(const StoredZip& zip,
+                             std::vector<std::pair<uint64_t, uint64_t>>& spans,
+                             bool verify_crcs) const {
+    std::unordered_set<std::string_view> names;
     for (const ZipEntry& entry : zip.entries) {
       if (!names.insert(entry.name).second)
         return loss(absl::StrCat("the entry name ", entry.name, " occurs twice"));
@@ -118,14 +134,33 @@ class Parser {
         }
       }
     }
-    zip.comment = b_.view(e + kEocdSize, b_.size() - e - kEocdSize);
-    zip.eocd_offset = e;
-    return zip;
+    return absl::OkStatus();
   }
 
- private:
-  absl::Status loss(const std::string& what) const {
-    return absl::DataLossError(absl::StrCat(name_, " is damaged: ", what));
+  // Zip64 extended information (id 1) in entry `name`'s extra field of `extra_len` bytes at `at`:
+  // 64-bit values of the fields set to 0xffffffff, in the order uncompressed size, compressed
+  // size, local header offset. *found: whether the field is there.
+  absl::Status read_zip64_extra(uint64_t at, uint64_t extra_len, const std::string& name,
+                                uint64_t& size, uint64_t& comp, uint64_t& local,
+                                bool* found) const {
+    for (uint64_t x = at, end = x + extra_len; x + 4 <= end;) {
+      const uint64_t id = b_.le(x, 2), len = b_.le(x + 2, 2);
+      if (x + 4 + len > end)
+        return loss(absl::StrCat("entry ", name, " has a malformed extra field"));
+      if (id == 1) {
+        *found = true;
+        uint64_t y = x + 4;
+        for (uint64_t* field : {&size, &comp, &local}) {
+          if (*field != kMax32) continue;
+          if (y + 8 > x + 4 + len)
+            return loss(absl::StrCat("entry ", name, "'s zip64 extra field is too short"));
+          *field = b_.le(y, 8);
+          y += 8;
+        }
+      }
+      x += 4 + len;
+    }
+    return absl::OkStatus();
   }
 
   // Parses central-directory entry `i` at `at`, appends it to zip.entries, returns the next offset.
@@ -147,26 +182,11 @@ class Parser {
                                "'s name, extra field or comment runs past the central directory"));
     }
     std::string name(b_.view(at + kCentralSize, name_len));
-    // Zip64 extended information (id 1): 64-bit values of the fields set to 0xffffffff, in the order
-    // uncompressed size, compressed size, local header offset.
     bool zip64_field = false;
-    for (uint64_t x = at + kCentralSize + name_len, end = x + extra_len; x + 4 <= end;) {
-      const uint64_t id = b_.le(x, 2), len = b_.le(x + 2, 2);
-      if (x + 4 + len > end)
-        return loss(absl::StrCat("entry ", name, " has a malformed extra field"));
-      if (id == 1) {
-        zip64_field = true;
-        uint64_t y = x + 4;
-        for (uint64_t* field : {&size, &comp, &local}) {
-          if (*field != kMax32) continue;
-          if (y + 8 > x + 4 + len)
-            return loss(absl::StrCat("entry ", name, "'s zip64 extra field is too short"));
-          *field = b_.le(y, 8);
-          y += 8;
-        }
-      }
-      x += 4 + len;
-    }
+    if (absl::Status st = read_zip64_extra(at + kCentralSize + name_len, extra_len, name, size,
+                                           comp, local, &zip64_field);
+        !st.ok())
+      return st;
     if (!zip64_field && (size == kMax32 || comp == kMax32 || local == kMax32)) {
       return loss(
           absl::StrCat("entry ", name, " defers its sizes or offset to a zip64 field it lacks"));
