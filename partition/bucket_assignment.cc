@@ -24,15 +24,9 @@ int min_rank_excluding(const std::vector<int64_t>& sizes, const std::vector<int>
   return best;
 }
 
-}  // namespace
-
-absl::StatusOr<BucketPartition> assign_ddp_buckets(
-    const std::vector<std::vector<int64_t>>& bucket_param_numels, int world_size,
-    bool shard_buckets) {
-  if (world_size < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("world_size must be at least 1, got ", world_size));
-  }
+// Each bucket's element count; InvalidArgument for an empty bucket or a negative size.
+absl::StatusOr<std::vector<int64_t>> bucket_sizes(
+    const std::vector<std::vector<int64_t>>& bucket_param_numels) {
   const int64_t num_buckets = static_cast<int64_t>(bucket_param_numels.size());
   std::vector<int64_t> bucket_numel(num_buckets, 0);
   for (int64_t b = 0; b < num_buckets; ++b) {
@@ -47,29 +41,24 @@ absl::StatusOr<BucketPartition> assign_ddp_buckets(
       bucket_numel[b] += n;
     }
   }
+  return bucket_numel;
+}
 
-  BucketPartition bp;
-  bp.world_size = world_size;
-  bp.per_rank.resize(world_size);
-  bp.ranks_per_bucket.resize(num_buckets);
-  bp.numel_per_rank.assign(world_size, 0);
+void assign(BucketPartition& bp, int64_t bucket, int64_t offset, int64_t count, int64_t numel,
+            int rank) {
+  BucketAssignment a{bucket, offset, count, numel, rank};
+  bp.assignments.push_back(a);
+  bp.per_rank[rank][bucket] = a;
+  bp.ranks_per_bucket[bucket].push_back(rank);
+  bp.numel_per_rank[rank] += numel;
+}
 
-  auto assign = [&](int64_t bucket, int64_t offset, int64_t count, int64_t numel, int rank) {
-    BucketAssignment a{bucket, offset, count, numel, rank};
-    bp.assignments.push_back(a);
-    bp.per_rank[rank][bucket] = a;
-    bp.ranks_per_bucket[bucket].push_back(rank);
-    bp.numel_per_rank[rank] += numel;
-  };
-
-  if (!shard_buckets) {
-    for (int64_t b = 0; b < num_buckets; ++b) {
-      assign(b, 0, static_cast<int64_t>(bucket_param_numels[b].size()), bucket_numel[b],
-             static_cast<int>(b % world_size));
-    }
-    return bp;
-  }
-
+// shard_buckets=true: the buckets, smallest first, cut into slices below total / world_size
+// elements, each slice to the least loaded rank that holds no other slice of its bucket.
+absl::Status assign_slices(const std::vector<std::vector<int64_t>>& bucket_param_numels,
+                           const std::vector<int64_t>& bucket_numel, int world_size,
+                           BucketPartition& bp) {
+  const int64_t num_buckets = static_cast<int64_t>(bucket_param_numels.size());
   const int64_t total = std::accumulate(bucket_numel.begin(), bucket_numel.end(), int64_t{0});
   // PyTorch compares integer sizes against a true (float) division.
   const double threshold = static_cast<double>(total) / world_size;
@@ -86,7 +75,7 @@ absl::StatusOr<BucketPartition> assign_ddp_buckets(
                        world_size, " slices below the threshold ", threshold,
                        " elements; use shard_buckets=false or a larger bucket_cap_mb"));
     }
-    assign(b, offset, end - offset, numel, rank);
+    assign(bp, b, offset, end - offset, numel, rank);
     size_per_rank[rank] += numel;
     return absl::OkStatus();
   };
@@ -107,6 +96,37 @@ absl::StatusOr<BucketPartition> assign_ddp_buckets(
       return s;
     }
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<BucketPartition> assign_ddp_buckets(
+    const std::vector<std::vector<int64_t>>& bucket_param_numels, int world_size,
+    bool shard_buckets) {
+  if (world_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("world_size must be at least 1, got ", world_size));
+  }
+  const int64_t num_buckets = static_cast<int64_t>(bucket_param_numels.size());
+  absl::StatusOr<std::vector<int64_t>> bucket_numel = bucket_sizes(bucket_param_numels);
+  if (!bucket_numel.ok()) return bucket_numel.status();
+
+  BucketPartition bp;
+  bp.world_size = world_size;
+  bp.per_rank.resize(world_size);
+  bp.ranks_per_bucket.resize(num_buckets);
+  bp.numel_per_rank.assign(world_size, 0);
+
+  if (!shard_buckets) {
+    for (int64_t b = 0; b < num_buckets; ++b) {
+      assign(bp, b, 0, static_cast<int64_t>(bucket_param_numels[b].size()), (*bucket_numel)[b],
+             static_cast<int>(b % world_size));
+    }
+    return bp;
+  }
+  if (absl::Status s = assign_slices(bucket_param_numels, *bucket_numel, world_size, bp); !s.ok())
+    return s;
   return bp;
 }
 
