@@ -104,30 +104,37 @@ void run_ranks_as_threads(int world_size, const RankFn& fn, const HarnessOptions
   }
 }
 
-void run_ranks_as_processes(int world_size, const RankFn& fn, const HarnessOptions& options) {
-  if (const char* child = std::getenv(kRankEnv); child != nullptr) {
-    // Child: be rank RANK, then leave without running the rest of the test binary.
-    int code = 0;
-    try {
-      InitOptions o;
-      o.backend = options.backend;
-      o.timeout = options.timeout;
-      absl::StatusOr<Group> g = init_process_group(o);
-      if (!g.ok()) {
-        std::cerr << "init_process_group: " << g.status() << "\n";
-        code = 1;
-      } else {
-        fn(*g);
-        if (::testing::Test::HasFailure()) code = 1;
-      }
-    } catch (...) {
-      std::cerr << describe(std::current_exception()) << "\n";
+namespace {
+
+// A child of run_ranks_as_processes: be rank RANK (from the environment the parent set), then
+// leave without running the rest of the test binary.
+[[noreturn]] void run_as_child_rank(const RankFn& fn, const HarnessOptions& options) {
+  int code = 0;
+  try {
+    InitOptions o;
+    o.backend = options.backend;
+    o.timeout = options.timeout;
+    absl::StatusOr<Group> g = init_process_group(o);
+    if (!g.ok()) {
+      std::cerr << "init_process_group: " << g.status() << "\n";
       code = 1;
+    } else {
+      fn(*g);
+      if (::testing::Test::HasFailure()) code = 1;
     }
-    std::cout.flush();
-    std::cerr.flush();
-    std::_Exit(code);
+  } catch (...) {
+    std::cerr << describe(std::current_exception()) << "\n";
+    code = 1;
   }
+  std::cout.flush();
+  std::cerr.flush();
+  std::_Exit(code);
+}
+
+}  // namespace
+
+void run_ranks_as_processes(int world_size, const RankFn& fn, const HarnessOptions& options) {
+  if (in_rank_process()) run_as_child_rank(fn, options);
 
   ASSERT_GE(world_size, 1);
   const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
