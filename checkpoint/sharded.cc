@@ -123,6 +123,9 @@ absl::Status save_sharded(const comm::Group& group, const std::string& dir,
   if (written.ok()) {
     Dict shard = str_dict();
     shard.insert("format", std::string(kFormat));
+    // Which save and rank wrote it: a shard copied over another's is refused at load.
+    shard.insert("save_id", id.toStringRef());
+    shard.insert("rank", static_cast<int64_t>(group.rank()));
     shard.insert("params", params);
     written = save_state(absl::StrCat(dir, "/", shard_name(id.toStringRef(), group.rank())), shard);
   }

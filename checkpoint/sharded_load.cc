@@ -13,6 +13,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "checkpoint/internal/sharded_format.h"
 #include "checkpoint/optimizer_state_dict.h"
 #include "checkpoint/sharded.h"
@@ -201,6 +202,56 @@ absl::Status copy_entries(const Dict& entries, const std::string& where, partiti
   return absl::OkStatus();
 }
 
+// A shard is the one the metadata names: written by the same save (`save_id`) and rank (shards
+// before these fields were recorded are taken on their ranges alone).
+absl::Status check_shard_identity(const Dict& shard, size_t rank, const std::string& save_id,
+                                  const std::string& where) {
+  auto moved = [&](const std::string& what) {
+    return absl::DataLossError(absl::StrCat(
+        where, " was written by ", what,
+        ": a shard of another rank or save was put in its place; restore the shard this save "
+        "wrote, or load an earlier checkpoint"));
+  };
+  if (shard.contains(c10::IValue("save_id"))) {
+    const c10::IValue id = shard.at(c10::IValue("save_id"));
+    if (!id.isString() || id.toStringRef() != save_id)
+      return moved(absl::StrCat("another save (", id.isString() ? id.toStringRef() : "?",
+                                ", the metadata's is ", save_id, ")"));
+  }
+  if (shard.contains(c10::IValue("rank"))) {
+    const c10::IValue r = shard.at(c10::IValue("rank"));
+    if (!r.isInt() || r.toInt() != static_cast<int64_t>(rank))
+      return moved(
+          absl::StrCat("rank ", r.isInt() ? std::to_string(r.toInt()) : "?", ", not rank ", rank));
+  }
+  return absl::OkStatus();
+}
+
+// A shard's record of a parameter says what the metadata says: the same element range and shape.
+absl::Status check_held(const Dict& held, const std::string& where, std::pair<int64_t, int64_t> r,
+                        const std::vector<int64_t>& shape) {
+  auto list_is = [&](const char* key, const std::vector<int64_t>& want) {
+    if (!held.contains(c10::IValue(key)) || !held.at(c10::IValue(key)).isList()) return false;
+    std::vector<int64_t> got;  // an empty list reads back untyped
+    for (const c10::IValue& v : held.at(c10::IValue(key)).toListRef()) {
+      if (!v.isInt()) return false;
+      got.push_back(v.toInt());
+    }
+    return got == want;
+  };
+  if (!list_is("range", {r.first, r.second})) {
+    return absl::DataLossError(absl::StrCat(
+        where, ": the shard holds another element range than the metadata's [", r.first, ", ",
+        r.second, "): a shard of another rank or save was put in its place"));
+  }
+  if (!list_is("shape", shape)) {
+    return absl::DataLossError(
+        absl::StrCat(where, ": the shard records another shape than the metadata's [",
+                     absl::StrJoin(shape, ", "), "]"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ShardedState> load_checked(const std::string& dir,
                                           const std::map<int64_t, partition::Range>& wanted) {
   absl::StatusOr<ParsedMetadata> meta = read_metadata(dir);
@@ -222,6 +273,12 @@ absl::StatusOr<ShardedState> load_checked(const std::string& dir,
         !v->toGenericDict().at(c10::IValue("params")).isGenericDict()) {
       return absl::DataLossError(
           absl::StrCat("checkpoint ", dir, ": shard ", file, " has no 'params' dict"));
+    }
+    if (absl::Status mine =
+            check_shard_identity(v->toGenericDict(), s, info.save_id,
+                                 absl::StrCat("checkpoint ", dir, ": shard ", file));
+        !mine.ok()) {
+      return mine;
     }
     Dict params = v->toGenericDict().at(c10::IValue("params")).toGenericDict();
     loaded.emplace(s, params);
@@ -261,8 +318,10 @@ absl::StatusOr<ShardedState> load_checked(const std::string& dir,
         return absl::DataLossError(
             absl::StrCat(where, ": no state entries, though the metadata says it is there"));
       }
-      const Dict entries =
-          params->at(key).toGenericDict().at(c10::IValue("entries")).toGenericDict();
+      const Dict held = params->at(key).toGenericDict();
+      if (absl::Status same = check_held(held, where, {r0, r1}, shape_it->second); !same.ok())
+        return same;
+      const Dict entries = held.at(c10::IValue("entries")).toGenericDict();
       if (absl::Status st = copy_entries(entries, where, {r0, r1}, {lo, hi}, range, numel, &p);
           !st.ok()) {
         return st;

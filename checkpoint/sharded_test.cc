@@ -21,6 +21,7 @@
 namespace dtrain::checkpoint {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using Dict = c10::impl::GenericDict;
 
@@ -184,6 +185,55 @@ TEST(ShardedTest, IncompleteAndCorruptCheckpoints) {
   EXPECT_THAT(std::string(incomplete.status().message()),
               HasSubstr("incomplete checkpoint: " + dir));
   EXPECT_EQ(read_sharded_info(temp_dir()).status().code(), absl::StatusCode::kNotFound);
+}
+
+std::string shard_file(const std::string& dir, int rank) {
+  std::string name;
+  DIR* d = ::opendir(dir.c_str());
+  while (dirent* e = ::readdir(d)) {
+    const std::string n = e->d_name;
+    if (n.rfind("shard-", 0) == 0 && n.size() > 5 &&
+        n.substr(n.size() - 5) == "-" + std::to_string(rank) + ".pt") {
+      name = n;
+    }
+  }
+  ::closedir(d);
+  return name;
+}
+
+void copy_file(const std::string& from, const std::string& to) {
+  std::ifstream in(from, std::ios::binary);
+  std::ofstream out(to, std::ios::binary | std::ios::trunc);
+  out << in.rdbuf();
+}
+
+// A shard copied over another -- rank 1's over rank 0's (the same parameters, other elements, as
+// many of them under the flat partition), or rank 0's of an earlier save with the same layout --
+// is a whole, checksum-valid file; the load refuses it, naming the shard, instead of handing back
+// another rank's or save's state.
+TEST(ShardedTest, AShardInAnothersPlaceIsRefused) {
+  for (const std::string strategy : {"flat", "sorted_greedy"}) {
+    SCOPED_TRACE(strategy);
+    const std::string dir = temp_dir();
+    save_at(dir, strategy, 2);
+    const std::string rank0 = shard_file(dir, 0), rank1 = shard_file(dir, 1);
+    ASSERT_FALSE(rank0.empty());
+    ASSERT_FALSE(rank1.empty());
+    copy_file(dir + "/" + rank1, dir + "/" + rank0);
+    auto swapped = load_sharded(dir, owned(strategy, 1, 0));
+    EXPECT_EQ(swapped.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_THAT(std::string(swapped.status().message()),
+                AllOf(HasSubstr("shard " + rank0), HasSubstr("another rank or save")));
+  }
+  const std::string earlier = temp_dir(), later = temp_dir();
+  save_at(earlier, "flat", 2);
+  save_at(later, "flat", 2);
+  copy_file(earlier + "/" + shard_file(earlier, 0), later + "/" + shard_file(later, 0));
+  auto stale = load_sharded(later, owned("flat", 2, 0));
+  EXPECT_EQ(stale.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(stale.status().message()), HasSubstr("another save"));
+  // The untouched rank's pieces still load.
+  EXPECT_TRUE(load_sharded(later, owned("flat", 2, 1)).ok());
 }
 
 // Metadata that passes its checksum but lies: every variant is a DataLoss naming the problem,
