@@ -1,7 +1,8 @@
 // The hostile state-dict campaign: PyTorch writes real optimizer states (Adam, AdamW, SGD with
 // momentum, RMSprop, Adagrad, Adafactor, Muon: optim/testdata/make_campaign_states.py, at test
 // time), optim/hostile_state_dicts.h makes every damaged or edited variant of each, and each is
-// loaded into the functional optimizer, the adapter and ZeroRedundancyOptimizer (two ranks, every
+// loaded into the functional optimizer (from memory, and from a checksum-valid file save_state
+// wrote), the adapter and ZeroRedundancyOptimizer (two ranks, every
 // rank checking the whole dict). Nothing may crash or abort; nothing refused may be accepted
 // (NaN/inf never silently); each refusal is one line naming the key and the parameter's index in
 // the file, the same on every rank; what PyTorch accepts stays accepted. The counts are printed.
@@ -207,8 +208,14 @@ void expect_finite_after(const std::vector<at::Tensor>& params, const Hostile& h
   }
 }
 
+std::string file_dir() {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return tmp != nullptr ? tmp : "/tmp";
+}
+
 TEST_F(Campaign, FunctionalOptimizersAndTheAdapterRefuseEveryHostileStateDict) {
   Tally tally;
+  int files = 0, unwritable = 0;
   std::set<std::string> optimizers;
   for (const Base& b : *bases_) {
     const std::vector<Hostile> variants =
@@ -232,6 +239,24 @@ TEST_F(Campaign, FunctionalOptimizersAndTheAdapterRefuseEveryHostileStateDict) {
         expect_finite_after(params, h, "functional " + b.name);
       }
 
+      // The same variant as a checksum-valid file (save_state's zip, CRCs and all), loaded as
+      // examples:train resumes: load_state, then load_state_dict.
+      std::vector<at::Tensor> file_params = fresh(b.model);
+      auto from_file = FunctionalRegistry::global().create(b.optimizer, file_params, lr_only());
+      const std::string path = file_dir() + "/hostile.pt";
+      if (checkpoint::save_state(path, h.state_dict).ok()) {
+        Outcome f = attempt([&] {
+          absl::StatusOr<c10::IValue> back = checkpoint::load_state(path);
+          TORCH_CHECK(back.ok(), back.status().ToString());
+          from_file->load_state_dict(*back);
+        });
+        tally.judge("file " + b.name, h, f);
+        ++files;
+        if (!f.threw) expect_option_after(from_file->state_dict(), h, "file " + b.name);
+      } else {
+        ++unwritable;  // save_state writes dense tensors only (a sparse exp_avg)
+      }
+
       std::vector<at::Tensor> adapter_params = fresh(b.model);
       FunctionalOptimizerAdapter adapter(adapter_params, b.optimizer, lr_only());
       Outcome a = attempt([&] { adapter.load_state_dict(h.state_dict); });
@@ -244,7 +269,10 @@ TEST_F(Campaign, FunctionalOptimizersAndTheAdapterRefuseEveryHostileStateDict) {
       }
     }
   }
-  tally.print("(functional optimizers and the adapter)");
+  tally.print("(functional optimizers from memory and from files, and the adapter)");
+  std::printf("campaign: %d of them checksum-valid files (%d variants save_state cannot write)\n",
+              files, unwritable);
+  EXPECT_GE(files, 500);
   EXPECT_EQ(tally.failures, 0);
   EXPECT_GE(optimizers.size(), 7u);  // Adam, AdamW, SGD, RMSprop, Adagrad, Adafactor, Muon
   EXPECT_GE(tally.total, 120);
