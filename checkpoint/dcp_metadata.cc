@@ -17,27 +17,13 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "checkpoint/internal/dcp_dtypes.h"
 #include "checkpoint/pickle_reader.h"
 
 namespace dtrain::checkpoint {
 namespace {
 
 constexpr char kIndexPrefix[] = "\x01MetadataIndex\x01";
-
-constexpr std::pair<const char*, at::ScalarType> kDtypes[] = {
-    {"torch.float32", at::kFloat},
-    {"torch.float64", at::kDouble},
-    {"torch.float16", at::kHalf},
-    {"torch.bfloat16", at::kBFloat16},
-    {"torch.int64", at::kLong},
-    {"torch.int32", at::kInt},
-    {"torch.int16", at::kShort},
-    {"torch.int8", at::kChar},
-    {"torch.uint8", at::kByte},
-    {"torch.bool", at::kBool},
-    {"torch.complex64", at::kComplexFloat},
-    {"torch.complex128", at::kComplexDouble},
-};
 
 // Pairwise chunk comparisons allowed per file: far beyond any checkpoint a job writes (one chunk
 // per rank per tensor), small enough that a hostile file cannot take minutes.
@@ -243,14 +229,11 @@ class Decoder {
       }
     }
     if (!e[0].isString()) return bad(absl::StrCat(where, "'s dtype is not a torch dtype"));
-    bool found = false;
-    for (const auto& [n, dtype] : kDtypes) {
-      if (e[0].toStringRef() == n) {
-        t->dtype = dtype;
-        found = true;
-      }
-    }
-    if (!found) return bad(absl::StrCat(where, "'s dtype is not a torch dtype"));
+    const std::string& dtype = e[0].toStringRef();
+    std::optional<at::ScalarType> known;
+    if (absl::StartsWith(dtype, "torch.")) known = internal::dcp_dtype(dtype.substr(6));
+    if (!known.has_value()) return bad(absl::StrCat(where, "'s dtype is not a torch dtype"));
+    t->dtype = *known;
     if (!e[1].isString() || e[1].toStringRef() != "torch.strided") {
       return unsupported(absl::StrCat(where,
                                       " is not a strided (dense) tensor; dtrain reads "

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "checkpoint/dcp_metadata.h"
+#include "checkpoint/internal/dcp_dtypes.h"
 
 namespace dtrain::checkpoint {
 namespace {
@@ -17,34 +18,9 @@ namespace {
 constexpr char kMetadataModule[] = "torch.distributed.checkpoint.metadata";
 
 const char* dtype_name(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat:
-      return "float32";
-    case at::kDouble:
-      return "float64";
-    case at::kHalf:
-      return "float16";
-    case at::kBFloat16:
-      return "bfloat16";
-    case at::kLong:
-      return "int64";
-    case at::kInt:
-      return "int32";
-    case at::kShort:
-      return "int16";
-    case at::kChar:
-      return "int8";
-    case at::kByte:
-      return "uint8";
-    case at::kBool:
-      return "bool";
-    case at::kComplexFloat:
-      return "complex64";
-    case at::kComplexDouble:
-      return "complex128";
-    default:
-      TORCH_CHECK(false, "write_dcp_metadata: dtype ", t, " is not one DCP files hold");
-  }
+  const char* name = internal::dcp_dtype_name(t);
+  TORCH_CHECK(name != nullptr, "write_dcp_metadata: dtype ", t, " is not one DCP files hold");
+  return name;
 }
 
 class Pickler {

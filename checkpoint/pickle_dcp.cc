@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "checkpoint/internal/dcp_dtypes.h"
 #include "checkpoint/pickle_internal.h"
 
 namespace dtrain::checkpoint::pickle_internal {
@@ -52,22 +53,6 @@ constexpr int32_t kMetadataIndex = kDcpFirst + 5;
 constexpr char kClassKey[] = "__class__";
 constexpr char kStateKey[] = "__state__";
 
-// torch.<name> for the dtypes a DCP tensor may have.
-constexpr std::pair<const char*, at::ScalarType> kDtypes[] = {
-    {"float32", at::kFloat},
-    {"float64", at::kDouble},
-    {"float16", at::kHalf},
-    {"bfloat16", at::kBFloat16},
-    {"int64", at::kLong},
-    {"int32", at::kInt},
-    {"int16", at::kShort},
-    {"int8", at::kChar},
-    {"uint8", at::kByte},
-    {"bool", at::kBool},
-    {"complex64", at::kComplexFloat},
-    {"complex128", at::kComplexDouble},
-};
-
 bool is_str(const Item& item) { return item.is_value() && item.value.isString(); }
 
 }  // namespace
@@ -85,9 +70,8 @@ std::optional<Item> resolve_dcp_global(std::string_view module, std::string_view
       return Item::global(kDcpFirst + i);
   }
   if (module == "torch") {
-    for (const auto& [dtype_name, dtype] : kDtypes) {
-      if (name == dtype_name) return Item::of(c10::IValue(absl::StrCat("torch.", dtype_name)));
-    }
+    if (internal::dcp_dtype(name).has_value())
+      return Item::of(c10::IValue(absl::StrCat("torch.", name)));
   }
   return std::nullopt;
 }
