@@ -15,7 +15,6 @@
 // itself (deterministic per step and rank, so a resumed run sees the same batches). The flags and
 // their checks are in train_config.h; joining the job, the models, optimizer and hook in
 // train_job.{h,cc}; resuming and saving a step in train_resume.cc; this file runs the steps.
-#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -180,8 +179,7 @@ int train(const Config& c) {
 // checkpoint directory, a checkpoint to resume) and starts --nproc_per_node copies of this binary.
 int launch_locally(const Config& config, int argc, char** argv) {
   // Checked once here, not by every rank; --checkpoint_dir too, before the ranks start (not at their first save).
-  const int nproc = config.nproc_per_node;
-  if (nproc < 1) die(2, absl::StrCat("--nproc_per_node must be at least 1, got ", nproc));
+  const int nproc = config.launch.nproc_per_node;  // in [1, 256]: read_flags checked it
   if (config.cuda() && nproc > static_cast<int64_t>(torch::cuda::device_count())) {
     die(2, absl::StrCat("--device=cuda runs one rank per GPU: --nproc_per_node=", nproc, " needs ",
                         nproc, " GPUs but ", static_cast<int>(torch::cuda::device_count()),
@@ -200,20 +198,9 @@ int launch_locally(const Config& config, int argc, char** argv) {
     }
     if (ck->sharded && config.zero == "off") die(2, kShardedNeedsZero);
   }
-  comm::LaunchOptions o;
-  o.nproc_per_node = nproc;
-  o.nnodes = config.nnodes;
-  o.node_rank = config.node_rank;
-  o.master_addr = config.master_addr;
-  o.master_port = config.master_port;
-  o.rank0_owns_terminal = true;
-  o.max_restarts = config.max_restarts;
-  o.join_timeout_seconds =
-      std::min<double>(config.rendezvous_timeout_s, comm::kMaxJoinTimeoutSeconds);
-  o.rdzv_id = config.rdzv_id;
   std::vector<std::string> args = {"/proc/self/exe"};
   for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
-  absl::StatusOr<int> code = comm::launch_local(args, o);
+  absl::StatusOr<int> code = comm::launch_local(args, config.launch);
   if (!code.ok())
     die(absl::IsInvalidArgument(code.status()) ? 2 : 1, std::string(code.status().message()));
   return *code;

@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <limits>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include <torch/cuda.h>
@@ -16,20 +19,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "comm/process_group.h"
+#include "launcher/launch_options.h"
 #include "launcher/local_launcher.h"
 
-ABSL_FLAG(int, nproc_per_node, 2,
-          "Ranks to launch on this machine, at least 1 (x --nnodes at most 2^20; ignored when "
-          "RANK/WORLD_SIZE are set).");
-ABSL_FLAG(int, nnodes, 1,
-          "Nodes in the job (torchrun's flag), 1-2^20; nnodes x nproc_per_node ranks in all.");
-ABSL_FLAG(int, node_rank, 0, "This node's index in [0, nnodes) (torchrun's flag).");
-ABSL_FLAG(std::string, master_addr, "127.0.0.1",
-          "Address of node 0, where rank 0 and the rendezvous store run (torchrun's flag); the "
-          "store listens on this address only.");
-ABSL_FLAG(int, master_port, 0,
-          "Port of the rendezvous store (torchrun's flag); 0: a free port on one node, 29500 on "
-          "several.");
+// torchrun's flags (--nnodes, --node_rank, --master_addr, --master_port, --max_restarts, --rdzv_id)
+// are launcher/launch_options.cc's, shared with //launcher:launch; --nproc_per_node is defined
+// here, with its help text from there, for train's default of 2 ranks.
+ABSL_FLAG(int64_t, nproc_per_node, 2, dtrain::comm::kNprocPerNodeHelp);
 ABSL_FLAG(int, steps, 300,
           "Total optimizer steps, at least 1 (a resumed run continues up to this step).");
 ABSL_FLAG(std::string, hook, "allreduce",
@@ -83,11 +79,6 @@ ABSL_FLAG(int, timeout_s, 60,
 ABSL_FLAG(int, rendezvous_timeout_s, 300,
           "Seconds for every rank to join the job at startup (and, with --nnodes > 1 and "
           "--max_restarts, for every node's launcher to join each attempt); 1-604800 (a week).");
-ABSL_FLAG(int, max_restarts, 0,
-          "Times to restart all ranks after one fails (torchrun's flag, 0-100); they resume from "
-          "this job's newest step.");
-ABSL_FLAG(std::string, rdzv_id, "",
-          "The job's id (torchrun's flag), recorded in each checkpoint; empty: random per launch.");
 ABSL_FLAG(
     int, fail_at_step, 0,
     "Testing only: rank 1 kills itself (SIGKILL) before this step on the first attempt, at least "
@@ -212,10 +203,6 @@ absl::Status check_values(const TrainConfig& c, const std::string& backend) {
   if (c.keep_checkpoints < 1) {
     return usage(absl::StrCat("--keep_checkpoints must be at least 1, got ", c.keep_checkpoints));
   }
-  if (c.max_restarts < 0 || c.max_restarts > comm::kMaxRestarts) {
-    return usage(absl::StrCat("--max_restarts must be in [0, ", comm::kMaxRestarts, "], got ",
-                              c.max_restarts));
-  }
   if (c.fail_at_step < 0)
     return usage(absl::StrCat("--fail_at_step must be at least 0, got ", c.fail_at_step));
   if (c.hook == "post_local_sgd" && c.zero != "off") {
@@ -263,29 +250,6 @@ absl::Status check_values(const TrainConfig& c, const std::string& backend) {
   return absl::OkStatus();
 }
 
-// The multi-node flags, bounded (their product too) before any rank starts.
-absl::Status check_nodes(const TrainConfig& c) {
-  if (c.nnodes < 1 || c.nnodes > comm::kMaxWorldSize) {
-    return usage(
-        absl::StrCat("--nnodes must be in [1, ", comm::kMaxWorldSize, "], got ", c.nnodes));
-  }
-  if (c.node_rank < 0 || c.node_rank >= c.nnodes) {
-    return usage(absl::StrCat("--node_rank must be in [0, ", c.nnodes - 1,
-                              "] (below --nnodes=", c.nnodes, "), got ", c.node_rank));
-  }
-  if (static_cast<int64_t>(c.nnodes) * c.nproc_per_node > comm::kMaxWorldSize) {
-    return usage(absl::StrCat(
-        "--nnodes x --nproc_per_node = ", static_cast<int64_t>(c.nnodes) * c.nproc_per_node,
-        " ranks; at most ", comm::kMaxWorldSize));
-  }
-  if (c.master_port < 0 || c.master_port > 65535) {
-    return usage(absl::StrCat("--master_port must be in [0, 65535], got ", c.master_port));
-  }
-  if (c.master_addr.empty())
-    return usage("--master_addr must name node 0 (an address or host name)");
-  return absl::OkStatus();
-}
-
 // --device=cuda: CUDA in this build, and a GPU this process can see.
 absl::Status check_cuda() {
   if (!comm::nccl_available()) {
@@ -311,13 +275,16 @@ void set_flags_usage() {
   absl::SetProgramUsageMessage(
       "Trains a small MLP with DDP + a communication hook + ZeroRedundancyOptimizer(Adam) on "
       "local ranks it launches, or as one rank of a torchrun-style job (RANK, WORLD_SIZE, "
-      "MASTER_ADDR, MASTER_PORT).\n\n  train [--flag=value ...]     (--helpfull: Abseil's own "
-      "flags too)");
+      "MASTER_ADDR, MASTER_PORT; torchrun's flags are then checked but not used). With "
+      "--max_restarts the ranks resume from the newest step this job committed (the job: "
+      "--rdzv_id, recorded in each checkpoint).\n\n  train [--flag=value ...]     (--helpfull: "
+      "Abseil's own flags too)");
   absl::FlagsUsageConfig config;
-  // The flags of train.cc and train_config.cc (where __FILE__ ends so), in --help and --helpshort.
+  // The flags of train.cc, train_config.cc and launcher/launch_options.cc (torchrun's), in --help
+  // and --helpshort.
   auto train_file = [](absl::string_view file) {
     return absl::EndsWith(file, "examples/train_config.cc") ||
-           absl::EndsWith(file, "examples/train.cc");
+           absl::EndsWith(file, "examples/train.cc") || comm::defines_launch_flags(file);
   };
   config.contains_helpshort_flags = train_file;
   config.contains_help_flags = train_file;
@@ -327,11 +294,6 @@ void set_flags_usage() {
 
 absl::StatusOr<TrainConfig> read_flags() {
   TrainConfig c;
-  c.nproc_per_node = absl::GetFlag(FLAGS_nproc_per_node);
-  c.nnodes = absl::GetFlag(FLAGS_nnodes);
-  c.node_rank = absl::GetFlag(FLAGS_node_rank);
-  c.master_addr = absl::GetFlag(FLAGS_master_addr);
-  c.master_port = absl::GetFlag(FLAGS_master_port);
   c.steps = absl::GetFlag(FLAGS_steps);
   c.hook = absl::GetFlag(FLAGS_hook);
   c.zero = absl::GetFlag(FLAGS_zero);
@@ -351,15 +313,21 @@ absl::StatusOr<TrainConfig> read_flags() {
   c.log_every = absl::GetFlag(FLAGS_log_every);
   c.timeout_s = absl::GetFlag(FLAGS_timeout_s);
   c.rendezvous_timeout_s = absl::GetFlag(FLAGS_rendezvous_timeout_s);
-  c.max_restarts = absl::GetFlag(FLAGS_max_restarts);
-  c.rdzv_id = absl::GetFlag(FLAGS_rdzv_id);
   c.fail_at_step = absl::GetFlag(FLAGS_fail_at_step);
   c.seed = absl::GetFlag(FLAGS_seed);
   c.device = absl::GetFlag(FLAGS_device);
   c.powersgd_start_iter = absl::GetFlag(FLAGS_powersgd_start_iter);
   const std::string backend = absl::GetFlag(FLAGS_backend);
   if (absl::Status s = check_values(c, backend); !s.ok()) return s;
-  if (absl::Status s = check_nodes(c); !s.ok()) return s;
+  // torchrun's flags, checked where //launcher:launch checks them; the launchers' join timeout is
+  // --rendezvous_timeout_s (checked above), at most theirs.
+  comm::LaunchFlags launch = comm::read_launch_flags();
+  launch.nproc_per_node = absl::GetFlag(FLAGS_nproc_per_node);
+  launch.join_timeout = std::min<double>(c.rendezvous_timeout_s, comm::kMaxJoinTimeoutSeconds);
+  absl::StatusOr<comm::LaunchOptions> o = comm::to_launch_options(launch);
+  if (!o.ok()) return o.status();
+  c.launch = *std::move(o);
+  c.launch.rank0_owns_terminal = true;
   if (c.cuda()) {
     if (absl::Status s = check_cuda(); !s.ok()) return s;
   }

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "launcher/local_launcher.h"
 
 namespace dtrain::examples {
 
@@ -22,16 +23,14 @@ inline constexpr int kMaxBatchSize = 1 << 20;                 // --batch_size
 inline constexpr int64_t kMaxActivations = int64_t{1} << 28;  // --batch_size x --hidden
 inline constexpr int kMaxTimeoutSeconds = 7 * 24 * 3600;      // --timeout_s, --rendezvous_timeout_s
 
-// One field per flag, under the flag's name (see train_config.cc for each flag's help text).
+// One field per flag, under the flag's name (see train_config.cc for each flag's help text), but
+// torchrun's flags: they are `launch`'s fields.
 struct TrainConfig {
-  int nproc_per_node = 2;  // checked by the launching process only (ignored inside a job)
-  // torchrun's multi-node flags: this launch starts node `node_rank`'s ranks of an
-  // nnodes x nproc_per_node job whose store runs at master_addr:master_port (0: a free port on
-  // one node, 29500 on several).
-  int nnodes = 1;
-  int node_rank = 0;
-  std::string master_addr = "127.0.0.1";
-  int master_port = 0;
+  // torchrun's flags, read and checked by launcher/launch_options.h, as the launcher takes them:
+  // --nproc_per_node (here 2 by default; used by the launching process only), --nnodes,
+  // --node_rank, --master_addr, --master_port, --max_restarts, --rdzv_id; join_timeout_seconds is
+  // --rendezvous_timeout_s (at most comm::kMaxJoinTimeoutSeconds), rank 0 owns the terminal.
+  comm::LaunchOptions launch;
   int steps = 300;
   std::string hook = "allreduce";      // allreduce|fp16|bf16|powersgd|post_local_sgd|noop
   std::string zero = "sorted_greedy";  // off|sorted_greedy|flat|stage2
@@ -51,8 +50,6 @@ struct TrainConfig {
   int log_every = 0;
   int timeout_s = 60;
   int rendezvous_timeout_s = 300;
-  int max_restarts = 0;
-  std::string rdzv_id;
   int fail_at_step = 0;
   uint64_t seed = 0;
   // "cpu" or "cuda": where the model, the data and the optimizer state live (with "cuda", each
@@ -76,8 +73,9 @@ void set_flags_usage();
 // build and machine: --device=cuda needs a build with CUDA (comm::nccl_available()) and a visible
 // GPU (how many GPUs --nproc_per_node needs is the launching process's check, and LOCAL_RANK's the
 // rank's). Errors: InvalidArgument with the one-line message examples:train prints (exit code 2),
-// e.g. an unknown --hook, --zero, --device or --backend, a value out of range, flags that do not go
-// together (--backend=nccl with --device=cpu), --device=cuda where no GPU can be used.
+// e.g. an unknown --hook, --zero, --device or --backend, a value out of range (torchrun's flags
+// with comm::to_launch_options' messages), flags that do not go together (--backend=nccl with
+// --device=cpu), --device=cuda where no GPU can be used.
 absl::StatusOr<TrainConfig> read_flags();
 
 }  // namespace dtrain::examples
