@@ -89,6 +89,81 @@ struct ShardReport {
   }
 };
 
+// Step 2 of a save: this rank's shard file, and what it holds for rank 0's metadata.
+absl::Status write_shard(const std::string& dir, const std::string& id, int rank,
+                         const ShardedState& mine, ShardReport* report) {
+  Dict params = int_dict();
+  for (const auto& [index, p] : mine.params) {
+    if (absl::Status ok = check_param(index, p); !ok.ok()) return ok;
+    Dict entry = str_dict();
+    entry.insert("range", c10::List<int64_t>({p.range.begin, p.range.end}));
+    entry.insert("shape", c10::List<int64_t>(p.shape));
+    entry.insert("entries", p.entries);
+    params.insert(index, entry);
+    report->params[index] = {p.range, p.shape};
+  }
+  Dict shard = str_dict();
+  shard.insert("format", std::string(kFormat));
+  // Which save and rank wrote it: a shard copied over another's is refused at load.
+  shard.insert("save_id", id);
+  shard.insert("rank", static_cast<int64_t>(rank));
+  shard.insert("params", params);
+  return save_state(absl::StrCat(dir, "/", shard_name(id, rank)), shard);
+}
+
+// Shards of earlier saves in `dir`: garbage once save `id` is committed.
+void remove_stale_shards(const std::string& dir, const std::string& id) {
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return;
+  const std::string keep = absl::StrCat("shard-", id, "-");
+  while (dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (absl::StartsWith(name, "shard-") && !absl::StartsWith(name, keep))
+      ::unlink((dir + "/" + name).c_str());
+  }
+  ::closedir(d);
+}
+
+// Step 3 on rank 0: every rank's report -> the metadata, written last (the commit), then the
+// earlier saves' shards removed. The first failing rank's error, or rank 0's write error.
+absl::Status commit_metadata(const std::string& dir, const std::string& id, int world,
+                             const std::vector<c10::IValue>& reports, const ShardedState& mine,
+                             const std::string& strategy) {
+  auto failed = [&](const std::string& why) {
+    return absl::UnavailableError(
+        absl::StrCat("save_sharded(", dir, ") failed, nothing committed: ", why));
+  };
+  c10::impl::GenericList shards(c10::AnyType::get());
+  Dict shapes = int_dict();
+  for (int r = 0; r < world; ++r) {
+    const ShardReport rep = ShardReport::decode(reports[r]);
+    if (!rep.error.empty()) return failed(rep.error);
+    Dict ranges = int_dict();
+    for (const auto& [index, held] : rep.params) {
+      ranges.insert(index, c10::List<int64_t>({held.first.begin, held.first.end}));
+      shapes.insert_or_assign(index, c10::List<int64_t>(held.second));
+    }
+    Dict shard = str_dict();
+    shard.insert("file", shard_name(id, r));
+    shard.insert("ranges", ranges);
+    shards.push_back(shard);
+  }
+  Dict meta = str_dict();
+  meta.insert("format", std::string(kFormat));
+  meta.insert("save_id", id);
+  meta.insert("world_size", static_cast<int64_t>(world));
+  meta.insert("strategy", strategy);
+  meta.insert("shards", shards);
+  meta.insert("shapes", shapes);
+  meta.insert(kParamGroupsKey, mine.param_groups);
+  meta.insert("extra", mine.extra);
+  // The commit: until this rename the directory's previous checkpoint stays the valid one.
+  if (absl::Status s = save_state(absl::StrCat(dir, "/", kMetadata), meta); !s.ok())
+    return failed(absl::StrCat("rank 0 writing ", kMetadata, ": ", s.ToString()));
+  remove_stale_shards(dir, id);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status save_sharded(const comm::Group& group, const std::string& dir,
@@ -108,27 +183,8 @@ absl::Status save_sharded(const comm::Group& group, const std::string& dir,
     return on_rank(s, "receiving the save's id from rank 0");
 
   // 2. This rank's shard, in parallel with the others.
-  absl::Status written = absl::OkStatus();
   ShardReport report;
-  Dict params = int_dict();
-  for (const auto& [index, p] : mine.params) {
-    if (written = check_param(index, p); !written.ok()) break;
-    Dict entry = str_dict();
-    entry.insert("range", c10::List<int64_t>({p.range.begin, p.range.end}));
-    entry.insert("shape", c10::List<int64_t>(p.shape));
-    entry.insert("entries", p.entries);
-    params.insert(index, entry);
-    report.params[index] = {p.range, p.shape};
-  }
-  if (written.ok()) {
-    Dict shard = str_dict();
-    shard.insert("format", std::string(kFormat));
-    // Which save and rank wrote it: a shard copied over another's is refused at load.
-    shard.insert("save_id", id.toStringRef());
-    shard.insert("rank", static_cast<int64_t>(group.rank()));
-    shard.insert("params", params);
-    written = save_state(absl::StrCat(dir, "/", shard_name(id.toStringRef(), group.rank())), shard);
-  }
+  const absl::Status written = write_shard(dir, id.toStringRef(), group.rank(), mine, &report);
 
   // 3. Rank 0 collects every rank's outcome and description, commits, and tells everyone.
   if (!written.ok()) report.error = absl::StrCat("rank ", group.rank(), ": ", written.ToString());
@@ -137,58 +193,10 @@ absl::Status save_sharded(const comm::Group& group, const std::string& dir,
     return on_rank(reports.status(), group.rank() == 0 ? "gathering every rank's outcome"
                                                        : "sending its outcome to rank 0");
   }
-  absl::Status verdict;
-  auto failed = [&](const std::string& why) {
-    return absl::UnavailableError(
-        absl::StrCat("save_sharded(", dir, ") failed, nothing committed: ", why));
-  };
-  if (group.rank() == 0) {
-    c10::impl::GenericList shards(c10::AnyType::get());
-    Dict shapes = int_dict();
-    for (int r = 0; r < group.size() && verdict.ok(); ++r) {
-      const ShardReport rep = ShardReport::decode((*reports)[r]);
-      if (!rep.error.empty()) {
-        verdict = failed(rep.error);
-        break;
-      }
-      Dict ranges = int_dict();
-      for (const auto& [index, held] : rep.params) {
-        ranges.insert(index, c10::List<int64_t>({held.first.begin, held.first.end}));
-        shapes.insert_or_assign(index, c10::List<int64_t>(held.second));
-      }
-      Dict shard = str_dict();
-      shard.insert("file", shard_name(id.toStringRef(), r));
-      shard.insert("ranges", ranges);
-      shards.push_back(shard);
-    }
-    if (verdict.ok()) {
-      Dict meta = str_dict();
-      meta.insert("format", std::string(kFormat));
-      meta.insert("save_id", id);
-      meta.insert("world_size", static_cast<int64_t>(group.size()));
-      meta.insert("strategy", strategy);
-      meta.insert("shards", shards);
-      meta.insert("shapes", shapes);
-      meta.insert(kParamGroupsKey, mine.param_groups);
-      meta.insert("extra", mine.extra);
-      // The commit: until this rename the directory's previous checkpoint stays the valid one.
-      if (absl::Status s = save_state(absl::StrCat(dir, "/", kMetadata), meta); !s.ok()) {
-        verdict = failed(absl::StrCat("rank 0 writing ", kMetadata, ": ", s.ToString()));
-      }
-    }
-    if (verdict.ok()) {
-      // Shards of earlier saves are garbage now.
-      if (DIR* d = ::opendir(dir.c_str())) {
-        const std::string keep = absl::StrCat("shard-", id.toStringRef(), "-");
-        while (dirent* e = ::readdir(d)) {
-          const std::string name = e->d_name;
-          if (absl::StartsWith(name, "shard-") && !absl::StartsWith(name, keep))
-            ::unlink((dir + "/" + name).c_str());
-        }
-        ::closedir(d);
-      }
-    }
-  }
+  const absl::Status verdict =
+      group.rank() == 0
+          ? commit_metadata(dir, id.toStringRef(), group.size(), *reports, mine, strategy)
+          : absl::OkStatus();
   absl::Status shared = comm::share_verdict(group, verdict, 0);
   // Rank 0's verdict names the save; anything else is the transport's failure.
   if (!shared.ok() && !absl::StartsWith(shared.message(), "save_sharded(")) {

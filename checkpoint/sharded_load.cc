@@ -252,6 +252,113 @@ absl::Status check_held(const Dict& held, const std::string& where, std::pair<in
   return absl::OkStatus();
 }
 
+// The shards' params dicts, each file read (and its identity checked) once.
+class ShardFiles {
+ public:
+  ShardFiles(const std::string& dir, const ParsedMetadata& meta) : dir_(dir), meta_(meta) {}
+
+  absl::StatusOr<Dict> params(size_t s) {
+    if (auto it = loaded_.find(s); it != loaded_.end()) return it->second;
+    const std::string& file = meta_.shards[s].file;
+    absl::StatusOr<c10::IValue> v = load_state(absl::StrCat(dir_, "/", file));
+    if (!v.ok()) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint ", dir_, ": shard ", file, ": ", v.status().message()));
+    }
+    if (!v->isGenericDict() || !v->toGenericDict().contains(c10::IValue("params")) ||
+        !v->toGenericDict().at(c10::IValue("params")).isGenericDict()) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint ", dir_, ": shard ", file, " has no 'params' dict"));
+    }
+    if (absl::Status mine =
+            check_shard_identity(v->toGenericDict(), s, meta_.info.save_id,
+                                 absl::StrCat("checkpoint ", dir_, ": shard ", file));
+        !mine.ok()) {
+      return mine;
+    }
+    Dict params = v->toGenericDict().at(c10::IValue("params")).toGenericDict();
+    loaded_.emplace(s, params);
+    return params;
+  }
+
+ private:
+  const std::string& dir_;
+  const ParsedMetadata& meta_;
+  std::map<size_t, Dict> loaded_;  // shard number -> its params
+};
+
+// The pieces must tile the range exactly: no gap (which would leave uninitialised memory), no
+// overlap (two shards claiming one element).
+absl::Status check_tiling(std::vector<std::pair<int64_t, int64_t>> pieces, partition::Range range,
+                          int64_t index, const std::string& dir) {
+  std::sort(pieces.begin(), pieces.end());
+  int64_t at_element = range.begin;
+  for (const auto& [lo, hi] : pieces) {
+    if (lo != at_element) {
+      return absl::DataLossError(absl::StrCat(
+          "checkpoint ", dir, ": the shards ", lo < at_element ? "overlap" : "leave a gap",
+          " at element ", std::min(lo, at_element), " of parameter ", index));
+    }
+    at_element = hi;
+  }
+  if (at_element != range.end) {
+    return absl::DataLossError(absl::StrCat(
+        "checkpoint ", dir, ": the shards cover elements [", range.begin, ", ", at_element,
+        ") of the requested [", range.begin, ", ", range.end, ") of parameter ", index));
+  }
+  return absl::OkStatus();
+}
+
+// Parameter `index`'s elements `range` (of a parameter of `shape`), from every shard holding part
+// of them.
+absl::StatusOr<ShardedState::Param> load_param(const std::string& dir, const ParsedMetadata& meta,
+                                               ShardFiles& files, int64_t index,
+                                               partition::Range range,
+                                               const std::vector<int64_t>& shape) {
+  const int64_t numel = numel_of(shape);
+  ShardedState::Param p;
+  p.shape = shape;
+  p.range = range;
+  std::vector<std::pair<int64_t, int64_t>> pieces;  // the parts of `range` the shards hold
+  for (size_t s = 0; s < meta.shards.size(); ++s) {
+    auto r_it = meta.shards[s].ranges.find(index);
+    if (r_it == meta.shards[s].ranges.end()) continue;
+    const auto [r0, r1] = r_it->second;  // 0 <= r0 <= r1 <= numel (parse_metadata)
+    const int64_t lo = std::max(r0, range.begin), hi = std::min(r1, range.end);
+    if (hi <= lo && !(range.size() == 0 && r0 <= range.begin && range.begin <= r1)) continue;
+    absl::StatusOr<Dict> params = files.params(s);
+    if (!params.ok()) return params.status();
+    const std::string where =
+        absl::StrCat("checkpoint ", dir, ": shard ", meta.shards[s].file, ", parameter ", index);
+    const c10::IValue key(index);
+    if (!params->contains(key) || !params->at(key).isGenericDict() ||
+        !params->at(key).toGenericDict().contains(c10::IValue("entries")) ||
+        !params->at(key).toGenericDict().at(c10::IValue("entries")).isGenericDict()) {
+      return absl::DataLossError(
+          absl::StrCat(where, ": no state entries, though the metadata says it is there"));
+    }
+    const Dict held = params->at(key).toGenericDict();
+    if (absl::Status same = check_held(held, where, {r0, r1}, shape); !same.ok()) return same;
+    const Dict entries = held.at(c10::IValue("entries")).toGenericDict();
+    if (absl::Status st = copy_entries(entries, where, {r0, r1}, {lo, hi}, range, numel, &p);
+        !st.ok()) {
+      return st;
+    }
+    if (hi > lo) pieces.emplace_back(lo, hi);
+  }
+  if (absl::Status tiled = check_tiling(std::move(pieces), range, index, dir); !tiled.ok())
+    return tiled;
+  if (range.begin == 0 && range.end == numel) {
+    for (const auto& kv : p.entries) {
+      if (kv.value().isTensor() && kv.value().toTensor().dim() == 1 &&
+          kv.value().toTensor().numel() == numel) {
+        p.entries.insert_or_assign(kv.key(), kv.value().toTensor().view(p.shape));
+      }
+    }
+  }
+  return p;
+}
+
 absl::StatusOr<ShardedState> load_checked(const std::string& dir,
                                           const std::map<int64_t, partition::Range>& wanted) {
   absl::StatusOr<ParsedMetadata> meta = read_metadata(dir);
@@ -260,31 +367,7 @@ absl::StatusOr<ShardedState> load_checked(const std::string& dir,
   ShardedState out;
   out.param_groups = info.param_groups;
   out.extra = info.extra;
-  std::map<size_t, Dict> loaded;  // shard number -> its params, read once
-  auto shard_params = [&](size_t s) -> absl::StatusOr<Dict> {
-    if (auto it = loaded.find(s); it != loaded.end()) return it->second;
-    const std::string& file = meta->shards[s].file;
-    absl::StatusOr<c10::IValue> v = load_state(absl::StrCat(dir, "/", file));
-    if (!v.ok()) {
-      return absl::DataLossError(
-          absl::StrCat("checkpoint ", dir, ": shard ", file, ": ", v.status().message()));
-    }
-    if (!v->isGenericDict() || !v->toGenericDict().contains(c10::IValue("params")) ||
-        !v->toGenericDict().at(c10::IValue("params")).isGenericDict()) {
-      return absl::DataLossError(
-          absl::StrCat("checkpoint ", dir, ": shard ", file, " has no 'params' dict"));
-    }
-    if (absl::Status mine =
-            check_shard_identity(v->toGenericDict(), s, info.save_id,
-                                 absl::StrCat("checkpoint ", dir, ": shard ", file));
-        !mine.ok()) {
-      return mine;
-    }
-    Dict params = v->toGenericDict().at(c10::IValue("params")).toGenericDict();
-    loaded.emplace(s, params);
-    return params;
-  };
-
+  ShardFiles files(dir, *meta);
   for (const auto& [index, range] : wanted) {
     auto shape_it = info.shapes.find(index);
     if (shape_it == info.shapes.end()) {
@@ -297,63 +380,10 @@ absl::StatusOr<ShardedState> load_checked(const std::string& dir,
                                                      ", ", range.end, ") outside its ", numel,
                                                      " elements"));
     }
-    ShardedState::Param p;
-    p.shape = shape_it->second;
-    p.range = range;
-    std::vector<std::pair<int64_t, int64_t>> pieces;  // the parts of `range` the shards hold
-    for (size_t s = 0; s < meta->shards.size(); ++s) {
-      auto r_it = meta->shards[s].ranges.find(index);
-      if (r_it == meta->shards[s].ranges.end()) continue;
-      const auto [r0, r1] = r_it->second;  // 0 <= r0 <= r1 <= numel (parse_metadata)
-      const int64_t lo = std::max(r0, range.begin), hi = std::min(r1, range.end);
-      if (hi <= lo && !(range.size() == 0 && r0 <= range.begin && range.begin <= r1)) continue;
-      absl::StatusOr<Dict> params = shard_params(s);
-      if (!params.ok()) return params.status();
-      const std::string where =
-          absl::StrCat("checkpoint ", dir, ": shard ", meta->shards[s].file, ", parameter ", index);
-      const c10::IValue key(index);
-      if (!params->contains(key) || !params->at(key).isGenericDict() ||
-          !params->at(key).toGenericDict().contains(c10::IValue("entries")) ||
-          !params->at(key).toGenericDict().at(c10::IValue("entries")).isGenericDict()) {
-        return absl::DataLossError(
-            absl::StrCat(where, ": no state entries, though the metadata says it is there"));
-      }
-      const Dict held = params->at(key).toGenericDict();
-      if (absl::Status same = check_held(held, where, {r0, r1}, shape_it->second); !same.ok())
-        return same;
-      const Dict entries = held.at(c10::IValue("entries")).toGenericDict();
-      if (absl::Status st = copy_entries(entries, where, {r0, r1}, {lo, hi}, range, numel, &p);
-          !st.ok()) {
-        return st;
-      }
-      if (hi > lo) pieces.emplace_back(lo, hi);
-    }
-    // The pieces must tile the range exactly: no gap (which would leave uninitialised memory), no
-    // overlap (two shards claiming one element).
-    std::sort(pieces.begin(), pieces.end());
-    int64_t at_element = range.begin;
-    for (const auto& [lo, hi] : pieces) {
-      if (lo != at_element) {
-        return absl::DataLossError(absl::StrCat(
-            "checkpoint ", dir, ": the shards ", lo < at_element ? "overlap" : "leave a gap",
-            " at element ", std::min(lo, at_element), " of parameter ", index));
-      }
-      at_element = hi;
-    }
-    if (at_element != range.end) {
-      return absl::DataLossError(absl::StrCat(
-          "checkpoint ", dir, ": the shards cover elements [", range.begin, ", ", at_element,
-          ") of the requested [", range.begin, ", ", range.end, ") of parameter ", index));
-    }
-    if (range.begin == 0 && range.end == numel) {
-      for (const auto& kv : p.entries) {
-        if (kv.value().isTensor() && kv.value().toTensor().dim() == 1 &&
-            kv.value().toTensor().numel() == numel) {
-          p.entries.insert_or_assign(kv.key(), kv.value().toTensor().view(p.shape));
-        }
-      }
-    }
-    out.params.emplace(index, std::move(p));
+    absl::StatusOr<ShardedState::Param> p =
+        load_param(dir, *meta, files, index, range, shape_it->second);
+    if (!p.ok()) return p.status();
+    out.params.emplace(index, *std::move(p));
   }
   return out;
 }
