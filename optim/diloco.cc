@@ -13,6 +13,7 @@
 #include "optim/diloco_compression.h"
 #include "optim/functional/registry.h"
 #include "optim/functional/torch_state.h"
+#include "optim/internal/wrapper_groups.h"
 
 namespace dtrain::optim {
 namespace {
@@ -27,12 +28,6 @@ const torch::optim::Optimizer& checked(const std::unique_ptr<torch::optim::Optim
               "DiLoCo: the inner optimizer is null; pass the optimizer of the local steps (e.g. "
               "std::make_unique<torch::optim::AdamW>(params, options))");
   return *inner;
-}
-
-std::vector<torch::optim::OptimizerParamGroup> copy_groups(const torch::optim::Optimizer& optim) {
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  for (const auto& g : optim.param_groups()) groups.emplace_back(g);
-  return groups;
 }
 
 // The dtype of a parameter's global copy: float32, or float64 for float64 parameters.
@@ -133,7 +128,8 @@ void check_diloco_options(const DiLoCoOptions& options, size_t num_params) {
 }
 
 DiLoCo::DiLoCo(std::unique_ptr<torch::optim::Optimizer> inner, DiLoCoOptions options)
-    : torch::optim::Optimizer(copy_groups(checked(inner)), checked(inner).defaults().clone()),
+    : torch::optim::Optimizer(internal::copy_param_groups(checked(inner)),
+                              checked(inner).defaults().clone()),
       inner_(std::move(inner)),
       options_(std::move(options)) {
   options_.outer_options = options_.outer_options.copy();
@@ -186,12 +182,10 @@ void DiLoCo::sync_options(bool to_inner) {
               " in the inner optimizer, ", param_groups_.size(),
               " here); DiLoCo keeps global copies of the parameters it was built with: add every "
               "group to the inner optimizer before constructing DiLoCo");
-  for (size_t g = 0; g < inner.size(); ++g) {
-    if (to_inner) {
-      inner[g].set_options(param_groups_[g].options().clone());
-    } else {
-      param_groups_[g].set_options(inner[g].options().clone());
-    }
+  if (to_inner) {
+    internal::copy_group_options(param_groups_, inner);
+  } else {
+    internal::copy_group_options(inner, param_groups_);
   }
 }
 

@@ -2,21 +2,15 @@
 
 #include "optim/functional/adapter.h"
 #include "optim/functional/torch_state.h"
+#include "optim/internal/wrapper_groups.h"
 
 namespace dtrain::optim {
-namespace {
-
-std::vector<torch::optim::OptimizerParamGroup> copy_groups(const torch::optim::Optimizer& optim) {
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  for (const auto& g : optim.param_groups()) groups.emplace_back(g);
-  return groups;
-}
-
-}  // namespace
+using internal::copy_group_options;
+using internal::copy_param_groups;
 
 PostLocalSGDOptimizer::PostLocalSGDOptimizer(std::unique_ptr<torch::optim::Optimizer> optim,
                                              std::shared_ptr<ModelAverager> averager)
-    : torch::optim::Optimizer(copy_groups(*optim), optim->defaults().clone()),
+    : torch::optim::Optimizer(copy_param_groups(*optim), optim->defaults().clone()),
       optim_(std::move(optim)),
       averager_(std::move(averager)),
       synced_(optim_->param_groups().size()) {
@@ -41,12 +35,10 @@ void PostLocalSGDOptimizer::sync_options(bool to_local) {
   TORCH_CHECK(local.size() == param_groups_.size(),
               "PostLocalSGDOptimizer: param groups out of step (", local.size(),
               " in the local optimizer, ", param_groups_.size(), " here)");
-  for (size_t g = 0; g < local.size(); ++g) {
-    if (to_local) {
-      local[g].set_options(param_groups_[g].options().clone());
-    } else {
-      param_groups_[g].set_options(local[g].options().clone());
-    }
+  if (to_local) {
+    copy_group_options(param_groups_, local);
+  } else {
+    copy_group_options(local, param_groups_);
   }
 }
 
