@@ -71,7 +71,7 @@ std::optional<Item> resolve_dcp_global(std::string_view module, std::string_view
   }
   if (module == "torch") {
     if (internal::dcp_dtype(name).has_value())
-      return Item::of(c10::IValue(absl::StrCat("torch.", name)));
+      return Item::of(c10::IValue("torch." + std::string(name)));
   }
   return std::nullopt;
 }
