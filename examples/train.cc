@@ -93,6 +93,19 @@ RunResult run_steps(const Config& c, const Job& job, checkpoint::StepCheckpoints
   return r;
 }
 
+// FNV-1a over rank 0's parameters' bytes (in order): two runs that end with the same digest
+// ended with the same weights, to the bit -- what the resume tests compare (the teacher task's
+// loss reaches its floor and cannot tell two runs apart).
+uint64_t weights_digest(torch::nn::Module& model) {
+  uint64_t h = 1469598103934665603ULL;
+  for (const auto& p : model.parameters()) {
+    const at::Tensor t = p.detach().to(at::kCPU).contiguous();
+    const auto* bytes = static_cast<const unsigned char*>(t.data_ptr());
+    for (size_t i = 0; i < t.nbytes(); ++i) h = (h ^ bytes[i]) * 1099511628211ULL;
+  }
+  return h;
+}
+
 // Rank 0's summary table: the run, the loss, the speed, optimizer state per rank next to one
 // unsharded replica, the checkpoint. Collective (gathers every rank's state size).
 void print_summary(const Config& c, const Job& job, checkpoint::StepCheckpoints& ckpts, Trainer& t,
@@ -117,6 +130,8 @@ void print_summary(const Config& c, const Job& job, checkpoint::StepCheckpoints&
       c.zero_overlap ? " (overlapped with DDP)" : "", c.bucket_view ? "on" : "off", TORCH_VERSION);
   std::printf("| loss | %.6f at step %d -> final loss %.6f at step %d |\n", r.first_loss, start + 1,
               r.last_loss, c.steps);
+  std::printf("| weights digest | %016llx |\n",
+              static_cast<unsigned long long>(weights_digest(*t.model)));
   std::printf("| time | %.2f s for %d steps (%.1f steps/s) |\n", r.seconds, c.steps - start,
               (c.steps - start) / r.seconds);
   for (int i = 0; i < job.world_size; ++i) {

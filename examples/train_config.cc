@@ -151,11 +151,6 @@ absl::Status check_dcp_flags(const TrainConfig& c) {
         "--checkpoint_format=dcp is sharded already (each rank writes its part): drop "
         "--sharded_checkpoint");
   }
-  if ((c.checkpoint_format == "dcp" || !c.init_from_dcp.empty()) && c.hook == "post_local_sgd") {
-    return usage(
-        "DCP checkpoints hold the model and Adam's state, not post-local SGD's averager "
-        "step: use --checkpoint_format=torch_save with --hook=post_local_sgd");
-  }
   if (!c.init_from_dcp.empty() && c.resume) {
     return usage(
         "--init_from_dcp starts a run from a DCP checkpoint and --resume continues one "

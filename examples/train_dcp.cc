@@ -15,6 +15,9 @@ namespace dtrain::examples {
 namespace {
 
 constexpr char kStepKey[] = "step";
+// PostLocalSGDOptimizer's averager step: where PyTorch's PostLocalSGDOptimizer.state_dict() has
+// it ({"state", "param_groups", "step"} under "optim"), so dcp_to_torch_save gives PyTorch's dict.
+constexpr char kAveragerStepKey[] = "optim.step";
 
 // The model's parameter names and shapes, in the optimizer's parameter order.
 void names_and_shapes(Trainer& t, std::vector<std::string>* names,
@@ -23,6 +26,27 @@ void names_and_shapes(Trainer& t, std::vector<std::string>* names,
     names->push_back(item.key());
     shapes->push_back(item.value().sizes().vec());
   }
+}
+
+// A whole number >= 0 the checkpoint holds under `key`; `fallback` when it holds none.
+absl::StatusOr<int64_t> count_in(const checkpoint::DcpReader& reader, const std::string& dir,
+                                 const std::string& key, int64_t fallback) {
+  if (reader.metadata().objects.count(key) == 0) return fallback;
+  absl::StatusOr<c10::IValue> v = reader.value(key);
+  if (!v.ok()) return v.status();
+  if (!v->isInt() || v->toInt() < 0) {
+    return absl::DataLossError(
+        absl::StrCat("DCP checkpoint ", dir, ": '", key, "' is not a whole number >= 0"));
+  }
+  return v->toInt();
+}
+
+// The averager's step: saved by dtrain; for a checkpoint without one (PyTorch's DCP drops
+// PostLocalSGDOptimizer's "step"), the training step -- train() steps the averager once a step.
+absl::StatusOr<int64_t> averager_step(const checkpoint::DcpReader& reader, const std::string& dir) {
+  absl::StatusOr<int64_t> step = count_in(reader, dir, kStepKey, 0);
+  if (!step.ok()) return step;
+  return count_in(reader, dir, kAveragerStepKey, *step);
 }
 
 }  // namespace
@@ -43,12 +67,18 @@ absl::Status save_train_dcp(const Job& job, Trainer& t, int64_t step, const std:
   absl::StatusOr<std::vector<checkpoint::DcpWriteItem>> optimizer;
   if (t.opt.zero) {
     optimizer = checkpoint::dcp_optimizer_items(t.opt.zero->sharded_state(), names, coordinator);
-  } else if (coordinator) {
-    absl::StatusOr<checkpoint::OptimizerStateDict> sd = checkpoint::parse_optimizer_state_dict(
-        t.opt.adam->state_dict(), "the optimizer's state dict");
+  } else if (coordinator) {  // plain Adam, or post-local SGD's (rank 0's, as PyTorch's DCP keeps)
+    const c10::IValue whole = t.opt.global_state_dict();
+    absl::StatusOr<checkpoint::OptimizerStateDict> sd =
+        checkpoint::parse_optimizer_state_dict(whole, "the optimizer's state dict");
     optimizer = sd.ok() ? checkpoint::dcp_optimizer_items(
                               checkpoint::whole_sharded_state(*sd, shapes), names, true)
                         : absl::StatusOr<std::vector<checkpoint::DcpWriteItem>>(sd.status());
+    if (optimizer.ok() && t.opt.post_local) {
+      optimizer->push_back(checkpoint::DcpWriteItem::object(
+          kAveragerStepKey, whole.toGenericDict().at(kStepKey),
+          checkpoint::DcpPath{std::string("optim"), std::string("step")}));
+    }
   } else {
     optimizer = std::vector<checkpoint::DcpWriteItem>();
   }
@@ -102,16 +132,15 @@ absl::StatusOr<int64_t> load_train_dcp(Trainer& t, const std::string& dir, bool 
     checkpoint::OptimizerStateDict sd;
     sd.param_groups = *groups;
     for (const auto& [index, p] : state->params) sd.state.emplace(index, p.entries);
-    t.opt.load_state_dict(checkpoint::to_ivalue(sd));
+    c10::IValue whole = checkpoint::to_ivalue(sd);
+    if (t.opt.post_local) {
+      absl::StatusOr<int64_t> averaged = averager_step(*reader, dir);
+      if (!averaged.ok()) return averaged.status();
+      whole.toGenericDict().insert(kStepKey, *averaged);
+    }
+    t.opt.load_state_dict(whole);
   }
-  if (reader->metadata().objects.count(kStepKey) == 0) return 0;
-  absl::StatusOr<c10::IValue> step = reader->value(kStepKey);
-  if (!step.ok()) return step.status();
-  if (!step->isInt() || step->toInt() < 0) {
-    return absl::DataLossError(
-        absl::StrCat("DCP checkpoint ", dir, ": 'step' is not a whole number >= 0"));
-  }
-  return step->toInt();
+  return count_in(*reader, dir, kStepKey, 0);
 }
 
 }  // namespace dtrain::examples

@@ -214,6 +214,10 @@ int resume(const Config& c, const Job& job, checkpoint::StepCheckpoints& ckpts, 
       die(2, absl::StrCat("--init_from_dcp=", c.init_from_dcp, " is at step ", *step,
                           ", at or past --steps=", c.steps, ": nothing to train"));
     }
+    // The hooks count steps from there (a DCP checkpoint holds no per-rank hook state: PowerSGD
+    // starts its memories afresh, as after a resume at another world size).
+    if (t.post_local) t.post_local->iter = static_cast<int>(*step);
+    if (t.powersgd) t.powersgd->iter = *step;
     progress.note(
         absl::StrCat("started from step ", *step, " of DCP checkpoint ", c.init_from_dcp));
     return static_cast<int>(*step);
@@ -231,7 +235,10 @@ int resume(const Config& c, const Job& job, checkpoint::StepCheckpoints& ckpts, 
   agree_on_resume(job, loaded);
   progress.note(absl::StrCat(
       "resumed from step ", ck->step, " (", ck->file, ", written by ", ck->world_size, " ranks)",
-      job.restart_count > 0 ? absl::StrCat(" on restart ", job.restart_count) : ""));
+      job.restart_count > 0 ? absl::StrCat(" on restart ", job.restart_count) : "",
+      t.opt.post_local ? absl::StrCat("; post-local SGD's averager at step ",
+                                      t.opt.post_local->averager().step())
+                       : ""));
   return static_cast<int>(ck->step);
 }
 

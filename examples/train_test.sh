@@ -9,6 +9,7 @@ fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 
 final_loss() { sed -n 's/.*final loss \([0-9.]*\) at step.*/\1/p' "$1"; }
+digest() { sed -n 's/^| weights digest | \([0-9a-f]*\) |$/\1/p' "$1"; }
 first_loss() { sed -n 's/^| loss | \([0-9.]*\) at step.*/\1/p' "$1"; }
 
 # 1. An uninterrupted run of 40 steps.
@@ -57,6 +58,22 @@ for args in "--hook=post_local_sgd --zero=off" "--zero_overlap"; do
   awk -v f="$f" -v l="$l" 'BEGIN { exit !(f != "" && l != "" && l < f / 2) }' || fail "$args: loss did not halve: $f -> $l"
 done
 
+# 2c'. Post-local SGD in DCP checkpoints: rank 0's model and Adam state (the ranks agree at a
+# step that averages: every 4th) and the averager's step ("optim.step", where PyTorch's
+# PostLocalSGDOptimizer.state_dict() keeps it). Resumed from DCP, the run ends with the weights
+# the same resume from torch_save ends with, to the bit (the loss cannot tell: it is at its floor),
+# and the averager resumes at the saved step (on one node post-local SGD's subgroup is the whole
+# world, so the weights alone could not tell a lost averager step).
+for fmt in torch_save dcp; do
+  "$TRAIN" --steps=20 --hook=post_local_sgd --zero=off --checkpoint_format=$fmt --checkpoint_dir="$TMP/pl_$fmt" >"$TMP/pl_$fmt.1.log" 2>&1 || fail "post-local SGD $fmt first half exited with $?: $(cat "$TMP/pl_$fmt.1.log")"
+  "$TRAIN" --steps=40 --resume --hook=post_local_sgd --zero=off --checkpoint_format=$fmt --checkpoint_dir="$TMP/pl_$fmt" >"$TMP/pl_$fmt.2.log" 2>&1 || fail "post-local SGD $fmt resume exited with $?: $(cat "$TMP/pl_$fmt.2.log")"
+done
+echo "post-local SGD resume: weights $(digest "$TMP/pl_dcp.2.log") from dcp, $(digest "$TMP/pl_torch_save.2.log") from torch_save"
+for fmt in torch_save dcp; do
+  grep -q "averager at step 20" "$TMP/pl_$fmt.2.log" || fail "post-local SGD's averager did not resume at step 20 from $fmt: $(cat "$TMP/pl_$fmt.2.log")"
+done
+[[ -n "$(digest "$TMP/pl_dcp.2.log")" && "$(digest "$TMP/pl_dcp.2.log")" == "$(digest "$TMP/pl_torch_save.2.log")" ]] || fail "post-local SGD resumed from dcp ends with weights $(digest "$TMP/pl_dcp.2.log"), from torch_save at $(digest "$TMP/pl_torch_save.2.log")"
+
 # 2d. ZeRO-2 (--zero=stage2: gradients reduce-scattered, sharded): the same training as ZeRO-1 up
 # to summation order, straight and resumed from ZeRO-1's step-20 checkpoint.
 close() { awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && b != "" && d <= 1e-3 * b) }'; }
@@ -66,6 +83,13 @@ close "$(final_loss "$TMP/z2.log")" "$last" || fail "--zero=stage2 ends at loss 
 "$TRAIN" --steps=20 --checkpoint_dir="$TMP/z2r" >/dev/null 2>&1 || fail "ZeRO-1 run for the stage2 resume failed"
 "$TRAIN" --steps=40 --resume --zero=stage2 --checkpoint_dir="$TMP/z2r" >"$TMP/z2r.log" 2>&1 || fail "stage2 resume exited with $?: $(cat "$TMP/z2r.log")"
 close "$(final_loss "$TMP/z2r.log")" "$last" || fail "stage2 resumed from ZeRO-1 ends at loss $(final_loss "$TMP/z2r.log"), ZeRO-1 at $last"
+# ZeRO-2's shards in a DCP checkpoint (each rank its chunks): its resume ends where it would have.
+"$TRAIN" --steps=20 --zero=stage2 --checkpoint_format=dcp --checkpoint_dir="$TMP/z2d" >"$TMP/z2d1.log" 2>&1 || fail "stage2 dcp first half exited with $?: $(cat "$TMP/z2d1.log")"
+"$TRAIN" --steps=40 --resume --zero=stage2 --checkpoint_format=dcp --checkpoint_dir="$TMP/z2d" >"$TMP/z2d2.log" 2>&1 || fail "stage2 dcp resume exited with $?: $(cat "$TMP/z2d2.log")"
+"$TRAIN" --steps=20 --zero=stage2 --checkpoint_dir="$TMP/z2t" >/dev/null 2>&1 || fail "stage2 torch_save first half failed"
+"$TRAIN" --steps=40 --resume --zero=stage2 --checkpoint_dir="$TMP/z2t" >"$TMP/z2t2.log" 2>&1 || fail "stage2 torch_save resume exited with $?: $(cat "$TMP/z2t2.log")"
+echo "stage2 resume: weights $(digest "$TMP/z2d2.log") from dcp, $(digest "$TMP/z2t2.log") from torch_save"
+[[ -n "$(digest "$TMP/z2d2.log")" && "$(digest "$TMP/z2d2.log")" == "$(digest "$TMP/z2t2.log")" ]] || fail "stage2 resumed from dcp ends with weights $(digest "$TMP/z2d2.log"), from torch_save at $(digest "$TMP/z2t2.log")"
 
 # 2e. PowerSGD's state resumes at another --steps (its start_powerSGD_iter is --powersgd_start_iter,
 # not derived from --steps): 20 steps, then --resume to 40, ends where 40 straight steps do; a
