@@ -318,7 +318,8 @@ absl::StatusOr<TrainConfig> read_flags() {
   // --rendezvous_timeout_s (checked above), at most theirs.
   comm::LaunchFlags launch = comm::read_launch_flags();
   launch.nproc_per_node = absl::GetFlag(FLAGS_nproc_per_node);
-  launch.join_timeout = std::min<double>(c.rendezvous_timeout_s, comm::kMaxJoinTimeoutSeconds);
+  launch.join_timeout_seconds =
+      std::min<double>(c.rendezvous_timeout_s, comm::kMaxJoinTimeoutSeconds);
   absl::StatusOr<comm::LaunchOptions> o = comm::to_launch_options(launch);
   if (!o.ok()) return o.status();
   c.launch = *std::move(o);

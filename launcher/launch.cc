@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
   dtrain::comm::LaunchFlags flags = dtrain::comm::read_launch_flags();
   flags.nproc_per_node = absl::GetFlag(FLAGS_nproc_per_node);
   flags.stop_grace_seconds = absl::GetFlag(FLAGS_stop_grace_seconds);
-  flags.join_timeout = absl::GetFlag(FLAGS_join_timeout);
+  flags.join_timeout_seconds = absl::GetFlag(FLAGS_join_timeout);
   const absl::StatusOr<dtrain::comm::LaunchOptions> o = dtrain::comm::to_launch_options(flags);
   if (!o.ok()) {
     std::fprintf(stderr, "launch: %s\n", std::string(o.status().message()).c_str());

@@ -44,18 +44,11 @@ inline constexpr char kNprocPerNodeHelp[] =
 
 // torchrun's flags as the command line gave them, before any check: 64-bit, so that a value
 // beyond an int is reported with its range instead of wrapping. The defaults are LaunchOptions'.
-struct LaunchFlags {
-  int64_t nproc_per_node = LaunchOptions().nproc_per_node;  // the program's own flag
-  int64_t nnodes = LaunchOptions().nnodes;
-  int64_t node_rank = LaunchOptions().node_rank;
-  std::string master_addr = LaunchOptions().master_addr;
-  int64_t master_port = LaunchOptions().master_port;
-  int64_t max_restarts = LaunchOptions().max_restarts;
-  std::string rdzv_id = LaunchOptions().rdzv_id;
-  double stop_grace_seconds = LaunchOptions().stop_grace_seconds;  // launch's own flag
-  // launch's --join_timeout; examples:train's comes from its --rendezvous_timeout_s.
-  double join_timeout = LaunchOptions().join_timeout_seconds;
-};
+// The flags' values, in 64 bits (a value beyond an int is refused, not wrapped): LaunchValues,
+// starting from LaunchOptions' defaults (launch_values(LaunchOptions())). nproc_per_node,
+// stop_grace_seconds and join_timeout_seconds are each program's own flags (launch's
+// --join_timeout; examples:train's comes from its --rendezvous_timeout_s).
+using LaunchFlags = LaunchValues;
 
 // The flags launch_options.cc defines, read after absl::ParseCommandLine; nproc_per_node,
 // stop_grace_seconds and join_timeout are left at their defaults for the program to fill.

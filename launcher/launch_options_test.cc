@@ -47,7 +47,7 @@ TEST(LaunchOptionsTest, ReadsTheFlagsAndConvertsEveryValue) {
   LaunchFlags f = read_launch_flags();
   f.nproc_per_node = 8;
   f.stop_grace_seconds = 1.5;
-  f.join_timeout = 30;
+  f.join_timeout_seconds = 30;
   absl::StatusOr<LaunchOptions> o = to_launch_options(f);
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->nproc_per_node, 8);
@@ -74,9 +74,9 @@ TEST(LaunchOptionsTest, EveryBadValueIsOneLineNamingTheFlag) {
       {[](LaunchFlags& f) { f.nnodes = 4294967298, f.node_rank = 1; },
        "--nnodes must be in [1, 1073741824], got 4294967298"},
       {[](LaunchFlags& f) { f.nnodes = 2, f.node_rank = 2; },
-       "--node_rank must be in [0, 1], got 2 (below --nnodes=2)"},
+       "--node_rank must be in [0, 1], got 2 (this node's index, below --nnodes=2)"},
       {[](LaunchFlags& f) { f.node_rank = -1; },
-       "--node_rank must be in [0, 0], got -1 (below --nnodes=1)"},
+       "--node_rank must be in [0, 0], got -1 (this node's index, below --nnodes=1)"},
       {[](LaunchFlags& f) { f.nproc_per_node = 2, f.nnodes = 1 << 30, f.node_rank = 1; },
        "--nnodes x --nproc_per_node = 1073741824 x 2 = 2147483648 ranks, more than the 1073741824 "
        "a job may have (the largest WORLD_SIZE the rendezvous accepts); use fewer nodes or ranks "
@@ -90,12 +90,12 @@ TEST(LaunchOptionsTest, EveryBadValueIsOneLineNamingTheFlag) {
        "--stop_grace_seconds must be in [0, 3600], got -1"},
       {[](LaunchFlags& f) { f.stop_grace_seconds = std::nan(""); },
        "--stop_grace_seconds must be in [0, 3600], got nan"},
-      {[](LaunchFlags& f) { f.join_timeout = 0; }, "--join_timeout must be in (0, 86400], got 0"},
-      {[](LaunchFlags& f) { f.join_timeout = 1e9; },
+      {[](LaunchFlags& f) { f.join_timeout_seconds = 0; },
+       "--join_timeout must be in (0, 86400], got 0"},
+      {[](LaunchFlags& f) { f.join_timeout_seconds = 1e9; },
        "--join_timeout must be in (0, 86400], got 1e+09"},
       {[](LaunchFlags& f) { f.master_addr.clear(); },
-       "master_addr is empty; give --master_addr node 0's address or host name (127.0.0.1 on one "
-       "node)"},
+       "--master_addr is empty; give node 0's address or host name (127.0.0.1 on one node)"},
       {[](LaunchFlags& f) { f.rdzv_id = "a b\n"; },
        "--rdzv_id \"a b\\n\" must be 1 to 128 characters from [A-Za-z0-9._-] (or empty: a random "
        "id)"},
@@ -103,7 +103,7 @@ TEST(LaunchOptionsTest, EveryBadValueIsOneLineNamingTheFlag) {
        "must be 1 to 128 characters from [A-Za-z0-9._-]"},
   };
   for (const auto& [change, expected] : cases) {
-    LaunchFlags f;
+    LaunchFlags f = launch_values(LaunchOptions());
     change(f);
     const absl::StatusOr<LaunchOptions> o = to_launch_options(f);
     ASSERT_FALSE(o.ok()) << expected;
@@ -115,14 +115,14 @@ TEST(LaunchOptionsTest, EveryBadValueIsOneLineNamingTheFlag) {
 
 // The largest job fits: 2^30 ranks, every number at its bound.
 TEST(LaunchOptionsTest, TheBoundsThemselvesAreAccepted) {
-  LaunchFlags f;
+  LaunchFlags f = launch_values(LaunchOptions());
   f.nproc_per_node = 256;
   f.nnodes = int64_t{1} << 22;
   f.node_rank = f.nnodes - 1;
   f.master_port = 65535;
   f.max_restarts = 100;
   f.stop_grace_seconds = 3600;
-  f.join_timeout = 86400;
+  f.join_timeout_seconds = 86400;
   f.rdzv_id = std::string(128, 'z');
   absl::StatusOr<LaunchOptions> o = to_launch_options(f);
   ASSERT_TRUE(o.ok()) << o.status();

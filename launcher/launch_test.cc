@@ -282,7 +282,7 @@ TEST(LaunchTest, OutOfRangeNumbersAreOneLineErrorsAndStartNothing) {
        "launch: --nnodes must be in [1, 1073741824], got 4294967298\n"},
       {{"--nnodes=0"}, "launch: --nnodes must be in [1, 1073741824], got 0\n"},
       {{"--nnodes=2", "--node_rank=2"},
-       "launch: --node_rank must be in [0, 1], got 2 (below --nnodes=2)\n"},
+       "launch: --node_rank must be in [0, 1], got 2 (this node's index, below --nnodes=2)\n"},
       {{"--node_rank=-1"}, "launch: --node_rank must be in [0, 0], got -1"},
       {{"--nproc_per_node=4294967297"},
        "launch: --nproc_per_node must be in [1, 256], got 4294967297"},
@@ -295,7 +295,7 @@ TEST(LaunchTest, OutOfRangeNumbersAreOneLineErrorsAndStartNothing) {
       {{"--stop_grace_seconds=-1"}, "launch: --stop_grace_seconds must be in [0, 3600], got -1\n"},
       {{"--stop_grace_seconds=1e300"},
        "launch: --stop_grace_seconds must be in [0, 3600], got 1e+300\n"},
-      {{"--master_addr="}, "launch: master_addr is empty"},
+      {{"--master_addr="}, "launch: --master_addr is empty"},
   };
   for (const auto& [flags, expected] : cases) {
     std::vector<std::string> args = flags;

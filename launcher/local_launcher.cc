@@ -306,66 +306,110 @@ absl::StatusOr<int> launch_with_rendezvous(Job job) {
   }
 }
 
-// One line naming the option, its allowed range and the value, or OK. Every bound is checked
-// before any product is formed; products are formed in 64 bits.
 absl::Status check_options(const LaunchOptions& o) {
-  auto range = [](const char* name, int64_t value, int64_t lo, int64_t hi,
-                  const std::string& note) {
+  return check_launch_values(launch_values(o), LaunchNames::kOptions);
+}
+
+}  // namespace
+
+namespace {
+
+// Numbers: "<name> must be in [lo, hi], got v<note>", the name as `names` says.
+absl::Status check_launch_numbers(const LaunchValues& v, LaunchNames names) {
+  const bool flags = names == LaunchNames::kFlags;
+  const std::string prefix = flags ? "" : "launch: ";
+  auto name = [&](const char* field, const char* flag) {
+    return flags ? absl::StrCat("--", flag) : std::string(field);
+  };
+  auto range = [&](const std::string& n, int64_t value, int64_t lo, int64_t hi,
+                   const std::string& note) {
     if (value >= lo && value <= hi) return absl::OkStatus();
     return absl::InvalidArgumentError(
-        absl::StrCat("launch: ", name, " must be in [", lo, ", ", hi, "], got ", value, note));
+        absl::StrCat(prefix, n, " must be in [", lo, ", ", hi, "], got ", value, note));
   };
-  if (absl::Status s = range("nproc_per_node", o.nproc_per_node, 1, kMaxProcsPerNode,
+  const std::string nnodes = name("nnodes", "nnodes"),
+                    nproc = name("nproc_per_node", "nproc_per_node");
+  if (absl::Status s = range(nproc, v.nproc_per_node, 1, kMaxProcsPerNode,
                              " (ranks on this node; for more ranks use more nodes)");
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = range("nnodes", o.nnodes, 1, kMaxWorldSize, ""); !s.ok()) return s;
-  if (absl::Status s = range("node_rank", o.node_rank, 0, int64_t{o.nnodes} - 1,
-                             absl::StrCat(" (this node's index, below nnodes=", o.nnodes, ")"));
+  if (absl::Status s = range(nnodes, v.nnodes, 1, kMaxWorldSize, ""); !s.ok()) return s;
+  if (absl::Status s =
+          range(name("node_rank", "node_rank"), v.node_rank, 0, v.nnodes - 1,
+                absl::StrCat(" (this node's index, below ", nnodes, "=", v.nnodes, ")"));
       !s.ok()) {
     return s;
   }
-  const int64_t world = int64_t{o.nnodes} * o.nproc_per_node;
+  const int64_t world = v.nnodes * v.nproc_per_node;  // both bounded above: no overflow
   if (world > kMaxWorldSize) {
     return absl::InvalidArgumentError(
-        absl::StrCat("launch: nnodes x nproc_per_node = ", o.nnodes, " x ", o.nproc_per_node, " = ",
+        absl::StrCat(prefix, nnodes, " x ", nproc, " = ", v.nnodes, " x ", v.nproc_per_node, " = ",
                      world, " ranks, more than the ", kMaxWorldSize,
                      " a job may have (the largest WORLD_SIZE the rendezvous "
                      "accepts); use fewer nodes or ranks per node"));
   }
-  if (absl::Status s = range("master_port", o.master_port, 0, 65535, " (0 picks one)"); !s.ok())
+  if (absl::Status s =
+          range(name("master_port", "master_port"), v.master_port, 0, 65535, " (0 picks one)");
+      !s.ok()) {
     return s;
-  if (absl::Status s = range("max_restarts", o.max_restarts, 0, kMaxRestarts, ""); !s.ok())
+  }
+  if (absl::Status s =
+          range(name("max_restarts", "max_restarts"), v.max_restarts, 0, kMaxRestarts, "");
+      !s.ok()) {
     return s;
-  if (!(o.stop_grace_seconds >= 0 && o.stop_grace_seconds <= kMaxStopGraceSeconds)) {  // NaN too
-    return absl::InvalidArgumentError(absl::StrCat("launch: stop_grace_seconds must be in [0, ",
-                                                   kMaxStopGraceSeconds, "], got ",
-                                                   o.stop_grace_seconds));
   }
-  if (!(o.join_timeout_seconds > 0 && o.join_timeout_seconds <= kMaxJoinTimeoutSeconds)) {
-    return absl::InvalidArgumentError(absl::StrCat("launch: join_timeout_seconds must be in (0, ",
-                                                   kMaxJoinTimeoutSeconds, "], got ",
-                                                   o.join_timeout_seconds));
-  }
-  if (o.master_addr.empty()) {
+  if (!(v.stop_grace_seconds >= 0 && v.stop_grace_seconds <= kMaxStopGraceSeconds)) {  // NaN too
     return absl::InvalidArgumentError(
-        "launch: master_addr is empty; give rank 0's address (127.0.0.1 on one node)");
+        absl::StrCat(prefix, name("stop_grace_seconds", "stop_grace_seconds"), " must be in [0, ",
+                     kMaxStopGraceSeconds, "], got ", v.stop_grace_seconds));
   }
-  const std::string& id = o.rdzv_id;
+  if (!(v.join_timeout_seconds > 0 && v.join_timeout_seconds <= kMaxJoinTimeoutSeconds)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix, name("join_timeout_seconds", "join_timeout"), " must be in (0, ",
+                     kMaxJoinTimeoutSeconds, "], got ", v.join_timeout_seconds));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+LaunchValues launch_values(const LaunchOptions& o) {
+  LaunchValues v;
+  v.nproc_per_node = o.nproc_per_node;
+  v.nnodes = o.nnodes;
+  v.node_rank = o.node_rank;
+  v.master_port = o.master_port;
+  v.max_restarts = o.max_restarts;
+  v.stop_grace_seconds = o.stop_grace_seconds;
+  v.join_timeout_seconds = o.join_timeout_seconds;
+  v.master_addr = o.master_addr;
+  v.rdzv_id = o.rdzv_id;
+  return v;
+}
+
+absl::Status check_launch_values(const LaunchValues& v, LaunchNames names) {
+  if (absl::Status s = check_launch_numbers(v, names); !s.ok()) return s;
+  const bool flags = names == LaunchNames::kFlags;
+  const std::string prefix = flags ? "" : "launch: ";
+  if (v.master_addr.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix, flags ? "--" : "",
+                     "master_addr is empty; give node 0's address or host name (127.0.0.1 on "
+                     "one node)"));
+  }
+  const std::string& id = v.rdzv_id;
   const bool id_ok = id.size() <= 128 && std::all_of(id.begin(), id.end(), [](char c) {
                        return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' ||
                               c == '_' || c == '-';
                      });
   if (!id_ok) {
     return absl::InvalidArgumentError(
-        absl::StrCat("launch: rdzv_id \"", absl::CHexEscape(id.substr(0, 160)),
-                     "\" must be 1 to 128 characters from [A-Za-z0-9._-]"));
+        absl::StrCat(prefix, flags ? "--" : "", "rdzv_id \"", absl::CHexEscape(id.substr(0, 160)),
+                     "\" must be 1 to 128 characters from [A-Za-z0-9._-] (or empty: a random id)"));
   }
   return absl::OkStatus();
 }
-
-}  // namespace
 
 absl::StatusOr<int> launch_local(const std::vector<std::string>& argv,
                                  const LaunchOptions& options) {

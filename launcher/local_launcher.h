@@ -14,9 +14,11 @@
 #ifndef DTRAIN_LAUNCHER_LOCAL_LAUNCHER_H_
 #define DTRAIN_LAUNCHER_LOCAL_LAUNCHER_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
 namespace dtrain::comm {
@@ -33,6 +35,22 @@ inline constexpr int kMaxWorldSize = 1 << 30;
 inline constexpr double kMaxStopGraceSeconds = 3600;
 // Longest join_timeout_seconds.
 inline constexpr double kMaxJoinTimeoutSeconds = 86400;
+
+// The bounded values of LaunchOptions in 64 bits (as flags parse them, before they are known to
+// fit an int), and how check_launch_values names them in its messages.
+struct LaunchValues {
+  int64_t nproc_per_node = 0, nnodes = 0, node_rank = 0, master_port = 0, max_restarts = 0;
+  double stop_grace_seconds = 0, join_timeout_seconds = 0;
+  std::string master_addr, rdzv_id;
+};
+enum class LaunchNames {
+  kOptions,  // "launch: nnodes must be in [1, 1073741824], got 0" (LaunchOptions' fields)
+  kFlags,    // "--nnodes must be in [1, 1073741824], got 0" (launcher/launch_options.h's flags)
+};
+// The first value out of its bounds (the k* limits above), as one line naming it and its range;
+// each bound checked before a product is formed. The one owner of launch's checks:
+// launch_local runs it on its options, launcher/launch_options.h on the flags.
+absl::Status check_launch_values(const LaunchValues& v, LaunchNames names);
 
 struct LaunchOptions {
   int nproc_per_node = 1;  // ranks started on this node, at most kMaxProcsPerNode
@@ -78,6 +96,9 @@ struct LaunchOptions {
   // when it is empty: give every node the same (or none).
   std::string rdzv_id;
 };
+
+// `o`'s bounded values, for check_launch_values (and as the flags' defaults).
+LaunchValues launch_values(const LaunchOptions& o);
 
 // Starts the ranks (argv[0] is looked up on PATH if it has no '/'; a relative path missing from
 // the current directory is tried from BUILD_WORKING_DIRECTORY) and waits for all of them.
