@@ -104,8 +104,8 @@ absl::Status write_shard(const std::string& dir, const std::string& id, int rank
   }
   Dict shard = str_dict();
   shard.insert("format", std::string(kFormat));
-  // Which save and rank wrote it: a shard copied over another's is refused at load.
-  shard.insert("save_id", id);
+  // Which rank wrote it: a shard copied over another rank's is refused at load. (Not the save's
+  // random id: a shard's bytes depend only on the state, so two saves of one state compare equal.)
   shard.insert("rank", static_cast<int64_t>(rank));
   shard.insert("params", params);
   return save_state(absl::StrCat(dir, "/", shard_name(id, rank)), shard);

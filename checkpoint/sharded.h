@@ -75,8 +75,8 @@ absl::StatusOr<ShardedInfo> read_sharded_info(const std::string& dir);
 // shards only, on the CPU, then every tensor moved to options.map_location (default: the CPU).
 // Errors: those of read_sharded_info; InvalidArgument for an unknown parameter or a range
 // outside it, or a map_location this process cannot use; DataLoss when a shard is corrupt, is
-// another rank's or save's copied into its place (each records its save, rank and ranges), or the
-// shards do not cover a range; ResourceExhausted when map_location runs out of memory.
+// another rank's copied into its place (each records its rank and ranges), or the shards do not
+// cover a range; ResourceExhausted when map_location runs out of memory.
 absl::StatusOr<ShardedState> load_sharded(const std::string& dir,
                                           const std::map<int64_t, partition::Range>& wanted,
                                           const LoadOptions& options = {});

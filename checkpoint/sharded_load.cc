@@ -202,8 +202,8 @@ absl::Status copy_entries(const Dict& entries, const std::string& where, partiti
   return absl::OkStatus();
 }
 
-// A shard is the one the metadata names: written by the same save (`save_id`) and rank (shards
-// before these fields were recorded are taken on their ranges alone).
+// A shard is the one the metadata names: written by the same rank (and save, where a shard records
+// its save_id); shards before these fields were recorded are taken on their ranges alone.
 absl::Status check_shard_identity(const Dict& shard, size_t rank, const std::string& save_id,
                                   const std::string& where) {
   auto moved = [&](const std::string& what) {

@@ -5,6 +5,7 @@
 
 #include <fstream>
 #include <functional>
+#include <iterator>
 
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
@@ -207,10 +208,9 @@ void copy_file(const std::string& from, const std::string& to) {
   out << in.rdbuf();
 }
 
-// A shard copied over another -- rank 1's over rank 0's (the same parameters, other elements, as
-// many of them under the flat partition), or rank 0's of an earlier save with the same layout --
-// is a whole, checksum-valid file; the load refuses it, naming the shard, instead of handing back
-// another rank's or save's state.
+// A shard copied over another rank's -- rank 1's over rank 0's: the same parameters, other
+// elements, as many of them under the flat partition -- is a whole, checksum-valid file; the load
+// refuses it, naming the shard, instead of handing back another rank's state.
 TEST(ShardedTest, AShardInAnothersPlaceIsRefused) {
   for (const std::string strategy : {"flat", "sorted_greedy"}) {
     SCOPED_TRACE(strategy);
@@ -225,13 +225,19 @@ TEST(ShardedTest, AShardInAnothersPlaceIsRefused) {
     EXPECT_THAT(std::string(swapped.status().message()),
                 AllOf(HasSubstr("shard " + rank0), HasSubstr("another rank or save")));
   }
+  // A shard of an earlier save with the same layout and state is the same bytes (shards record
+  // no save id, so that two saves of one state compare equal: train_fault_test) and loads.
   const std::string earlier = temp_dir(), later = temp_dir();
   save_at(earlier, "flat", 2);
   save_at(later, "flat", 2);
+  auto bytes = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  EXPECT_EQ(bytes(earlier + "/" + shard_file(earlier, 0)),
+            bytes(later + "/" + shard_file(later, 0)));
   copy_file(earlier + "/" + shard_file(earlier, 0), later + "/" + shard_file(later, 0));
-  auto stale = load_sharded(later, owned("flat", 2, 0));
-  EXPECT_EQ(stale.status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(std::string(stale.status().message()), HasSubstr("another save"));
+  EXPECT_TRUE(load_sharded(later, owned("flat", 2, 0)).ok());
   // The untouched rank's pieces still load.
   EXPECT_TRUE(load_sharded(later, owned("flat", 2, 1)).ok());
 }
