@@ -165,6 +165,8 @@ def emit_rule(p, kind, attrs, tags_without_agent):
     tags = list(attrs.get("tags", []))
     if kind in ("cc_test", "sh_test"):
         field("SIZE", [attrs.get("size", "medium")])
+        if "timeout" in attrs:
+            field("TIMEOUT", [attrs["timeout"]])
     field("TAGS", tags)
     if tags != list(tags_without_agent):
         if "manual" not in tags_without_agent or "manual" in tags:
@@ -179,7 +181,7 @@ def emit_rule(p, kind, attrs, tags_without_agent):
         # dtrain_genrule's file(GENERATE) turns back.
         lines.append("  CMD [==[%s]==]" % attrs["cmd"].replace(";", "$<SEMICOLON>"))
     known = {"name", "srcs", "hdrs", "outs", "deps", "data", "copts", "linkopts", "env", "tags", "size",
-             "testonly", "alwayslink", "cmd", "actual", "visibility"}
+             "timeout", "testonly", "alwayslink", "cmd", "actual", "visibility"}
     unknown = sorted(set(attrs) - known)
     if unknown:
         p.fail("%s: attributes %s are not supported by cmake/bazel_to_cmake.py" % (name, unknown))

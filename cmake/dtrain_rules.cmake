@@ -6,7 +6,8 @@
 #
 #   dtrain_cc_library(NAME n [SRCS ...] [HDRS ...] [DEPS ...] [COPTS ...] [LINKOPTS ...] [TAGS ...]
 #                     [NEEDS TENSORPIPE_AGENT] [TESTONLY] [ALWAYSLINK])
-#   dtrain_cc_binary / dtrain_cc_test(... [DATA ...] [ENV K=V ...] [SIZE small|medium|large])
+#   dtrain_cc_binary / dtrain_cc_test(... [DATA ...] [ENV K=V ...] [SIZE small|medium|large]
+#                                     [TIMEOUT short|moderate|long|eternal])
 #   dtrain_sh_test(NAME n SRCS script [DATA ...] [SIZE ...] [TAGS ...])
 #   dtrain_genrule(NAME n OUTS ... [SRCS ...] CMD cmd [TESTONLY])
 #   dtrain_alias(NAME n ACTUAL label)
@@ -15,7 +16,7 @@
 # exclusive (RUN_SERIAL) and the size become ctest labels. A TESTONLY target exists only with
 # BUILD_TESTING; a non-testonly library is installed and exported as dtrain::<name>.
 
-set(_DTRAIN_RULE_ARGS NAME ACTUAL SIZE CMD)
+set(_DTRAIN_RULE_ARGS NAME ACTUAL SIZE TIMEOUT CMD)
 set(_DTRAIN_RULE_LISTS SRCS HDRS OUTS DEPS DATA COPTS LINKOPTS ENV TAGS NEEDS)
 
 # dtrain_target_name(OUT LABEL): //a/b:c -> dtrain_a_b_c; external labels -> their CMake targets.
@@ -195,6 +196,11 @@ set(_DTRAIN_TIMEOUT_small 60)
 set(_DTRAIN_TIMEOUT_medium 300)
 set(_DTRAIN_TIMEOUT_large 900)
 set(_DTRAIN_TIMEOUT_enormous 3600)
+# Bazel's timeout attribute, where a test sets one apart from its size.
+set(_DTRAIN_TIMEOUT_short 60)
+set(_DTRAIN_TIMEOUT_moderate 300)
+set(_DTRAIN_TIMEOUT_long 900)
+set(_DTRAIN_TIMEOUT_eternal 3600)
 
 # The ctest entry: named by its Bazel label, run where Bazel runs it, with Bazel's TEST_TMPDIR.
 function(_dtrain_add_test command)
@@ -208,9 +214,12 @@ function(_dtrain_add_test command)
   if(NOT R_SIZE)
     set(R_SIZE medium)
   endif()
+  if(NOT R_TIMEOUT)
+    set(R_TIMEOUT ${R_SIZE})
+  endif()
   set(labels ${R_SIZE} ${R_TAGS})
   list(REMOVE_ITEM labels exclusive)
-  set_tests_properties("${name}" PROPERTIES LABELS "${labels}" TIMEOUT ${_DTRAIN_TIMEOUT_${R_SIZE}}
+  set_tests_properties("${name}" PROPERTIES LABELS "${labels}" TIMEOUT ${_DTRAIN_TIMEOUT_${R_TIMEOUT}}
                        ENVIRONMENT "TEST_TMPDIR=${tmp};${R_ENV};${DTRAIN_TEST_ENV}")
   if("exclusive" IN_LIST R_TAGS)
     set_tests_properties("${name}" PROPERTIES RUN_SERIAL ON)
