@@ -2,7 +2,8 @@
 # wheel: CMAKE_PREFIX_PATH=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)'); a
 # pytorch.org zip: its libtorch/; a distribution's libtorch-dev: found as is), Abseil, GoogleTest
 # and Google Benchmark through their CMake packages. Nothing is downloaded. The Bazel twins of these
-# are third_party/libtorch.bzl and third_party/*.BUILD; dtrain_external() maps their labels.
+# are third_party/libtorch.bzl and the registry modules (third_party/bzlmod/modules);
+# dtrain_external() maps their labels.
 
 find_package(Torch REQUIRED)
 find_package(absl REQUIRED)
@@ -69,12 +70,18 @@ set(DTRAIN_TEST_ENV "" CACHE STRING "K=V;... added to every test's environment")
 
 dtrain_external(@libtorch//:torch dtrain_torch)
 dtrain_external(@libtorch//:tensorpipe_agent dtrain_tensorpipe_agent)
-dtrain_external(@com_google_absl//:status absl::status absl::statusor)
-dtrain_external(@com_google_absl//:strings absl::strings absl::str_format)
-dtrain_external(@com_google_absl//:flags absl::flags absl::flags_parse absl::flags_usage)
-dtrain_external(@com_google_googletest//:gtest GTest::gtest GTest::gmock)
-dtrain_external(@com_google_googletest//:gtest_main GTest::gtest_main GTest::gmock)
-dtrain_external(@com_github_google_benchmark//:benchmark benchmark::benchmark)
+dtrain_external(@abseil-cpp//absl/status absl::status)
+dtrain_external(@abseil-cpp//absl/status:statusor absl::statusor)
+dtrain_external(@abseil-cpp//absl/strings absl::strings)
+dtrain_external(@abseil-cpp//absl/strings:str_format absl::str_format)
+dtrain_external(@abseil-cpp//absl/flags:config absl::flags_config)
+dtrain_external(@abseil-cpp//absl/flags:flag absl::flags)
+dtrain_external(@abseil-cpp//absl/flags:parse absl::flags_parse)
+dtrain_external(@abseil-cpp//absl/flags:reflection absl::flags_reflection)
+dtrain_external(@abseil-cpp//absl/flags:usage absl::flags_usage)
+dtrain_external(@googletest//:gtest GTest::gtest GTest::gmock)
+dtrain_external(@googletest//:gtest_main GTest::gtest_main GTest::gmock)
+dtrain_external(@google_benchmark//:benchmark benchmark::benchmark)
 
 # Tests that compare against PyTorch run the Python beside the LibTorch (/usr/bin/python3, as the
 # Bazel genrules do): their oracle genrules are built only where it imports torch.

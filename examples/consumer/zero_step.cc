@@ -1,6 +1,7 @@
 // A program outside dtrain's workspace, built against @dtrain as a Bazel module: one rank, one
 // ZeroRedundancyOptimizer(Adam) step on a 4x3 parameter. Prints the parameter's change and exits
-// 0 when the step moved it as Adam's first step does (every element by lr).
+// 0 when the step moved it as Adam's first step does (every element by lr). Its message is
+// formatted with the consumer's own Abseil (@abseil-cpp), the one dtrain links too.
 #include <cmath>
 #include <cstdio>
 #include <vector>
@@ -8,6 +9,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
+#include "absl/strings/str_format.h"
 #include "comm/process_group.h"
 #include "optim/zero/zero_redundancy_optimizer.h"
 
@@ -32,7 +34,7 @@ int main() {
   p.mutable_grad() = at::full({4, 3}, 2.0);
   opt.step();
   const double change = (at::ones({4, 3}) - p.detach()).abs().max().item<double>();
-  std::printf(
+  absl::PrintF(
       "dtrain as a module: ZeRO(Adam) moved the parameter by %.6f (Adam's first step: lr = 0.1)\n",
       change);
   return std::abs(change - 0.1) < 1e-5 ? 0 : 1;

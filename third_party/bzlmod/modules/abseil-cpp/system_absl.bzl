@@ -1,6 +1,6 @@
-"""Repository rule exposing Debian's libabsl-dev as @com_google_absl.
+"""Repository rule exposing Debian's libabsl-dev (@abseil_system_libs; the stand-in module aliases it).
 
-third_party/absl.BUILD lists, per target, the -labsl_* libraries of every Abseil this build
+system.BUILD lists, per target, the -labsl_* libraries of every Abseil this build
 supports (Debian 12's 20220623, Debian 13's 20240722). Abseil splits and renames its shared
 libraries between releases (20240722 adds libabsl_string_view, for example), so this rule keeps
 the -labsl_X options whose libabsl_X.so exists on the system and drops the others.
