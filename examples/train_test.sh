@@ -80,7 +80,7 @@ close() { awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(
 "$TRAIN" --steps=40 --zero=stage2 --checkpoint_dir="$TMP/z2" >"$TMP/z2.log" 2>&1 || fail "--zero=stage2 exited with $?: $(cat "$TMP/z2.log")"
 echo "--zero=stage2: final loss $(final_loss "$TMP/z2.log") (ZeRO-1: $last)"
 close "$(final_loss "$TMP/z2.log")" "$last" || fail "--zero=stage2 ends at loss $(final_loss "$TMP/z2.log"), ZeRO-1 at $last"
-"$TRAIN" --steps=20 --checkpoint_dir="$TMP/z2r" >/dev/null 2>&1 || fail "ZeRO-1 run for the stage2 resume failed"
+"$TRAIN" --steps=20 --checkpoint_dir="$TMP/z2r" >"$TMP/z2r.1.log" 2>&1 || fail "ZeRO-1 run for the stage2 resume exited with $?: $(cat "$TMP/z2r.1.log")"
 "$TRAIN" --steps=40 --resume --zero=stage2 --checkpoint_dir="$TMP/z2r" >"$TMP/z2r.log" 2>&1 || fail "stage2 resume exited with $?: $(cat "$TMP/z2r.log")"
 close "$(final_loss "$TMP/z2r.log")" "$last" || fail "stage2 resumed from ZeRO-1 ends at loss $(final_loss "$TMP/z2r.log"), ZeRO-1 at $last"
 # ZeRO-2's shards in a DCP checkpoint (each rank its chunks): its resume ends where it would have.
