@@ -250,6 +250,25 @@ absl::StatusOr<std::vector<ParamGroup>> read_groups(const DcpReader& r,
   return groups;
 }
 
+// 8-bit optimizer state (optim/functional/state_precision.h; checkpoint does not depend on optim):
+// a slot is "<slot>_codes" (uint8, the parameter's shape) and "<slot>_absmax" (float32, one per
+// block of 256 elements of the flattened parameter), meaningful only together and whole.
+bool is_8bit_state(const std::string& name) {
+  return absl::EndsWith(name, "_codes") || absl::EndsWith(name, "_absmax");
+}
+
+// InvalidArgument for 8-bit state `key` wanted as elements [range) of parameter `fqn`, not whole.
+absl::Status cut_8bit_state(const DcpReader& r, const std::string& key, const std::string& fqn,
+                            partition::Range range) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "DCP checkpoint ", r.dir(), " holds 8-bit optimizer state ('", key,
+      "': codes and scales of blocks of 256 elements of the whole parameter), which cannot be cut "
+      "into elements [",
+      range.begin, ", ", range.end, ") of ", fqn,
+      "; load it into whole parameters (ZeRO's sorted_greedy partition without shard_gradients, or "
+      "no ZeRO), and save it with state_dtype bfloat16 or None for an element-range partition"));
+}
+
 }  // namespace
 
 std::vector<Box> flat_range_boxes(const std::vector<int64_t>& shape, partition::Range range) {
@@ -344,6 +363,7 @@ absl::StatusOr<ShardedState> load_dcp_optimizer(const DcpReader& reader,
          it != reader.metadata().tensors.end() && absl::StartsWith(it->first, prefix); ++it) {
       const std::string name = it->first.substr(prefix.size());
       if (name.find('.') != std::string::npos) continue;
+      if (!whole && is_8bit_state(name)) return cut_8bit_state(reader, it->first, fqn, range);
       absl::StatusOr<at::Tensor> t;
       if (it->second.size != p.shape || whole || p.shape.empty()) {
         t = reader.tensor(it->first);  // whole, or the parameter's own ("step")

@@ -5,7 +5,8 @@
 //
 //   model.<fqn>                         each parameter (and buffer) -- whole, from one rank
 //   optim.state.<fqn>.<name>            each state tensor: whole, or the chunks of a ZeRO shard
-//                                       ("step" always a float32 0-d tensor, as PyTorch keeps it)
+//                                       ("step" always a float32 0-d tensor, as PyTorch keeps it;
+//                                       8-bit state's <slot>_codes and <slot>_absmax always whole)
 //   optim.param_groups.<g>.<option>     each option of group g (a value); "params": the fqns
 //   optim.param_groups.<fqn>.<option>   instead, with flatten_optimizer_state_dict (PyTorch's
 //                                       StateDictOptions of that name), one per parameter
@@ -87,8 +88,11 @@ absl::StatusOr<c10::impl::GenericDict> load_dcp_model(const DcpReader& reader,
 // full-shaped, ranges 1-D -- plus the param groups (params as indices into `fqns`), from the
 // chunks that overlap them only. A parameter the checkpoint holds no state for comes back
 // without entries (no state yet, as PyTorch's lazy state). The checkpoint's layout (nested or
-// flattened groups) is found from its keys. Errors: InvalidArgument (a group names a parameter
-// not in fqns, shapes that differ from `fqns`' parameters'), the reader's.
+// flattened groups) is found from its keys. 8-bit state ("<slot>_codes" and "<slot>_absmax",
+// optim/functional/state_precision.h: blocks of 256 elements of the whole parameter) is read
+// only whole. Errors: InvalidArgument (a group names a parameter not in fqns, shapes that differ
+// from `fqns`' parameters', 8-bit state wanted as a range that is not the whole parameter,
+// naming what to load it into instead), the reader's.
 absl::StatusOr<ShardedState> load_dcp_optimizer(const DcpReader& reader,
                                                 const std::vector<std::string>& fqns,
                                                 const std::map<int64_t, partition::Range>& wanted,
