@@ -38,7 +38,7 @@ ABSL_FLAG(bool, zero_overlap, false,
           "--hook=allreduce|fp16|bf16).");
 ABSL_FLAG(std::string, state_dtype, "",
           "Adam's optimizer state: empty (the parameters' dtype), bfloat16 (stochastic rounding) "
-          "or 8bit (blockwise; not with --zero=flat|stage2 or --checkpoint_format=dcp).");
+          "or 8bit (blockwise; not with --zero=flat|stage2).");
 ABSL_FLAG(bool, bucket_view, true,
           "Gradients (DDP) and parameters (ZeRO) as views into communication buckets.");
 ABSL_FLAG(std::string, checkpoint_dir, "/tmp/dtrain-train",
@@ -168,11 +168,6 @@ absl::Status check_state_dtype(const TrainConfig& c) {
   if (c.state_dtype == "8bit" && (c.zero == "flat" || c.zero == "stage2")) {
     return usage("--state_dtype=8bit quantises blocks of whole parameters, which --zero=" + c.zero +
                  " cuts into element ranges; use --zero=sorted_greedy or --state_dtype=bfloat16");
-  }
-  if (c.state_dtype == "8bit" && c.checkpoint_format == "dcp") {
-    return usage(
-        "--state_dtype=8bit has no DCP layout yet (its codes and scales are in torch_save "
-        "checkpoints); use --checkpoint_format=torch_save or --state_dtype=bfloat16");
   }
   return absl::OkStatus();
 }

@@ -1,7 +1,9 @@
 // examples:train's torch.distributed.checkpoint (DCP) checkpoints: --checkpoint_format=dcp writes
 // the model and Adam's state to <step directory>/dcp/ under get_state_dict's keys
 // (checkpoint/dcp_state.h) -- each ZeRO rank its own shard, rank 0 the model, the param groups and
-// the step -- and --init_from_dcp starts a run from such a directory, PyTorch-written ones too:
+// the step; --state_dtype=8bit state as whole <slot>_codes and <slot>_absmax tensors, with
+// --zero=sorted_greedy or off -- and --init_from_dcp starts a run from such a directory,
+// PyTorch-written ones too:
 //
 //   # Python, at any world size:
 //   msd, osd = get_state_dict(model, optimizer)

@@ -203,6 +203,54 @@ out=$("$TRAIN" --steps=40 --init_from_dcp="$TMP/py20" --hidden=128 --checkpoint_
 # (Gloo's connection lines may come first.)
 [[ $code -eq 2 && "$out" == *"train: rank 0: --init_from_dcp: DCP checkpoint $TMP/py20 has another shape for model.0.weight"* ]] || fail "--init_from_dcp into another --hidden: exit $code: $out"
 
+# 4c. 8-bit state (--state_dtype=8bit) in DCP checkpoints: optim.state.<fqn>.<slot>_codes (uint8)
+# and <slot>_absmax (float32), whole tensors from the rank that owns the parameter. Killed at step
+# 25 and restarted from step 20's DCP checkpoint, a run ends with the straight run's weights to the
+# bit, under --zero=sorted_greedy and without ZeRO; resumed at another world size (3 ranks, 1
+# without ZeRO) it ends with the weights the same resume from torch_save ends with; PyTorch reads
+# the layout (and its Adam refuses it); --zero=flat, which would cut its blocks, is refused.
+"$TRAIN" --steps=40 --zero=off --state_dtype=8bit --checkpoint_dir="$TMP/q8-off" >"$TMP/q8-off.log" 2>&1 || fail "8-bit --zero=off exited with $?: $(cat "$TMP/q8-off.log")"
+for zero in sorted_greedy off; do
+  if [[ $zero == off ]]; then ts=q8-off world=1; else ts=q-8bit world=3; fi
+  d="$TMP/q8d-$zero"
+  "$TRAIN" --steps=40 --zero=$zero --state_dtype=8bit --checkpoint_format=dcp --checkpoint_every=10 --max_restarts=1 --fail_at_step=25 --checkpoint_dir="$d" >"$d.log" 2>&1 || fail "8-bit dcp --zero=$zero restarted run exited with $?: $(cat "$d.log")"
+  grep -q "resumed from step 20 .* on restart 1" "$d.log" || fail "8-bit dcp --zero=$zero did not resume from step 20: $(cat "$d.log")"
+  echo "8-bit dcp --zero=$zero: restarted run's weights $(digest "$d.log"), straight $(digest "$TMP/$ts.log")"
+  [[ -n "$(digest "$d.log")" && "$(digest "$d.log")" == "$(digest "$TMP/$ts.log")" ]] || fail "8-bit dcp --zero=$zero restarted ends with weights $(digest "$d.log"), straight with $(digest "$TMP/$ts.log")"
+  "$TRAIN" --steps=50 --resume --nproc_per_node=$world --zero=$zero --state_dtype=8bit --checkpoint_format=dcp --checkpoint_dir="$d" >"$d.w$world.log" 2>&1 || fail "8-bit dcp --zero=$zero resume at $world ranks exited with $?: $(cat "$d.w$world.log")"
+  "$TRAIN" --steps=50 --resume --nproc_per_node=$world --zero=$zero --state_dtype=8bit --checkpoint_dir="$TMP/$ts" >"$TMP/$ts.w$world.log" 2>&1 || fail "8-bit torch_save --zero=$zero resume at $world ranks exited with $?: $(cat "$TMP/$ts.w$world.log")"
+  grep -q "resumed from step 40" "$d.w$world.log" || fail "$world ranks did not resume from 8-bit dcp step 40: $(cat "$d.w$world.log")"
+  echo "8-bit --zero=$zero resumed at $world ranks: weights $(digest "$d.w$world.log") from dcp, $(digest "$TMP/$ts.w$world.log") from torch_save"
+  [[ -n "$(digest "$d.w$world.log")" && "$(digest "$d.w$world.log")" == "$(digest "$TMP/$ts.w$world.log")" ]] || fail "8-bit --zero=$zero resumed at $world ranks ends with weights $(digest "$d.w$world.log") from dcp, $(digest "$TMP/$ts.w$world.log") from torch_save"
+done
+/usr/bin/python3 - "$TMP/q8d-sorted_greedy/latest/dcp" "$TMP/q8d.pt" 2>"$TMP/q8d-py.log" <<'PY' || fail "PyTorch could not read the 8-bit DCP checkpoint, or its Adam took it: $(cat "$TMP/q8d-py.log")"
+import sys, warnings
+import torch, torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+from torch.distributed.checkpoint.state_dict import get_state_dict
+warnings.simplefilter("ignore")
+dcp_to_torch_save(sys.argv[1], sys.argv[2])
+optim = torch.load(sys.argv[2])["optim"]
+state, group = optim["state"]["0.weight"], optim["param_groups"][0]
+assert group["state_dtype"] == "8bit", group
+for slot in ("exp_avg", "exp_avg_sq"):
+    codes, absmax = state[slot + "_codes"], state[slot + "_absmax"]
+    assert slot not in state and codes.dtype == torch.uint8 and codes.shape == (256, 32), (slot, codes.dtype, codes.shape)
+    assert absmax.dtype == torch.float32 and absmax.shape == (256 * 32 // 256,), (slot, absmax.dtype, absmax.shape)
+L, G = torch.nn.Linear, torch.nn.GELU
+model = torch.nn.Sequential(L(32, 256), G(), L(256, 256), G(), L(256, 256), G(), L(256, 8))
+msd, osd = get_state_dict(model, torch.optim.Adam(model.parameters(), lr=3e-3))
+try:
+    dcp.load({"model": msd, "optim": osd}, checkpoint_id=sys.argv[1])
+except BaseException as e:  # CheckpointException is one
+    assert "exp_avg" in str(e), e
+else:
+    sys.exit("torch.optim.Adam's dcp.load took 8-bit state")
+print("PyTorch: 8-bit DCP state read as codes and absmax; Adam's dcp.load refuses it")
+PY
+out=$("$TRAIN" --steps=60 --resume --nproc_per_node=3 --zero=flat --checkpoint_format=dcp --checkpoint_dir="$TMP/q8d-off" 2>&1); code=$?
+[[ $code -eq 2 && "$out" == *"holds 8-bit optimizer state"*"ZeRO's sorted_greedy partition"* ]] || fail "8-bit dcp resumed with --zero=flat: exit $code: $out"
+
 # 5. Step directories: the last --keep_checkpoints steps are kept, `latest` names the newest.
 [[ "$(readlink "$TMP/a/latest")" == "step-00000040" ]] || fail "latest -> $(readlink "$TMP/a/latest"), expected step-00000040"
 [[ -d "$TMP/a/step-00000020" && -f "$TMP/a/step-00000040/checkpoint.pt" ]] || fail "steps kept: $(ls "$TMP/a")"
