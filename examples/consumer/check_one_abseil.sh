@@ -2,13 +2,12 @@
 # Run from examples/consumer after `bazel build //:zero_step`: every Abseil target in the program's
 # dependency graph -- the consumer's own and dtrain's -- comes from one abseil-cpp module (Bazel's
 # canonical name @@abseil-cpp~...), none from another copy (@com_google_absl or a second version).
-# Prints the module graph's abseil-cpp lines and "one Abseil: N targets from @@abseil-cpp~".
+# Prints "one Abseil: N targets from @@abseil-cpp~" (N counts its packages and the system libraries).
 set -euo pipefail
-labels=$(bazel query --noshow_progress 'deps(//:zero_step)' --output=label 2>/dev/null)
-absl=$(grep -i 'absl' <<<"$labels" || true)
+labels=$(bazel query --noshow_progress --consistent_labels 'deps(//:zero_step)' --output=label 2>/dev/null)
+absl=$(grep -iE 'absl|abseil' <<<"$labels" || true)
 ours=$(grep -c '^@@abseil-cpp[~+]' <<<"$absl" || true)
 others=$(grep -v '^@@abseil-cpp[~+]' <<<"$absl" | grep . || true)
-bazel mod graph 2>/dev/null | grep -n 'abseil' || true
 if [[ -n "$others" || "$ours" -eq 0 ]]; then
   echo "more than one Abseil (or none) in //:zero_step's graph: $ours from @@abseil-cpp~, others:" >&2
   echo "$others" >&2
