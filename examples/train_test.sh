@@ -4,6 +4,7 @@
 # --max_restarts), PyTorch reads the checkpoint, and bad input gets a one-line error.
 set -uo pipefail
 TRAIN=examples/train
+PYTHON="${DTRAIN_PYTHON:-/usr/bin/python3}"  # PyTorch, the oracle (as the C++ tests take it)
 TMP="${TEST_TMPDIR:-$(mktemp -d)}"
 fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
@@ -105,7 +106,7 @@ out=$("$TRAIN" --steps=40 --resume --hook=powersgd --powersgd_start_iter=12 --ch
 [[ $code -eq 2 && "$out" == *"'start_powerSGD_iter' is 10 in the checkpoint but 12"* ]] || fail "another --powersgd_start_iter: exit $code: $out"
 
 # 3. The checkpoint is a PyTorch file: torch.load reads it.
-/usr/bin/python3 - "$TMP/a/checkpoint.pt" <<'PY' || fail "torch.load could not read the checkpoint"
+"$PYTHON" - "$TMP/a/checkpoint.pt" <<'PY' || fail "torch.load could not read the checkpoint"
 import sys, torch
 # weights_only=True: what PyTorch 2.6+ does by default (1.13's weights-only loader cannot read floats)
 ckpt = torch.load(sys.argv[1], weights_only=tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 0))
@@ -129,7 +130,7 @@ for dtype in bfloat16 8bit; do
   "$TRAIN" --steps=20 --state_dtype=$dtype --checkpoint_dir="$TMP/qr-$dtype" >/dev/null 2>&1 || fail "--state_dtype=$dtype first half failed"
   "$TRAIN" --steps=40 --resume --state_dtype=$dtype --checkpoint_dir="$TMP/qr-$dtype" >"$TMP/qr-$dtype.log" 2>&1 || fail "--state_dtype=$dtype resume exited with $?: $(cat "$TMP/qr-$dtype.log")"
   [[ "$(final_loss "$TMP/qr-$dtype.log")" == "$q_last" ]] || fail "--state_dtype=$dtype resumed ends at loss $(final_loss "$TMP/qr-$dtype.log"), straight at $q_last"
-  /usr/bin/python3 - "$TMP/q-$dtype/checkpoint.pt" "$dtype" <<'PY' || fail "torch.load could not read the --state_dtype=$dtype checkpoint"
+  "$PYTHON" - "$TMP/q-$dtype/checkpoint.pt" "$dtype" <<'PY' || fail "torch.load could not read the --state_dtype=$dtype checkpoint"
 import sys, torch
 ckpt = torch.load(sys.argv[1], weights_only=tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 0))
 state, group = ckpt["optimizer"]["state"][0], ckpt["optimizer"]["param_groups"][0]
@@ -177,7 +178,7 @@ echo "dcp resume: final loss $(final_loss "$TMP/d2.log")"
 [[ "$(final_loss "$TMP/d2.log")" == "$last" ]] || fail "dcp resume ends at loss $(final_loss "$TMP/d2.log"), the straight run at $last"
 "$TRAIN" --steps=30 --resume --nproc_per_node=3 --zero=flat --checkpoint_format=dcp --checkpoint_dir="$TMP/d3" >"$TMP/d3.log" 2>&1 || fail "3-rank flat dcp resume exited with $?: $(cat "$TMP/d3.log")"
 grep -q "resumed from step 20" "$TMP/d3.log" || fail "3 ranks did not resume from dcp step 20: $(cat "$TMP/d3.log")"
-/usr/bin/python3 - "$TMP/d20" "$TMP/py20" 2>"$TMP/py20.log" <<'PY' || fail "PyTorch could not load and re-save the DCP checkpoint: $(cat "$TMP/py20.log")"
+"$PYTHON" - "$TMP/d20" "$TMP/py20" 2>"$TMP/py20.log" <<'PY' || fail "PyTorch could not load and re-save the DCP checkpoint: $(cat "$TMP/py20.log")"
 import sys, warnings
 import torch, torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -223,7 +224,7 @@ for zero in sorted_greedy off; do
   echo "8-bit --zero=$zero resumed at $world ranks: weights $(digest "$d.w$world.log") from dcp, $(digest "$TMP/$ts.w$world.log") from torch_save"
   [[ -n "$(digest "$d.w$world.log")" && "$(digest "$d.w$world.log")" == "$(digest "$TMP/$ts.w$world.log")" ]] || fail "8-bit --zero=$zero resumed at $world ranks ends with weights $(digest "$d.w$world.log") from dcp, $(digest "$TMP/$ts.w$world.log") from torch_save"
 done
-/usr/bin/python3 - "$TMP/q8d-sorted_greedy/latest/dcp" "$TMP/q8d.pt" 2>"$TMP/q8d-py.log" <<'PY' || fail "PyTorch could not read the 8-bit DCP checkpoint, or its Adam took it: $(cat "$TMP/q8d-py.log")"
+"$PYTHON" - "$TMP/q8d-sorted_greedy/latest/dcp" "$TMP/q8d.pt" 2>"$TMP/q8d-py.log" <<'PY' || fail "PyTorch could not read the 8-bit DCP checkpoint, or its Adam took it: $(cat "$TMP/q8d-py.log")"
 import sys, warnings
 import torch, torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
@@ -342,7 +343,7 @@ out=$("$TRAIN" --steps=40 --resume "${P[@]}" --checkpoint_dir="$TMP/bad-hook" 2>
 same_line_on_both_ranks "a damaged hook-rank1.pt" "$out" "step-00000020/hook-rank1.pt"
 # The same file intact (checksum-valid, written by PyTorch) but with another 'iter'.
 cp -r "$TMP/pr-other" "$TMP/bad-iter"
-/usr/bin/python3 - "$TMP/bad-iter/latest/hook-rank1.pt" <<'PY' || fail "python could not rewrite hook-rank1.pt"
+"$PYTHON" - "$TMP/bad-iter/latest/hook-rank1.pt" <<'PY' || fail "python could not rewrite hook-rank1.pt"
 import sys, torch
 state = torch.load(sys.argv[1], weights_only=True)
 state["iter"] = 7
@@ -355,7 +356,7 @@ same_line_on_both_ranks "hook-rank1.pt with 'iter' 7" "$out" "hook-rank1.pt: "
 # A P memory of the wrong size on rank 1 (it used to abort rank 0 inside Gloo at the first
 # compressed step): refused at load, on both ranks, naming the file and the key.
 cp -r "$TMP/pr-other" "$TMP/bad-p"
-/usr/bin/python3 - "$TMP/bad-p/latest/hook-rank1.pt" <<'PY' || fail "python could not rewrite hook-rank1.pt"
+"$PYTHON" - "$TMP/bad-p/latest/hook-rank1.pt" <<'PY' || fail "python could not rewrite hook-rank1.pt"
 import sys, torch
 state = torch.load(sys.argv[1], weights_only=True)
 state["p_memory_dict"][0] = torch.zeros(5)
@@ -368,7 +369,7 @@ same_line_on_both_ranks "hook-rank1.pt with a 5-element P memory" "$out" "hook-r
 # Under ZeRO each rank loads its own parameters' optimizer state from checkpoint.pt: a bad entry
 # names the file and the parameter's index in it (not its index in a rank's shard), on every rank.
 cp -r "$TMP/b" "$TMP/bad-opt"  # step 40, ZeRO sorted_greedy over 2 ranks
-/usr/bin/python3 - "$TMP/bad-opt/latest/checkpoint.pt" <<'PY' || fail "python could not rewrite checkpoint.pt"
+"$PYTHON" - "$TMP/bad-opt/latest/checkpoint.pt" <<'PY' || fail "python could not rewrite checkpoint.pt"
 import sys, torch
 ckpt = torch.load(sys.argv[1], weights_only=True)
 ckpt["optimizer"]["state"][5]["exp_avg"] = torch.zeros(3)
