@@ -29,13 +29,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "testing/pytorch_python.h"
 
 namespace dtrain::checkpoint::testing {
 
-inline std::string python_binary() {
-  const char* p = std::getenv("DTRAIN_PYTHON");
-  return p != nullptr && *p != '\0' ? p : "/usr/bin/python3";
-}
+inline std::string python_binary() { return dtrain::testing::pytorch_python(); }
 
 inline constexpr char kScript[] = "checkpoint/testdata/make_python_files.py";
 

@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "testing/pytorch_python.h"
 #include "testing/test_util.h"
 
 namespace dtrain::checkpoint {
@@ -156,10 +157,7 @@ bool respelled(const std::vector<std::string>& lines) {
 
 // ---- Running Python ----
 
-std::string python() {
-  const char* p = std::getenv("DTRAIN_PYTHON");
-  return p != nullptr && *p != '\0' ? p : "/usr/bin/python3";
-}
+std::string python() { return dtrain::testing::pytorch_python(); }
 
 std::string tmp_dir() {
   const char* t = std::getenv("TEST_TMPDIR");

@@ -24,6 +24,7 @@
 #include "comm/testing/test_harness.h"
 #include "optim/functional/adapter.h"
 #include "optim/post_local_sgd_optimizer.h"
+#include "testing/pytorch_python.h"
 #include "testing/test_util.h"
 
 namespace dtrain::optim {
@@ -154,10 +155,7 @@ TEST(DiLoCoTest, FragmentsSyncInTurnEverySyncEveryOverFragmentsSteps) {
 
 // --- 2. The Nesterov outer optimizer against PyTorch ---------------------------------------------
 
-std::string python() {
-  const char* p = std::getenv("DTRAIN_PYTHON");
-  return p != nullptr ? p : "/usr/bin/python3";
-}
+std::string python() { return dtrain::testing::pytorch_python(); }
 
 std::vector<at::Tensor> tensors(const c10::IValue& list) {
   std::vector<at::Tensor> out;

@@ -24,6 +24,7 @@
 #include "optim/functional/registry.h"
 #include "optim/functional/torch_state.h"
 #include "optim/zero/zero_redundancy_optimizer.h"
+#include "testing/pytorch_python.h"
 
 namespace dtrain::optim {
 namespace {
@@ -38,10 +39,7 @@ struct Case {
   std::vector<std::vector<int64_t>> groups;  // global parameter indices per param group
 };
 
-std::string python() {
-  const char* p = std::getenv("DTRAIN_PYTHON");
-  return p != nullptr ? p : "/usr/bin/python3";
-}
+std::string python() { return dtrain::testing::pytorch_python(); }
 
 class PythonContinuationTest : public ::testing::Test {
  protected:

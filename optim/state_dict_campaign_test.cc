@@ -25,6 +25,7 @@
 #include "optim/functional/registry.h"
 #include "optim/hostile_state_dicts.h"
 #include "optim/zero/zero_redundancy_optimizer.h"
+#include "testing/pytorch_python.h"
 
 namespace dtrain::optim {
 namespace {
@@ -73,9 +74,8 @@ class Campaign : public ::testing::Test {
   static void SetUpTestSuite() {
     const char* tmp = std::getenv("TEST_TMPDIR");
     const std::string dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/campaign";
-    const char* py = std::getenv("DTRAIN_PYTHON");
-    const std::string cmd = std::string(py != nullptr ? py : "/usr/bin/python3") +
-                            " optim/testdata/make_campaign_states.py " + dir;
+    const std::string cmd =
+        dtrain::testing::pytorch_python() + " optim/testdata/make_campaign_states.py " + dir;
     ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
     std::set<std::string> by_pytorch;
     std::ifstream in(dir + "/cases.txt");

@@ -26,16 +26,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "bench/lm/lm_trainer.h"
+#include "testing/pytorch_python.h"
 #include "testing/test_util.h"
 
 namespace dtrain::bench {
 namespace {
 
 // The interpreter and the command runner of checkpoint/python_test_files.h.
-std::string python_binary() {
-  const char* p = std::getenv("DTRAIN_PYTHON");
-  return p != nullptr && *p != '\0' ? p : "/usr/bin/python3";
-}
+std::string python_binary() { return dtrain::testing::pytorch_python(); }
 
 constexpr char kPeer[] = "bench/lm/lm_peer.py";
 
