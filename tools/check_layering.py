@@ -133,8 +133,24 @@ def package_of_file(path, pkgs):
     return d or None
 
 
+def testonly_files():
+    """Files (pkg/name) that only testonly or test targets list in srcs/hdrs: test code by BUILD."""
+    listed = {}
+    for pkg in bazel_to_cmake.packages():
+        for has_agent in (False, True):
+            for kind, attrs in bazel_to_cmake.evaluate(pkg, has_agent).rules:
+                for attr in ("srcs", "hdrs"):
+                    values = attrs.get(attr, [])
+                    for v in values if isinstance(values, list) else []:
+                        if isinstance(v, str) and not v.startswith(("//", ":", "@")):
+                            path = os.path.join(pkg, v)
+                            listed[path] = listed.get(path, True) and is_testish(kind, attrs)
+    return {path for path, testish in listed.items() if testish}
+
+
 def check_includes(problems):
     pkgs = package_dirs()
+    test_files = testonly_files()
     for pkg in sorted(pkgs):
         for f in sorted(os.listdir(os.path.join(ROOT, pkg))):
             if not f.endswith((".h", ".cc")):
@@ -154,7 +170,8 @@ def check_includes(problems):
                         problems.add("%s: includes %s, another package's internal header" % (path, inc))
                         continue
                 dst = layer_of(ipkg)
-                if dst and src and not may_depend(src, dst, is_testish("", {}, path)):
+                testish = is_testish("", {}, path) or path in test_files
+                if dst and src and not may_depend(src, dst, testish):
                     problems.add("%s: includes %s: %s may not depend on %s (docs/ARCHITECTURE.md, "
                                  "\"Dependency direction\")" % (path, inc, src, dst))
 

@@ -53,6 +53,23 @@ rc, out = repo.run("tools/check_layering.py")
 repo.check(rc == 1 and "launcher uses no LibTorch" in out, "LibTorch in the launcher fails (%s)" % out.strip())
 repo.write("launcher/BUILD.bazel", LIB + 'cc_library(name = "run", srcs = ["run.cc"])\n')
 
+# A header only a testonly library lists is test code: it may include //testing; the same header
+# in a library that is not testonly may not.
+repo.write("testing/BUILD.bazel", LIB + 'cc_library(name = "util", testonly = True, hdrs = ["util.h"])\n')
+repo.write("testing/util.h", "")
+repo.write("comm/files.h", '#include "testing/util.h"\n')
+FILES = 'cc_library(name = "files", %shdrs = ["files.h"], deps = ["//testing:util"])\n'
+comm = open(os.path.join(repo.root, "comm/BUILD.bazel")).read()
+repo.write("comm/BUILD.bazel", comm + FILES % "testonly = True, ")
+rc, out = repo.run("tools/check_layering.py")
+repo.check(rc == 0, "a testonly library's header includes //testing (%s)" % out.strip())
+repo.write("comm/BUILD.bazel", comm + FILES % "")
+rc, out = repo.run("tools/check_layering.py")
+repo.check(rc == 1 and "comm/files.h: includes testing/util.h" in out,
+      "the same header in a library that ships fails (%s)" % out.strip())
+repo.write("comm/BUILD.bazel", comm)
+os.remove(os.path.join(repo.root, "comm/files.h"))
+
 rc, out = repo.run("tools/check_layering.py")
 repo.check(rc == 0, "undone, the check passes again (%s)" % out.strip())
 sys.exit(repo.finish())
