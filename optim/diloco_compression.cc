@@ -1,5 +1,6 @@
 #include "optim/diloco_compression.h"
 
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -109,21 +110,41 @@ at::Tensor decode_outer(const at::Tensor& bytes, int64_t numel, const std::strin
   return (q * steps_of(absmax, mode)).reshape(-1).narrow(0, 0, numel).contiguous();
 }
 
+PendingCompressedAverage start_compressed_average(const comm::Group& group, const at::Tensor& flat,
+                                                  const std::string& mode) {
+  TORCH_CHECK(mode != "none", "compressed_average: mode 'none' is DiLoCo's float32 all-reduce");
+  PendingCompressedAverage pending;
+  pending.numel = flat.numel();
+  pending.mode = mode;
+  std::vector<at::Tensor> mine = {encode_outer(flat, mode)};
+  pending.gathered.resize(1);
+  if (group.size() == 1) {
+    pending.gathered[0] = mine;
+  } else {
+    for (int r = 0; r < group.size(); ++r) pending.gathered[0].push_back(at::empty_like(mine[0]));
+    pending.work = group->allgather(pending.gathered, mine);
+  }
+  return pending;
+}
+
+at::Tensor finish_compressed_average(PendingCompressedAverage& pending) {
+  TORCH_CHECK(pending.gathered.size() == 1 && !pending.gathered[0].empty(),
+              "finish_compressed_average: nothing is pending (finished already, or not from "
+              "start_compressed_average); call it once per start_compressed_average");
+  if (pending.work) pending.work->wait();
+  pending.work.reset();
+  const std::vector<at::Tensor> all = std::move(pending.gathered[0]);
+  pending.gathered.clear();
+  at::Tensor sum = decode_outer(all[0], pending.numel, pending.mode);
+  for (size_t r = 1; r < all.size(); ++r)
+    sum.add_(decode_outer(all[r], pending.numel, pending.mode));
+  return sum.div_(static_cast<int64_t>(all.size()));
+}
+
 at::Tensor compressed_average(const comm::Group& group, const at::Tensor& flat,
                               const std::string& mode) {
-  TORCH_CHECK(mode != "none", "compressed_average: mode 'none' is DiLoCo's float32 all-reduce");
-  const int64_t n = flat.numel();
-  std::vector<at::Tensor> mine = {encode_outer(flat, mode)};
-  std::vector<std::vector<at::Tensor>> all(1);
-  if (group.size() == 1) {
-    all[0] = mine;
-  } else {
-    for (int r = 0; r < group.size(); ++r) all[0].push_back(at::empty_like(mine[0]));
-    group->allgather(all, mine)->wait();
-  }
-  at::Tensor sum = decode_outer(all[0][0], n, mode);
-  for (size_t r = 1; r < all[0].size(); ++r) sum.add_(decode_outer(all[0][r], n, mode));
-  return sum.div_(group.size());
+  PendingCompressedAverage pending = start_compressed_average(group, flat, mode);
+  return finish_compressed_average(pending);
 }
 
 }  // namespace dtrain::optim

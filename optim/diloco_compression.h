@@ -6,6 +6,8 @@
 //   at::Tensor bytes = dtrain::optim::encode_outer(flat, "4bit");        // uint8, 1-D
 //   at::Tensor back = dtrain::optim::decode_outer(bytes, flat.numel(), "4bit");  // float32
 //   at::Tensor avg = dtrain::optim::compressed_average(group, flat, "4bit");   // collective
+//   auto pending = dtrain::optim::start_compressed_average(group, flat, "4bit");  // not waited
+//   at::Tensor later = dtrain::optim::finish_compressed_average(pending);  // waits, decodes
 //
 // Thread safety: the functions are pure (compressed_average is a collective over its group).
 #ifndef DTRAIN_OPTIM_DILOCO_COMPRESSION_H_
@@ -13,6 +15,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -46,6 +49,22 @@ at::Tensor decode_outer(const at::Tensor& bytes, int64_t numel, const std::strin
 // mode and numel. REQUIRES: mode != "none" (DiLoCo all-reduces float32 then), group.is_member().
 at::Tensor compressed_average(const comm::Group& group, const at::Tensor& flat,
                               const std::string& mode);
+
+// compressed_average in two halves, for an average that runs while the caller works on (DiLoCo's
+// fragment_sync_delay): start_compressed_average encodes `flat` and issues the all-gather without
+// waiting; finish_compressed_average waits for it and decodes. compressed_average(g, x, m) is
+// finish_compressed_average(start_compressed_average(g, x, m)): the same codec path, the same bits.
+// start is the collective (same contract as compressed_average); finish is local and REQUIRES a
+// pending average that start returned and no finish consumed yet.
+struct PendingCompressedAverage {
+  c10::intrusive_ptr<c10d::Work> work;            // the all-gather; null for a group of one
+  std::vector<std::vector<at::Tensor>> gathered;  // every rank's bytes, by rank, once it is done
+  int64_t numel = 0;
+  std::string mode;
+};
+PendingCompressedAverage start_compressed_average(const comm::Group& group, const at::Tensor& flat,
+                                                  const std::string& mode);
+at::Tensor finish_compressed_average(PendingCompressedAverage& pending);
 
 }  // namespace dtrain::optim
 
