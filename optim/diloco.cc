@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -117,6 +118,21 @@ void check_diloco_options(const DiLoCoOptions& options, size_t num_params) {
               "): one fragment syncs every sync_every / fragments inner steps; make sync_every a "
               "multiple of fragments");
   check_outer_compression(options.outer_compression);
+  const int64_t interval = options.sync_every / options.fragments;
+  TORCH_CHECK(options.fragment_sync_delay >= 0, "DiLoCoOptions::fragment_sync_delay is ",
+              options.fragment_sync_delay,
+              "; it is tau, the inner steps a fragment's all-reduce runs behind: set it to 0 (the "
+              "sync blocks) or more");
+  TORCH_CHECK(options.fragment_sync_delay < interval, "DiLoCoOptions::fragment_sync_delay is ",
+              options.fragment_sync_delay,
+              " but a fragment syncs every sync_every / fragments = ", interval,
+              " inner steps, and its all-reduce must be issued within the round it ends: set "
+              "fragment_sync_delay to at most ",
+              interval - 1, ", or raise sync_every");
+  TORCH_CHECK(options.fragment_update_alpha >= 0.0 && options.fragment_update_alpha <= 1.0,
+              "DiLoCoOptions::fragment_update_alpha is ", options.fragment_update_alpha,
+              "; it mixes a synced fragment's local parameters into the new global ones (0: take "
+              "the global ones, 1: keep the local ones): set it in [0, 1]");
   const FunctionalRegistry& registry = FunctionalRegistry::global();
   if (!registry.contains(options.outer_optimizer)) {
     std::string names;
@@ -193,32 +209,64 @@ at::Tensor DiLoCo::step(LossClosure closure) {
   sync_options(/*to_inner=*/true);  // LR schedulers act on this optimizer's groups
   at::Tensor loss = inner_->step(std::move(closure));
   sync_options(/*to_inner=*/false);
-  if (++local_step_ >= options_.sync_every / options_.fragments) {
-    outer_sync(fragments_[static_cast<size_t>(outer_step_ % options_.fragments)]);
+  const int64_t interval = options_.sync_every / options_.fragments;
+  const std::vector<int64_t>& fragment =
+      fragments_[static_cast<size_t>(outer_step_ % options_.fragments)];
+  ++local_step_;
+  if (local_step_ == interval - options_.fragment_sync_delay) prepare_sync(fragment);
+  if (local_step_ >= interval) {
+    perform_sync(fragment);
     local_step_ = 0;
     ++outer_step_;
   }
   return loss;
 }
 
-void DiLoCo::outer_sync(const std::vector<int64_t>& fragment) {
-  c10::NoGradGuard no_grad;
-  const std::vector<at::Tensor> local = local_params();
+std::vector<at::Tensor> DiLoCo::checked_local_params() const {
+  std::vector<at::Tensor> local = local_params();
   TORCH_CHECK(local.size() == global_.size(), "DiLoCo: the inner optimizer has ", local.size(),
               " parameters, DiLoCo was built over ", global_.size(),
               "; parameters cannot be added or removed after construction: build a new DiLoCo");
-  // Pseudo-gradients (global minus local, in the global copies' precision), averaged as
-  // average_parameters averages: each divided by the group's size, then one all-reduce (sum).
+  return local;
+}
+
+// Pseudo-gradients (global minus local, in the global copies' precision), averaged as
+// average_parameters averages: each divided by the group's size, then one all-reduce (sum), or
+// compressed (compressed_average's first half). Issued, not waited.
+void DiLoCo::prepare_sync(const std::vector<int64_t>& fragment) {
+  c10::NoGradGuard no_grad;
+  const std::vector<at::Tensor> local = checked_local_params();
   std::vector<at::Tensor> parts;
   for (int64_t i : fragment) parts.push_back((global_[i] - local[i].detach()).reshape(-1));
   at::Tensor flat = at::cat(parts);
+  Pending pending;
   if (options_.outer_compression == "none") {
     flat.div_(options_.group.size());
     std::vector<at::Tensor> bufs = {flat};
-    options_.group->allreduce(bufs)->wait();
+    pending.work = options_.group->allreduce(bufs);
+    pending.average = flat;
   } else {
-    flat = compressed_average(options_.group, flat.to(at::kFloat), options_.outer_compression);
+    pending.compressed =
+        start_compressed_average(options_.group, flat.to(at::kFloat), options_.outer_compression);
   }
+  pending_ = std::move(pending);
+}
+
+at::Tensor DiLoCo::wait_pending() {
+  TORCH_INTERNAL_ASSERT(pending_.has_value(), "DiLoCo: a sync without its prepared average");
+  Pending& p = *pending_;
+  if (p.work) p.work->wait();
+  p.work.reset();
+  if (p.compressed.has_value()) p.average = finish_compressed_average(*p.compressed);
+  p.compressed.reset();
+  return p.average;
+}
+
+void DiLoCo::perform_sync(const std::vector<int64_t>& fragment) {
+  const at::Tensor flat = wait_pending();
+  pending_.reset();
+  c10::NoGradGuard no_grad;
+  const std::vector<at::Tensor> local = checked_local_params();
   std::vector<at::Tensor> grads(global_.size());  // undefined: not this fragment's, left alone
   int64_t offset = 0;
   for (int64_t i : fragment) {
@@ -227,7 +275,15 @@ void DiLoCo::outer_sync(const std::vector<int64_t>& fragment) {
     offset += n;
   }
   outer_->step(grads);
-  for (int64_t i : fragment) local[i].detach().copy_(global_[i]);
+  const double alpha = options_.fragment_update_alpha;
+  for (int64_t i : fragment) {
+    at::Tensor p = local[i].detach();
+    if (alpha == 0.0) {
+      p.copy_(global_[i]);
+    } else {  // torchft's merge: the new global parameters lerped towards the local ones
+      p.copy_(at::lerp(global_[i], p.to(global_[i].scalar_type()), alpha));
+    }
+  }
 }
 
 c10::IValue DiLoCo::state_dict() {
@@ -239,6 +295,8 @@ c10::IValue DiLoCo::state_dict() {
   d.insert("sync_every", options_.sync_every);
   d.insert("fragments", options_.fragments);
   d.insert("outer_compression", options_.outer_compression);
+  d.insert("fragment_sync_delay", options_.fragment_sync_delay);
+  if (pending_.has_value()) d.insert("pending_average", wait_pending());
   c10::List<at::Tensor> globals;
   for (const at::Tensor& g : global_) globals.push_back(g);
   d.insert("global_params", globals);
@@ -281,6 +339,29 @@ std::vector<at::Tensor> checked_globals(const c10::impl::GenericDict& d,
   return out;
 }
 
+// The "diloco" entry's "pending_average": present exactly when `in_flight` (an all-reduce was in
+// flight when the dict was taken), then 1-D with `numel` elements of `dtype`, finite.
+std::optional<at::Tensor> checked_pending(const c10::impl::GenericDict& d, bool in_flight,
+                                          int64_t numel, at::ScalarType dtype) {
+  const bool present = d.contains("pending_average") && !d.at("pending_average").isNone();
+  TORCH_CHECK(present == in_flight, kLoad, "diloco.pending_average is ",
+              present ? "present" : "absent", " but local_step and fragment_sync_delay say ",
+              in_flight ? "a" : "no", " fragment's all-reduce was in flight", kSameRun);
+  if (!present) return std::nullopt;
+  const c10::IValue v = d.at("pending_average");
+  TORCH_CHECK(v.isTensor(), kLoad, "diloco.pending_average is a ", v.tagKind(), ", not a tensor",
+              kSameRun);
+  const at::Tensor t = v.toTensor();
+  TORCH_CHECK(t.defined() && t.layout() == at::kStrided && t.dim() == 1 && t.numel() == numel,
+              kLoad, "diloco.pending_average is not a 1-D dense tensor of ", numel,
+              " elements (the fragment's)", kSameRun);
+  TORCH_CHECK(t.scalar_type() == dtype, kLoad, "diloco.pending_average is ", t.scalar_type(),
+              ", the fragment's average is ", dtype, kSameRun);
+  TORCH_CHECK(at::isfinite(t).all().item<bool>(), kLoad,
+              "diloco.pending_average has a value that is not finite (nan or inf)", kSameRun);
+  return t;
+}
+
 }  // namespace
 
 void DiLoCo::load_state_dict(const c10::IValue& state_dict) {
@@ -300,12 +381,27 @@ void DiLoCo::load_state_dict(const c10::IValue& state_dict) {
   int_entry(d, "fragments", options_.fragments, options_.fragments,
             "it must equal this DiLoCo's fragments");
   check_compression_entry(d, options_.outer_compression);
+  const int64_t delay = options_.fragment_sync_delay;
+  if (d.contains("fragment_sync_delay") || delay != 0) {  // absent: written before the option
+    int_entry(d, "fragment_sync_delay", delay, delay,
+              "it must equal this DiLoCo's fragment_sync_delay");
+  }
+  const int64_t interval = options_.sync_every / options_.fragments;
   const int64_t local_step =
-      int_entry(d, "local_step", 0, options_.sync_every / options_.fragments - 1,
-                "inner steps since the last sync");
+      int_entry(d, "local_step", 0, interval - 1, "inner steps since the last sync");
   const int64_t outer_step =
       int_entry(d, "outer_step", 0, std::numeric_limits<int64_t>::max(), "syncs so far");
   const std::vector<at::Tensor> globals = checked_globals(d, global_);
+  int64_t numel = 0;
+  at::ScalarType dtype = at::kFloat;  // the flat pseudo-gradient's: at::cat promotes to float64
+  for (int64_t i : fragments_[static_cast<size_t>(outer_step % options_.fragments)]) {
+    numel += global_[i].numel();
+    if (options_.outer_compression == "none" && global_[i].scalar_type() == at::kDouble) {
+      dtype = at::kDouble;
+    }
+  }
+  const std::optional<at::Tensor> pending =
+      checked_pending(d, delay > 0 && local_step >= interval - delay, numel, dtype);
   TORCH_CHECK(d.contains("outer_optimizer"), kLoad,
               "the 'diloco' entry has no 'outer_optimizer' (the outer optimizer's state)",
               kSameRun);
@@ -324,6 +420,8 @@ void DiLoCo::load_state_dict(const c10::IValue& state_dict) {
   for (size_t i = 0; i < global_.size(); ++i) global_[i].copy_(globals[i]);
   local_step_ = local_step;
   outer_step_ = outer_step;
+  pending_.reset();
+  if (pending.has_value()) pending_ = Pending{{}, std::nullopt, pending->clone()};
 }
 
 }  // namespace dtrain::optim

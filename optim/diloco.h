@@ -3,7 +3,9 @@
 // local ones now), an outer optimizer -- Nesterov SGD, lr 0.7, momentum 0.9 by default -- applies
 // it to the global parameters, and every rank continues from the new global parameters. With
 // `fragments` > 1 it is Streaming DiLoCo (arXiv 2501.18512): the parameters are cut into
-// fragments that synchronise in turn. Itself a torch::optim::Optimizer, in the PostLocalSGD family.
+// fragments that synchronise in turn; with `fragment_sync_delay` > 0 a fragment's all-reduce runs
+// while the next inner steps do, and `fragment_update_alpha` mixes the local parameters into the
+// new global ones. Itself a torch::optim::Optimizer, in the PostLocalSGD family.
 //
 //   auto inner = std::make_unique<torch::optim::AdamW>(model->parameters(),
 //                                                     torch::optim::AdamWOptions(4e-4));
@@ -13,6 +15,12 @@
 //   dtrain::optim::DiLoCo opt(std::move(inner), options);
 //   for (...) { opt.zero_grad(); loss.backward(); opt.step(); }   // every 500th step syncs
 //   c10::IValue sd = opt.state_dict();  // the inner optimizer's, plus "diloco" (see state_dict)
+//
+// The options (DiLoCoOptions; each with its meaning, range and conflicts there), with defaults:
+//   group (required), sync_every = 500, outer_optimizer = "SGD",
+//   outer_options = default_outer_options() ({"lr": 0.7, "momentum": 0.9, "nesterov": true}),
+//   fragments = 1, outer_compression = "none", fragment_sync_delay = 0 (the sync blocks),
+//   fragment_update_alpha = 0.0 (local parameters replaced by the global ones).
 //
 // REQUIRES: every rank of the group starts with equal parameters (seed the model alike, or
 // broadcast them) and steps the same number of times; DiLoCo checks neither.
@@ -25,6 +33,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +42,7 @@
 #include <torch/optim/optimizer.h>
 
 #include "comm/process_group.h"
+#include "optim/diloco_compression.h"
 #include "optim/functional/optimizer.h"
 
 namespace dtrain::optim {
@@ -59,14 +69,14 @@ struct DiLoCoOptions {
   // optimizer refuses keys it does not know, e.g. Adam refuses "nesterov"). A c10 dict is shared
   // on copy; DiLoCo copies it at construction.
   OptionsDict outer_options = default_outer_options();
-  // Streaming DiLoCo, as torchft's DiLoCo with `fragments` model fragments and
-  // fragment_sync_delay 0: the parameters (in the inner optimizer's order, groups concatenated)
-  // are cut into this many contiguous fragments of about equal element counts (fragment_params()
-  // gives them); every sync_every / fragments inner steps one fragment synchronises, in turn
-  // 0, 1, ..., so fragment f syncs after inner steps (f + 1) * sync_every / fragments + k *
-  // sync_every. Only that fragment's pseudo-gradient is all-reduced, stepped by the outer optimizer
-  // and copied into the local parameters. >= 1 (1: plain DiLoCo), at most the number of
-  // parameters, and dividing `sync_every`.
+  // Streaming DiLoCo, as torchft's DiLoCo with `fragments` model fragments: the parameters (in
+  // the inner optimizer's order, groups concatenated) are cut into this many contiguous fragments
+  // of about equal element counts (fragment_params() gives them); every sync_every / fragments
+  // inner steps one fragment synchronises, in turn 0, 1, ..., so fragment f syncs after inner
+  // steps (f + 1) * sync_every / fragments + k * sync_every. Only that fragment's pseudo-gradient
+  // is all-reduced (see fragment_sync_delay for when), stepped by the outer optimizer and copied
+  // (see fragment_update_alpha) into the local parameters. >= 1 (1: plain DiLoCo), at most the
+  // number of parameters, and dividing `sync_every`.
   int64_t fragments = 1;
   // Compressed outer gradients (Streaming DiLoCo's low-precision outer gradients, arXiv
   // 2501.18512; torchft's quantized all-reduce). Each rank turns its pseudo-gradient (in float32;
@@ -97,6 +107,27 @@ struct DiLoCoOptions {
   // A block of zeros stays zero. Conflicts: none. Recorded in the state dict: a resume with a
   // different value is refused (load_state_dict).
   std::string outer_compression = "none";
+  // tau, Streaming DiLoCo's overlap (torchft's `fragment_sync_delay`): the inner steps a
+  // fragment's all-reduce runs behind. With K = sync_every / fragments, the fragment that syncs
+  // after inner step K of a round has its pseudo-gradient taken (global minus local, as then) and
+  // its all-reduce (or, with outer_compression, its all-gather of codes) issued after inner step
+  // K - tau, without waiting; inner steps K - tau + 1 .. K run while it is in flight; after step K
+  // DiLoCo waits for it, the outer optimizer steps the fragment's global parameters on that
+  // average, and the local ones are set from them (see fragment_update_alpha). So the progress of
+  // those tau steps on the fragment's parameters is dropped at alpha 0, as in torchft. Default 0:
+  // issued and waited after step K, the blocking sync, bit for bit what DiLoCo did before the
+  // option. 0 <= tau < K: a fragment's all-reduce must be issued within the round it ends (set
+  // sync_every / fragments larger to allow more). Recorded in the state dict: a resume with a
+  // different value is refused.
+  int64_t fragment_sync_delay = 0;
+  // How a synced fragment's local parameters mix with its new global ones (torchft's
+  // `fragment_update_alpha`): local = lerp(global, local, alpha) = global + alpha (local - global),
+  // at::lerp in the global copy's precision (float32, float64 for float64 parameters), then
+  // rounded to the parameter's dtype; `local` is the parameter after inner step K (tau steps past
+  // its pseudo-gradient). Default 0: the local parameters are replaced by the global ones (a copy,
+  // bit for bit what DiLoCo did before the option); 1: the local ones are kept (the outer step
+  // only moves the global copy, which the next pseudo-gradient is taken against). In [0, 1].
+  double fragment_update_alpha = 0.0;
 };
 
 // The options' own checks (the ranges and conflicts above, not the outer optimizer's options nor
@@ -115,29 +146,43 @@ class DiLoCo : public torch::optim::Optimizer {
   DiLoCo(std::unique_ptr<torch::optim::Optimizer> inner, DiLoCoOptions options);
 
   // The inner step (with `closure`, returning its loss); then, at the end of a round, the outer
-  // step of this round's fragment. A collective over the group at those steps only (every
-  // sync_every / fragments inner steps): one all-reduce of the fragment's pseudo-gradients in one
-  // flat buffer (each divided by the group's size first, as average_parameters does), or with
-  // outer_compression one all-gather of their codes (see there), then the
-  // outer optimizer's step on the global parameters, which are then copied into the local ones.
-  // The inner optimizer's state is kept across rounds, as torchft keeps it.
+  // step of this round's fragment. A collective over the group once a round (every
+  // sync_every / fragments inner steps), issued after inner step K - fragment_sync_delay of the
+  // round and waited after step K (the same step when the delay is 0): one all-reduce of the
+  // fragment's pseudo-gradients in one flat buffer (each divided by the group's size first, as
+  // average_parameters does), or with outer_compression one all-gather of their codes (see
+  // there), then the outer optimizer's step on the global parameters, which are then copied (or,
+  // with fragment_update_alpha, lerped) into the local ones. The inner optimizer's state is kept
+  // across rounds, as torchft keeps it.
   at::Tensor step(LossClosure closure = nullptr) override;
 
   // The inner optimizer's state dict in PyTorch's format (optimizer_state_dict), plus the entry
   // "diloco": {"local_step": inner steps since the last sync, "outer_step": syncs so far,
-  // "sync_every", "fragments", "outer_compression", "global_params": [tensor per parameter], "outer_optimizer": the
-  // outer optimizer's state dict}. Tensors are the live ones, as every state dict here: save or
-  // copy it before stepping again.
+  // "sync_every", "fragments", "outer_compression", "fragment_sync_delay", "global_params": [tensor
+  // per parameter], "outer_optimizer": the outer optimizer's state dict}, and while a fragment's
+  // all-reduce is in flight (fragment_sync_delay > 0, from inner step K - delay of a round until
+  // step K) "pending_average": its result, the fragment's averaged pseudo-gradient (1-D, the
+  // fragment's parameters in order). To take it, state_dict waits for that all-reduce: every rank
+  // issued it already, so this is no new collective and needs nothing from the other ranks but
+  // that they go on stepping; the run then continues as it would have (the result is the same
+  // bits). Tensors are the live ones, as every state dict here: save or copy it before stepping
+  // again.
   c10::IValue state_dict();
   // Loads such a dict. Everything of the "diloco" entry is checked before anything changes: the
-  // entry present, the counters whole numbers in range, sync_every, fragments and
-  // outer_compression equal to this DiLoCo's (a dict without "outer_compression", written before
-  // the option, counts as "none"), one global parameter per parameter, each a tensor of its parameter's shape, of the
-  // global copy's dtype (float32, or float64 for float64 parameters) and finite, and the outer
+  // entry present, the counters whole numbers in range, sync_every, fragments,
+  // outer_compression and fragment_sync_delay equal to this DiLoCo's (a dict without
+  // "outer_compression" or "fragment_sync_delay", written before the option, counts as "none" or
+  // 0), one global parameter per parameter, each a tensor of its parameter's shape, of the global
+  // copy's dtype (float32, or float64 for float64 parameters) and finite, "pending_average"
+  // present exactly when local_step and fragment_sync_delay say an all-reduce was in flight, then
+  // 1-D with the fragment's element count, of its average's dtype and finite, and the outer
   // optimizer's state (FunctionalOptimizer::check_state_dict); then the inner optimizer's state is
-  // loaded (its own checks), then the DiLoCo part. Errors (c10::Error): one line naming the key,
-  // the parameter's index and what was expected. A run resumed this way (with the local
-  // parameters it had) continues bit for bit as if it had not stopped.
+  // loaded (its own checks), then the DiLoCo part. A loaded pending average is used at its
+  // fragment's sync step with no collective (every rank resumes from the same step, so none
+  // issues one); an all-reduce this DiLoCo itself had in flight is dropped, not waited. Not a
+  // collective. Errors (c10::Error): one line naming the key, the parameter's index and what was
+  // expected. A run resumed this way (with the local parameters it had) continues bit for bit as
+  // if it had not stopped, also through a dict taken while an all-reduce was in flight.
   void load_state_dict(const c10::IValue& state_dict);
 
   torch::optim::Optimizer& inner() { return *inner_; }
@@ -153,7 +198,10 @@ class DiLoCo : public torch::optim::Optimizer {
  private:
   std::vector<at::Tensor> local_params() const;
   void sync_options(bool to_inner);
-  void outer_sync(const std::vector<int64_t>& fragment);
+  std::vector<at::Tensor> checked_local_params() const;
+  void prepare_sync(const std::vector<int64_t>& fragment);
+  at::Tensor wait_pending();
+  void perform_sync(const std::vector<int64_t>& fragment);
 
   std::unique_ptr<torch::optim::Optimizer> inner_;
   DiLoCoOptions options_;
@@ -162,6 +210,14 @@ class DiLoCo : public torch::optim::Optimizer {
   std::vector<std::vector<int64_t>> fragments_;
   int64_t local_step_ = 0;
   int64_t outer_step_ = 0;
+  // The fragment's average issued by prepare_sync and not yet used by perform_sync: in flight
+  // (`work` or `compressed`) or, once waited (state_dict, a loaded state dict), `average`.
+  struct Pending {
+    c10::intrusive_ptr<c10d::Work> work;  // "none": the all-reduce of `average`, until waited
+    std::optional<PendingCompressedAverage> compressed;  // outer_compression: its all-gather
+    at::Tensor average;  // "none": the buffer being reduced; then the average
+  };
+  std::optional<Pending> pending_;
 };
 
 }  // namespace dtrain::optim
