@@ -45,11 +45,19 @@ constexpr DcpGlobal kDcpGlobals[] = {
     {"pathlib._local", "PosixPath", false},  // Python 3.13 and later
     {"pathlib._local", "PurePosixPath", false},
     {"pathlib._local", "WindowsPath", false},
+    // getattr(_MEM_FORMAT_ENCODING, "TORCH_CONTIGUOUS_FORMAT"): how Python 3.11 and later pickle an
+    // Enum member (by name), as PyTorch 2.15 writes TensorProperties' memory format. Only that
+    // class and its three member names are taken (call_dcp).
+    {"builtins", "getattr", false},
 };
 constexpr int32_t kDcpCount = static_cast<int32_t>(std::size(kDcpGlobals));
 constexpr int32_t kMemFormat = kDcpFirst + 8;
 constexpr int32_t kGetLayout = kDcpFirst + 9;
 constexpr int32_t kMetadataIndex = kDcpFirst + 5;
+constexpr int32_t kGetattr = kDcpFirst + 16;
+// _MEM_FORMAT_ENCODING's members and their values (torch/distributed/checkpoint/metadata.py).
+constexpr std::pair<const char*, int64_t> kMemFormats[] = {
+    {"TORCH_CONTIGUOUS_FORMAT", 0}, {"TORCH_CHANNELS_LAST", 1}, {"TORCH_PRESERVE_FORMAT", 2}};
 constexpr char kClassKey[] = "__class__";
 constexpr char kStateKey[] = "__state__";
 
@@ -88,6 +96,19 @@ absl::StatusOr<Item> call_dcp(Context& ctx, int32_t g, const std::vector<Item>& 
       return ctx.data_loss("_MEM_FORMAT_ENCODING is called with something other than 0, 1 or 2");
     }
     return args[0];
+  }
+  if (g == kGetattr) {
+    if (args.size() == 2 && args[0].kind == Item::Kind::kGlobal && args[0].ref == kMemFormat &&
+        is_str(args[1])) {
+      for (const auto& [name, value] : kMemFormats) {
+        if (args[1].value.toStringRef() == name) return Item::of(c10::IValue(value));
+      }
+    }
+    return ctx.invalid(
+        "builtins.getattr is called on something other than a member of "
+        "torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING (the only attribute a DCP "
+        ".metadata looks up): dtrain reads only DCP's metadata classes and never runs code from "
+        "a file");
   }
   if (g == kGetLayout) {
     if (args.size() != 1 || !is_str(args[0]))
