@@ -209,7 +209,8 @@ set(_DTRAIN_TIMEOUT_moderate 300)
 set(_DTRAIN_TIMEOUT_long 900)
 set(_DTRAIN_TIMEOUT_eternal 3600)
 
-# The ctest entry: named by its Bazel label, run where Bazel runs it, with Bazel's TEST_TMPDIR.
+# The ctest entry: named by its Bazel label, run where Bazel runs it, with Bazel's TEST_TMPDIR
+# (emptied before each run, as Bazel's is new: cmake/fresh_tmpdir.sh).
 function(_dtrain_add_test command)
   if(R_MANUAL)
     return()
@@ -217,7 +218,8 @@ function(_dtrain_add_test command)
   set(name "//${DTRAIN_PACKAGE}:${R_NAME}")
   set(tmp "${PROJECT_BINARY_DIR}/_test_tmp/${DTRAIN_PACKAGE}/${R_NAME}")
   file(MAKE_DIRECTORY "${tmp}")
-  add_test(NAME "${name}" COMMAND ${command} WORKING_DIRECTORY "${PROJECT_BINARY_DIR}")
+  add_test(NAME "${name}" COMMAND /bin/sh "${PROJECT_SOURCE_DIR}/cmake/fresh_tmpdir.sh" "${tmp}" ${command}
+           WORKING_DIRECTORY "${PROJECT_BINARY_DIR}")
   if(NOT R_SIZE)
     set(R_SIZE medium)
   endif()
@@ -245,7 +247,7 @@ function(dtrain_cc_test)
   endif()
   _dtrain_executable()
   _dtrain_data()
-  _dtrain_add_test("${R_TARGET}")
+  _dtrain_add_test("$<TARGET_FILE:${R_TARGET}>")  # a path: the command starts with fresh_tmpdir.sh
 endfunction()
 
 function(dtrain_sh_test)
