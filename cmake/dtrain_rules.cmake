@@ -160,7 +160,7 @@ function(_dtrain_executable)
       add_custom_target(dtrain_gpu)
     endif()
     add_dependencies(dtrain_gpu ${R_TARGET})
-    file(GENERATE OUTPUT "${PROJECT_BINARY_DIR}/gpu_targets/${R_TARGET}" CONTENT "$<TARGET_FILE:${R_TARGET}>")
+    file(GENERATE OUTPUT "${PROJECT_BINARY_DIR}/gpu_targets/${R_TARGET}" CONTENT "$<TARGET_FILE:${R_TARGET}>\n")
   endif()
 endfunction()
 
