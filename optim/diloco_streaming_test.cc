@@ -24,6 +24,7 @@
 #include "optim/diloco.h"
 #include "optim/diloco_compression.h"
 #include "optim/functional/registry.h"
+#include "optim/testing/diloco_testing.h"
 #include "testing/pytorch_python.h"
 #include "testing/test_util.h"
 
@@ -31,13 +32,11 @@ namespace dtrain::optim {
 namespace {
 
 using comm::testing::run_ranks_as_threads;
+using diloco_testing::fresh;
+using diloco_testing::max_diff;
+using diloco_testing::tensors;
+using diloco_testing::with_entry;
 using test_util::expect_error;
-
-std::vector<at::Tensor> fresh(const std::vector<at::Tensor>& init) {
-  std::vector<at::Tensor> out;
-  for (const at::Tensor& t : init) out.push_back(t.detach().clone().requires_grad_());
-  return out;
-}
 
 std::vector<at::Tensor> init_params() {
   return {at::cos(at::arange(12, at::kFloat)).reshape({3, 4}), at::sin(at::arange(5, at::kFloat)),
@@ -65,10 +64,6 @@ DiLoCoOptions streaming(const comm::Group& g, int64_t sync_every, int64_t fragme
 
 std::unique_ptr<torch::optim::SGD> inner_sgd(const std::vector<at::Tensor>& p, double lr = 0.05) {
   return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(lr).momentum(0.5));
-}
-
-double max_diff(const at::Tensor& a, const at::Tensor& b) {
-  return (a.detach().to(at::kDouble) - b.detach().to(at::kDouble)).abs().max().item<double>();
 }
 
 // --- 1. Delay 0 is the blocking sync, bit for bit ------------------------------------------------
@@ -158,12 +153,6 @@ TEST(DiLoCoStreamingTest, DelayZeroIsTheBlockingSyncBitForBit) {
 }
 
 // --- 2. Delay and alpha against PyTorch simulating torchft's workers -----------------------------
-
-std::vector<at::Tensor> tensors(const c10::IValue& list) {
-  std::vector<at::Tensor> out;
-  for (const auto& t : list.toList()) out.push_back(t.get().toTensor());
-  return out;
-}
 
 // Not bit for bit: Gloo sums 3 ranks in its own order (the simulation in rank order), and the
 // outer Nesterov step rounds its own way; within 1e-6, the worst printed.
@@ -353,19 +342,6 @@ TEST(DiLoCoStreamingTest, BadOptionsAreRefused) {
     expect_error([&] { make(streaming(g, 4, 1, 0, 2.0)); }, "set it in [0, 1]");
     make(streaming(g, 4, 1, 3, 1.0));  // the extremes are allowed
   });
-}
-
-c10::IValue with_entry(const c10::IValue& sd, const std::string& key,
-                       const std::optional<c10::IValue>& value) {
-  c10::impl::GenericDict top = sd.toGenericDict().copy();
-  c10::impl::GenericDict d = top.at("diloco").toGenericDict().copy();
-  if (value.has_value()) {
-    d.insert_or_assign(key, *value);
-  } else {
-    (void)d.erase(key);
-  }
-  top.insert_or_assign("diloco", d);
-  return top;
 }
 
 TEST(DiLoCoStreamingTest, BadPendingAveragesAreRefusedLeavingTheStateAlone) {

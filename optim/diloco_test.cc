@@ -4,6 +4,7 @@
 // installed PyTorch); a resumed run continues bit for bit; bad options and hostile state dicts are
 // refused in one line.
 #include "optim/diloco.h"
+#include "optim/testing/diloco_testing.h"
 
 #include <algorithm>
 #include <cmath>
@@ -31,13 +32,11 @@ namespace dtrain::optim {
 namespace {
 
 using comm::testing::run_ranks_as_threads;
+using diloco_testing::fresh;
+using diloco_testing::max_diff;
+using diloco_testing::tensors;
+using diloco_testing::with_entry;
 using test_util::expect_error;
-
-std::vector<at::Tensor> fresh(const std::vector<at::Tensor>& init) {
-  std::vector<at::Tensor> out;
-  for (const at::Tensor& t : init) out.push_back(t.detach().clone().requires_grad_());
-  return out;
-}
 
 OptionsDict dict(std::vector<std::pair<std::string, c10::IValue>> entries) {
   OptionsDict d = new_options_dict();
@@ -51,10 +50,6 @@ DiLoCoOptions diloco_options(const comm::Group& g, int64_t sync_every, int64_t f
   o.sync_every = sync_every;
   o.fragments = fragments;
   return o;
-}
-
-double max_diff(const at::Tensor& a, const at::Tensor& b) {
-  return (a.detach().to(at::kDouble) - b.detach().to(at::kDouble)).abs().max().item<double>();
 }
 
 std::mutex worst_mu;
@@ -156,12 +151,6 @@ TEST(DiLoCoTest, FragmentsSyncInTurnEverySyncEveryOverFragmentsSteps) {
 // --- 2. The Nesterov outer optimizer against PyTorch ---------------------------------------------
 
 std::string python() { return dtrain::testing::pytorch_python(); }
-
-std::vector<at::Tensor> tensors(const c10::IValue& list) {
-  std::vector<at::Tensor> out;
-  for (const auto& t : list.toList()) out.push_back(t.get().toTensor());
-  return out;
-}
 
 // A Python list of numbers, however the reader typed it.
 template <typename T>
@@ -358,19 +347,6 @@ TEST(DiLoCoTest, BadOptionsAreRefused) {
     opt.inner().add_param_group(torch::optim::OptimizerParamGroup({at::ones({2})}));
     expect_error([&] { opt.step(); }, "DiLoCo: param groups were added after construction");
   });
-}
-
-c10::IValue with_entry(const c10::IValue& sd, const std::string& key,
-                       const std::optional<c10::IValue>& value) {
-  c10::impl::GenericDict top = sd.toGenericDict().copy();
-  c10::impl::GenericDict d = top.at("diloco").toGenericDict().copy();
-  if (value.has_value()) {
-    d.insert_or_assign(key, *value);
-  } else {
-    (void)d.erase(key);
-  }
-  top.insert_or_assign("diloco", d);
-  return top;
 }
 
 c10::IValue with_global(const c10::IValue& sd, std::vector<c10::IValue> globals) {
