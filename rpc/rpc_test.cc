@@ -191,6 +191,13 @@ TEST(RpcTest, DistributedOptimizerMatchesTheLocalOptimizer) {
   check_parity("RMSprop", dict({{"lr", 0.01}}));
   check_parity("Adamax", dict({{"lr", 0.05}}));
   check_parity("Rprop", dict({{"lr", 0.05}}));
+  // Optimizer state in bfloat16 (to nearest) and 8 bits on the owners (state_precision.h).
+  // (Stochastic rounding is keyed by the parameter's index in its owner's optimizer, so it matches
+  // one local optimizer per owner, not this single reference.)
+  check_parity("AdamW", dict({{"lr", 0.05},
+                              {"state_dtype", std::string("bfloat16")},
+                              {"state_stochastic_rounding", false}}));
+  check_parity("Adam", dict({{"lr", 0.05}, {"state_dtype", std::string("8bit")}}));
   // A user optimizer (QHM) registered by name and built on the owners through the registry.
   optim::testing::register_qhm();
   check_parity("QHM", dict({{"lr", 0.05}, {"momentum", 0.9}, {"nu", 0.7}, {"weight_decay", 0.01}}));
