@@ -24,12 +24,8 @@
 //               PeriodicModelAverager (all ranks every 2 steps), or with a HierarchicalModelAverager
 //               (every 2 steps within a node of --ranks_per_node ranks, every 8 steps across all);
 //               also prints "loss": rank 0's model on a fixed batch after the run's steps
-#include <sys/resource.h>
-
 #include <chrono>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -39,6 +35,7 @@
 #include <absl/strings/str_split.h>
 #include <torch/torch.h>
 
+#include "bench/cluster/link_stats.h"
 #include "comm/process_group.h"
 #include "ddp_hooks/default_hooks.h"
 #include "ddp_hooks/distributed_data_parallel.h"
@@ -60,31 +57,6 @@ namespace dtrain::bench {
 namespace {
 
 using ddp_hooks::DistributedDataParallel;
-
-// Bytes this network namespace's eth0 has sent (the cluster's shaped link), or 0 without one.
-int64_t tx_bytes() {
-  std::ifstream dev("/proc/net/dev");
-  std::string line;
-  while (std::getline(dev, line)) {
-    const auto colon = line.find(':');
-    if (colon == std::string::npos || line.substr(0, colon).find("eth0") == std::string::npos)
-      continue;
-    std::istringstream fields(line.substr(colon + 1));
-    int64_t v = 0;
-    for (int i = 0; i < 9 && (fields >> v); ++i) {
-    }
-    return v;  // the 9th field: transmitted bytes
-  }
-  return 0;
-}
-
-// CPU time this process has used (every thread, user + system), in ms.
-double cpu_ms() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  auto ms = [](const timeval& t) { return t.tv_sec * 1e3 + t.tv_usec / 1e3; };
-  return ms(u.ru_utime) + ms(u.ru_stime);
-}
 
 struct Row {
   double ms = 0;
