@@ -1,0 +1,201 @@
+// One rank of the language-model cluster benchmark (bench/cluster/lm_run): bench/lm's character
+// GPT trained data-parallel across the hosts of a comm/testing/netns_cluster.py cluster (one rank
+// per host, Gloo over the shaped links, joined from torchrun's environment), with the model kept
+// in agreement four ways -- the rows of issue 43's comparison:
+//   ddp        DistributedDataParallel: gradients all-reduced every step
+//   localsgd   PostLocalSGDOptimizer with a PeriodicModelAverager (parameters averaged every
+//              --localsgd_period steps)
+//   diloco     DiLoCo: --sync_every inner steps, then the pseudo-gradients all-reduced and the outer
+//              optimizer (Nesterov SGD, lr 0.7, momentum 0.9) steps the global parameters
+//   streaming  Streaming DiLoCo: the same with --fragments fragments on a staggered schedule, each
+//              fragment's exchange in flight for --fragment_sync_delay inner steps, the outer
+//              gradients sent as --outer_compression codes
+// Every rank starts from the same weights (seed 0) and trains on its own batches: step s of rank r
+// takes the training batch of (seed, stream 0, s * world + r + 1), so the world's batches of a step
+// are distinct. The inner optimizer is dtrain's AdamW (lr with linear warm-up, weight decay 0.01).
+//
+//   lm_cluster_bench [--modes=ddp,localsgd,diloco,streaming] [--steps=400] [--sync_every=100] ...
+//
+// Rank 0 prints one JSON object per mode: ms per step (every step timed, syncs included),
+// tx_bytes per step and peak_tx_bytes (the most sent in one step) by rank 0's host on its link,
+// total_tx_bytes, train_loss (rank 0's mean of the last 10 steps), val_loss (rank 0's model on the
+// fixed validation batches after the last step) and curve ([step, val_loss] every --eval_every).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <absl/flags/flag.h>
+#include <absl/flags/parse.h>
+#include <absl/strings/str_format.h>
+#include <absl/strings/str_join.h>
+#include <absl/strings/str_split.h>
+#include <torch/torch.h>
+
+#include "bench/cluster/link_stats.h"
+#include "bench/lm/char_lm.h"
+#include "bench/lm/lm_trainer.h"
+#include "comm/process_group.h"
+#include "ddp_hooks/distributed_data_parallel.h"
+#include "optim/diloco.h"
+#include "optim/functional/adapter.h"
+#include "optim/model_averagers.h"
+#include "optim/post_local_sgd_optimizer.h"
+
+ABSL_FLAG(std::string, modes, "ddp,localsgd,diloco,streaming", "Rows, comma-separated.");
+ABSL_FLAG(std::string, text, "/usr/share/common-licenses", "Text files or directories.");
+ABSL_FLAG(int64_t, steps, 400, "Inner steps per row (a multiple of --sync_every).");
+ABSL_FLAG(int64_t, batch_size, 8, "Sequences per rank per step.");
+ABSL_FLAG(double, lr, 3e-3, "AdamW's learning rate (after warm-up).");
+ABSL_FLAG(int64_t, warmup, 20, "Steps of linear learning-rate warm-up.");
+ABSL_FLAG(int64_t, sync_every, 100, "DiLoCo's H (inner steps per outer round).");
+ABSL_FLAG(int64_t, localsgd_period, 8, "PostLocalSGD: steps between parameter averages.");
+ABSL_FLAG(int64_t, fragments, 4, "Streaming DiLoCo: fragments.");
+ABSL_FLAG(int64_t, fragment_sync_delay, 5, "Streaming DiLoCo: inner steps an exchange overlaps.");
+ABSL_FLAG(std::string, outer_compression, "4bit", "Streaming DiLoCo: outer gradients' codes.");
+ABSL_FLAG(int64_t, eval_every, 50, "Steps between validation losses (and after the last).");
+ABSL_FLAG(int64_t, eval_batches, 4, "Fixed validation batches of --batch_size sequences.");
+ABSL_FLAG(int64_t, d_model, 64, "Model width.");
+ABSL_FLAG(int64_t, n_layers, 2, "Transformer blocks.");
+ABSL_FLAG(int64_t, n_heads, 2, "Attention heads.");
+ABSL_FLAG(int64_t, context, 64, "Sequence length (bytes).");
+
+namespace dtrain::bench {
+namespace {
+
+struct Row {
+  double ms = 0;
+  int64_t tx = 0, peak_tx = 0, total_tx = 0;
+  double train_loss = 0, val_loss = 0;
+  std::vector<std::pair<int64_t, double>> curve;
+};
+
+std::unique_ptr<torch::optim::Optimizer> adamw(CharLM& model) {
+  optim::OptionsDict o = optim::new_options_dict();
+  o.insert("lr", absl::GetFlag(FLAGS_lr));
+  o.insert("weight_decay", 0.01);
+  return std::make_unique<optim::FunctionalOptimizerAdapter>(model->parameters(), "AdamW", o);
+}
+
+// The optimizer of `mode` over `model` (DDP's is plain AdamW; `ddp` is then set).
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(
+    const std::string& mode, CharLM& model, const comm::Group& g,
+    std::unique_ptr<ddp_hooks::DistributedDataParallel>* ddp) {
+  if (mode == "ddp") {
+    ddp_hooks::DDPOptions o;
+    o.group = g;
+    *ddp = std::make_unique<ddp_hooks::DistributedDataParallel>(model.ptr(), o);
+    return adamw(model);
+  }
+  if (mode == "localsgd") {
+    return std::make_unique<optim::PostLocalSGDOptimizer>(
+        adamw(model), std::make_shared<optim::PeriodicModelAverager>(
+                          absl::GetFlag(FLAGS_localsgd_period), /*warmup_steps=*/0, g));
+  }
+  TORCH_CHECK(mode == "diloco" || mode == "streaming", "lm_cluster_bench: unknown mode '", mode,
+              "'; use ddp, localsgd, diloco or streaming");
+  optim::DiLoCoOptions o;
+  o.group = g;
+  o.sync_every = absl::GetFlag(FLAGS_sync_every);
+  if (mode == "streaming") {
+    o.fragments = absl::GetFlag(FLAGS_fragments);
+    o.fragment_sync_delay = absl::GetFlag(FLAGS_fragment_sync_delay);
+    o.outer_compression = absl::GetFlag(FLAGS_outer_compression);
+  }
+  return std::make_unique<optim::DiLoCo>(adamw(model), o);
+}
+
+Row run_mode(const std::string& mode, const comm::Group& g, const TextData& text,
+             const CharLMOptions& mo) {
+  CharLM model(mo);  // the same weights on every rank
+  std::unique_ptr<ddp_hooks::DistributedDataParallel> ddp;
+  auto opt = make_optimizer(mode, model, g, &ddp);
+  const int64_t steps = absl::GetFlag(FLAGS_steps), batch = absl::GetFlag(FLAGS_batch_size);
+  const int64_t warmup = absl::GetFlag(FLAGS_warmup), every = absl::GetFlag(FLAGS_eval_every);
+  const double lr = absl::GetFlag(FLAGS_lr);
+  Row r;
+  std::vector<double> losses;
+  double train_ms = 0;
+  g->barrier()->wait();
+  for (int64_t s = 1; s <= steps; ++s) {
+    const auto start = std::chrono::steady_clock::now();
+    const int64_t tx0 = tx_bytes();
+    const Batch b = sample_batch(text.train, batch, mo.context, /*seed=*/0, kTrainStream,
+                                 static_cast<uint64_t>((s - 1) * g.size() + g.rank() + 1));
+    for (auto& group : opt->param_groups()) {
+      group.options().set_lr(warmup > 0 ? lr * std::min<double>(1.0, double(s) / warmup) : lr);
+    }
+    opt->zero_grad();
+    at::Tensor loss;
+    if (ddp) {
+      loss = ddp->forward([&] { return model->loss(b.inputs, b.targets); });
+    } else {
+      loss = model->loss(b.inputs, b.targets);
+    }
+    loss.backward();
+    opt->step();
+    losses.push_back(loss.item<double>());
+    const int64_t sent = tx_bytes() - tx0;
+    r.peak_tx = std::max(r.peak_tx, sent);
+    r.total_tx += sent;
+    train_ms +=
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    if (s % every == 0 || s == steps) {
+      r.curve.emplace_back(
+          s, validation_loss(model, text.val, batch, absl::GetFlag(FLAGS_eval_batches), 0));
+    }
+  }
+  g->barrier()->wait();
+  r.ms = train_ms / steps;
+  r.tx = r.total_tx / steps;
+  const size_t last = std::min<size_t>(10, losses.size());
+  for (size_t i = losses.size() - last; i < losses.size(); ++i) r.train_loss += losses[i] / last;
+  r.val_loss = r.curve.back().second;
+  return r;
+}
+
+int main_impl(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  torch::set_num_threads(1);  // one core per host: the cluster runs every host on this machine
+  CharLMOptions mo;
+  mo.d_model = absl::GetFlag(FLAGS_d_model);
+  mo.n_layers = absl::GetFlag(FLAGS_n_layers);
+  mo.n_heads = absl::GetFlag(FLAGS_n_heads);
+  mo.context = absl::GetFlag(FLAGS_context);
+  mo.check();
+  const std::vector<std::string> paths = absl::StrSplit(absl::GetFlag(FLAGS_text), ',');
+  absl::StatusOr<TextData> text = load_text(paths);
+  comm::InitOptions init;
+  init.timeout = std::chrono::seconds(300);
+  absl::StatusOr<comm::Group> g = comm::init_process_group(init);
+  if (!text.ok() || !g.ok()) {
+    std::fprintf(stderr, "lm_cluster_bench: %s\n",
+                 std::string((text.ok() ? g.status() : text.status()).message()).c_str());
+    return 1;
+  }
+  const std::vector<std::string> modes =
+      absl::StrSplit(absl::GetFlag(FLAGS_modes), ',', absl::SkipEmpty());
+  for (const std::string& mode : modes) {
+    const Row r = run_mode(mode, *g, *text, mo);
+    if (g->rank() != 0) continue;
+    std::vector<std::string> curve;
+    for (const auto& [s, v] : r.curve) curve.push_back(absl::StrFormat("[%d, %.6g]", s, v));
+    std::printf(
+        "{\"impl\": \"dtrain\", \"mode\": \"%s\", \"world\": %d, \"params\": %lld, \"ms\": %.2f, "
+        "\"tx_bytes\": %lld, \"peak_tx_bytes\": %lld, \"total_tx_bytes\": %lld, \"train_loss\": "
+        "%.6g, \"val_loss\": %.6g, \"curve\": [%s]}\n",
+        mode.c_str(), g->size(), static_cast<long long>(CharLM(mo)->parameter_count()), r.ms,
+        static_cast<long long>(r.tx), static_cast<long long>(r.peak_tx),
+        static_cast<long long>(r.total_tx), r.train_loss, r.val_loss,
+        absl::StrJoin(curve, ", ").c_str());
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace dtrain::bench
+
+int main(int argc, char** argv) { return dtrain::bench::main_impl(argc, argv); }
