@@ -136,16 +136,42 @@ Encoder8::Encoder8(bool is_signed) : map_(dynamic_map(is_signed)) {
     std::memcpy(&lowest_value, &bits, sizeof lowest_value);
     table_[h] = std::isnan(lowest_value) ? 0 : encode8_reference(lowest_value, is_signed);
   }
-  // Whether every bucket of values in [-1, 1] spans at most one threshold: then encode_fast.
-  one_threshold_per_bucket_ = true;
-  for (uint32_t h = 0; h < 65536; ++h) {
-    const uint32_t low_bits = (h & 0x8000u) ? ((h << 16) | 0xffffu) : (h << 16);
-    const uint32_t high_bits = (h & 0x8000u) ? (h << 16) : ((h << 16) | 0xffffu);
-    float low, high;
-    std::memcpy(&low, &low_bits, sizeof low);
-    std::memcpy(&high, &high_bits, sizeof high);
-    if (std::isnan(low) || std::isnan(high) || std::fabs(low) > 1 || std::fabs(high) > 1) continue;
-    if (encode(high) > table_[h] + 1) one_threshold_per_bucket_ = false;
+  fill_buckets(is_signed);
+}
+
+void Encoder8::fill_buckets(bool is_signed) {
+  auto code = [&](uint32_t bits) {
+    float u;
+    std::memcpy(&u, &bits, sizeof u);
+    return static_cast<uint32_t>(encode8_reference(u, is_signed));
+  };
+  for (uint32_t sign = 0; sign < 2; ++sign) {
+    const uint32_t s = sign << 31;
+    // Row 0 (below 2^-24) and the last row (1 and above, infinity included): one code each.
+    const uint32_t low = code(s), high = code(s | 0x7f800000u);
+    TORCH_INTERNAL_ASSERT(code(s | ((kLowExponent << 23) - 1)) == low &&
+                          code(s | 0x3f800000u) == high);
+    for (uint32_t m = 0; m < 128; ++m) {
+      buckets_[sign * kRows * 128 + m] = (low << 17) | 0x10000u;
+      buckets_[sign * kRows * 128 + (kRows - 1) * 128 + m] = (high << 17) | 0x10000u;
+    }
+    for (uint32_t e = kLowExponent; e < 127; ++e) {
+      for (uint32_t m = 0; m < 128; ++m) {
+        const uint32_t top = s | (e << 23) | (m << 16);
+        const uint32_t lowest = sign ? (top | 0xffffu) : top,
+                       highest = sign ? top : (top | 0xffffu);
+        const uint32_t c = code(lowest), step = code(highest) - c;
+        TORCH_INTERNAL_ASSERT(step <= 1, "Encoder8: two code steps in one bucket");
+        uint32_t key = 0x10000u;
+        if (step == 1) {
+          uint32_t t;
+          std::memcpy(&t, &threshold_[c], sizeof t);
+          TORCH_INTERNAL_ASSERT((t & 0xffff0000u) == top);
+          key = bucket_key(t);
+        }
+        buckets_[bucket(top)] = (c << 17) | key;
+      }
+    }
   }
 }
 

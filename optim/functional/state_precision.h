@@ -33,6 +33,7 @@
 #ifndef DTRAIN_OPTIM_FUNCTIONAL_STATE_PRECISION_H_
 #define DTRAIN_OPTIM_FUNCTIONAL_STATE_PRECISION_H_
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstring>
@@ -85,8 +86,10 @@ const std::array<float, 256>& dynamic_map(bool is_signed);
 
 // The code of a normalised value u (x / scale): the nearest map entry, ties upwards, as torchao's
 // quantize_8bit_with_qmap computes it (a branchless binary search, then the rounding step).
-// encode8_reference is that algorithm; Encoder8 gives the same code through a 64 Ki-entry table
-// on the float's top 16 bits and at most a few threshold compares (shown equal in the test).
+// encode8_reference is that algorithm; Encoder8 gives the same code (shown equal in the test)
+// through a 64 Ki-entry table on the float's top 16 bits and at most a few threshold compares
+// (encode), or through its bucket table (encode_fast, and the vectorised kernels, which gather
+// from buckets()): 26 exponent rows x 128 mantissa buckets per sign, one 32-bit entry each.
 uint8_t encode8_reference(float u, bool is_signed);
 class Encoder8 {
  public:
@@ -98,23 +101,40 @@ class Encoder8 {
     while (c < 255 && u >= threshold_[c]) ++c;
     return static_cast<uint8_t>(c);
   }
-  // encode() for maps whose 16-bit buckets each hold at most one threshold (both of dtrain's:
-  // checked at construction, else it is encode()): one table read and one compare, no branch.
+  // The bucket of u's bits: its sign, its exponent row (exponents below kLowExponent share row 0,
+  // where both maps give every value the code of 0; exponents of 1 and above share the last row,
+  // where they give the code of +-1) and its top 7 mantissa bits. A bucket's entry holds the code of
+  // its lowest value (bits 17..24) and the 16-bit key (bucket_key) of the one value in it where the
+  // code steps up by one (bits 0..16; 0x10000 for none): checked at construction for both maps.
+  static constexpr uint32_t kLowExponent = 103;  // 2^-24
+  static constexpr uint32_t kRows = 128 - kLowExponent + 1;
+  static constexpr uint32_t kBuckets = 2 * kRows * 128;
+  static uint32_t bucket(uint32_t bits) {
+    const uint32_t e = (bits >> 23) & 0xffu;
+    const uint32_t row = e < kLowExponent ? 0 : std::min(e - kLowExponent + 1, kRows - 1);
+    return (bits >> 31) * (kRows * 128) + row * 128 + ((bits >> 16) & 0x7fu);
+  }
+  // The low 16 bits of u in value order within its bucket (negative values count down).
+  static uint32_t bucket_key(uint32_t bits) { return (bits ^ (0u - (bits >> 31))) & 0xffffu; }
+  // encode(u) for |u| <= 1 or beyond (NaN: 0), from one bucket entry and one compare.
   uint8_t encode_fast(float u) const {
-    if (!one_threshold_per_bucket_) return encode(u);
     uint32_t bits;
     std::memcpy(&bits, &u, sizeof bits);
-    const unsigned c = table_[bits >> 16];
-    return static_cast<uint8_t>(c + (u >= threshold_[c] ? 1u : 0u));
+    const uint32_t entry = buckets_[bucket(bits)];
+    const uint32_t c = (entry >> 17) + (bucket_key(bits) >= (entry & 0x1ffffu) ? 1u : 0u);
+    return u != u ? 0 : static_cast<uint8_t>(c);
   }
   float decode(uint8_t c) const { return map_[c]; }
+  const float* map() const { return map_.data(); }
+  const uint32_t* buckets() const { return buckets_.data(); }
 
  private:
   explicit Encoder8(bool is_signed);
+  void fill_buckets(bool is_signed);
   std::array<float, 256> map_;
   std::array<float, 256> threshold_;  // threshold_[c]: the smallest u whose code exceeds c
   std::array<uint8_t, 65536> table_;  // the code of the lowest value of each 16-bit bucket
-  bool one_threshold_per_bucket_ = false;
+  std::array<uint32_t, kBuckets> buckets_;
 };
 
 // Stochastic rounding's random bits: 16 per element, a counter-based hash of (key, element
