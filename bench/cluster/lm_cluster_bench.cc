@@ -16,6 +16,9 @@
 //
 //   lm_cluster_bench [--modes=ddp,localsgd,diloco,streaming] [--steps=400] [--sync_every=100] ...
 //
+// "diloco@H" and "streaming@H" take H from the mode instead of --sync_every (a sweep in one run);
+// "localsgd@P" the averaging period instead of --localsgd_period.
+//
 // Rank 0 prints one JSON object per mode: ms per step (every step timed, syncs included),
 // tx_bytes per step and peak_tx_bytes (the most sent in one step) by rank 0's host on its link,
 // total_tx_bytes, train_loss (rank 0's mean of the last 10 steps), val_loss (rank 0's model on the
@@ -29,6 +32,7 @@
 
 #include <absl/flags/flag.h>
 #include <absl/flags/parse.h>
+#include <absl/strings/numbers.h>
 #include <absl/strings/str_format.h>
 #include <absl/strings/str_join.h>
 #include <absl/strings/str_split.h>
@@ -81,8 +85,13 @@ std::unique_ptr<torch::optim::Optimizer> adamw(CharLM& model) {
 
 // The optimizer of `mode` over `model` (DDP's is plain AdamW; `ddp` is then set).
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(
-    const std::string& mode, CharLM& model, const comm::Group& g,
+    const std::string& row, CharLM& model, const comm::Group& g,
     std::unique_ptr<ddp_hooks::DistributedDataParallel>* ddp) {
+  const std::vector<std::string> parts = absl::StrSplit(row, absl::MaxSplits('@', 1));
+  const std::string& mode = parts[0];
+  int64_t every = 0;  // from the mode's "@N", else the flag
+  TORCH_CHECK(parts.size() == 1 || (absl::SimpleAtoi(parts[1], &every) && every > 0),
+              "lm_cluster_bench: '", row, "': what follows '@' must be a positive step count");
   if (mode == "ddp") {
     ddp_hooks::DDPOptions o;
     o.group = g;
@@ -92,13 +101,14 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(
   if (mode == "localsgd") {
     return std::make_unique<optim::PostLocalSGDOptimizer>(
         adamw(model), std::make_shared<optim::PeriodicModelAverager>(
-                          absl::GetFlag(FLAGS_localsgd_period), /*warmup_steps=*/0, g));
+                          every > 0 ? every : absl::GetFlag(FLAGS_localsgd_period),
+                          /*warmup_steps=*/0, g));
   }
   TORCH_CHECK(mode == "diloco" || mode == "streaming", "lm_cluster_bench: unknown mode '", mode,
               "'; use ddp, localsgd, diloco or streaming");
   optim::DiLoCoOptions o;
   o.group = g;
-  o.sync_every = absl::GetFlag(FLAGS_sync_every);
+  o.sync_every = every > 0 ? every : absl::GetFlag(FLAGS_sync_every);
   if (mode == "streaming") {
     o.fragments = absl::GetFlag(FLAGS_fragments);
     o.fragment_sync_delay = absl::GetFlag(FLAGS_fragment_sync_delay);
