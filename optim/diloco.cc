@@ -118,6 +118,15 @@ void check_diloco_options(const DiLoCoOptions& options, size_t num_params) {
               "): one fragment syncs every sync_every / fragments inner steps; make sync_every a "
               "multiple of fragments");
   check_outer_compression(options.outer_compression);
+  TORCH_CHECK(
+      options.quorum == nullptr || (options.fragments == 1 && options.fragment_sync_delay == 0 &&
+                                    options.outer_compression == "none"),
+      "DiLoCoOptions::quorum is set with fragments ", options.fragments, ", fragment_sync_delay ",
+      options.fragment_sync_delay, ", outer_compression '", options.outer_compression,
+      "'; the fault-tolerant sync supports plain DiLoCo only: set fragments 1, "
+      "fragment_sync_delay 0 and outer_compression \"none\", or leave quorum unset");
+  TORCH_CHECK(options.max_quorum_retries >= 1, "DiLoCoOptions::max_quorum_retries is ",
+              options.max_quorum_retries, "; set it to 1 or more");
   const int64_t interval = options.sync_every / options.fragments;
   TORCH_CHECK(options.fragment_sync_delay >= 0, "DiLoCoOptions::fragment_sync_delay is ",
               options.fragment_sync_delay,
@@ -149,7 +158,10 @@ DiLoCo::DiLoCo(std::unique_ptr<torch::optim::Optimizer> inner, DiLoCoOptions opt
       inner_(std::move(inner)),
       options_(std::move(options)) {
   options_.outer_options = options_.outer_options.copy();
-  TORCH_CHECK(options_.group.is_member(),
+  TORCH_CHECK(options_.quorum == nullptr || !options_.group,
+              "DiLoCo: both DiLoCoOptions::group and quorum are set; with quorum every sync "
+              "averages over its quorum's own group: leave group unset");
+  TORCH_CHECK(options_.quorum != nullptr || options_.group.is_member(),
               "DiLoCo: DiLoCoOptions::group is not set or this rank is not in it; pass the group "
               "whose ranks average pseudo-gradients (for all ranks, the world group that "
               "init_process_group returned)");
@@ -210,6 +222,13 @@ at::Tensor DiLoCo::step(LossClosure closure) {
   at::Tensor loss = inner_->step(std::move(closure));
   sync_options(/*to_inner=*/false);
   const int64_t interval = options_.sync_every / options_.fragments;
+  if (options_.quorum != nullptr) {
+    if (++local_step_ >= interval) {
+      local_step_ = 0;  // the round's inner steps are done (a healer's state dict says so too)
+      quorum_sync(/*has_update=*/true);
+    }
+    return loss;
+  }
   const std::vector<int64_t>& fragment =
       fragments_[static_cast<size_t>(outer_step_ % options_.fragments)];
   ++local_step_;

@@ -16,11 +16,24 @@
 //   for (...) { opt.zero_grad(); loss.backward(); opt.step(); }   // every 500th step syncs
 //   c10::IValue sd = opt.state_dict();  // the inner optimizer's, plus "diloco" (see state_dict)
 //
+// Fault-tolerant, as torchft's Manager (DiLoCoOptions::quorum; comm/quorum.h): replica groups
+// agree on a quorum at every sync, a lost one is dropped after join_timeout and the others commit
+// the round among themselves; a process restarted in its place gets the state from a peer:
+//
+//   comm::QuorumOptions q;                       // the job runs a comm::Lighthouse somewhere
+//   q.lighthouse_host = host; q.lighthouse_port = port; q.replica_id = id; q.min_replicas = 2;
+//   dtrain::optim::DiLoCoOptions options;        // no group: each quorum brings its own
+//   options.quorum = std::move(*dtrain::comm::QuorumClient::connect(q));
+//   dtrain::optim::DiLoCo opt(std::move(inner), options);
+//   opt.join_quorum();                           // at start, and in a restarted replica
+//   for (...) { opt.zero_grad(); loss.backward(); opt.step(); }
+//
 // The options (DiLoCoOptions; each with its meaning, range and conflicts there), with defaults:
-//   group (required), sync_every = 500, outer_optimizer = "SGD",
+//   group (required unless quorum), sync_every = 500, outer_optimizer = "SGD",
 //   outer_options = default_outer_options() ({"lr": 0.7, "momentum": 0.9, "nesterov": true}),
 //   fragments = 1, outer_compression = "none", fragment_sync_delay = 0 (the sync blocks),
-//   fragment_update_alpha = 0.0 (local parameters replaced by the global ones).
+//   fragment_update_alpha = 0.0 (local parameters replaced by the global ones), quorum = null (no
+//   fault tolerance), max_quorum_retries = 5.
 //
 // REQUIRES: every rank of the group starts with equal parameters (seed the model alike, or
 // broadcast them) and steps the same number of times; DiLoCo checks neither.
@@ -42,6 +55,7 @@
 #include <torch/optim/optimizer.h>
 
 #include "comm/process_group.h"
+#include "comm/quorum.h"
 #include "optim/diloco_compression.h"
 #include "optim/functional/optimizer.h"
 
@@ -56,6 +70,7 @@ struct DiLoCoOptions {
   // The ranks whose pseudo-gradients are averaged: the world for plain DiLoCo, or e.g. the ranks
   // with one local rank across nodes when DDP runs within each node. Required (dtrain has no
   // implicit world group: pass the one init_process_group returned); this rank must be a member.
+  // Unset when `quorum` is (each quorum brings its own group).
   comm::Group group;
   // H: inner steps per outer round (torchft's `sync_every`; the paper's H, whose 500 is the
   // default). >= 1, and a multiple of `fragments`.
@@ -128,6 +143,20 @@ struct DiLoCoOptions {
   // bit for bit what DiLoCo did before the option); 1: the local ones are kept (the outer step
   // only moves the global copy, which the next pseudo-gradient is taken against). In [0, 1].
   double fragment_update_alpha = 0.0;
+  // Fault tolerance, as torchft's Manager (comm/quorum.h): when set, `group` stays unset and every
+  // outer synchronisation first forms a quorum of the replicas that arrive (a replica dead or cut
+  // off is dropped after the client's join_timeout), averages the pseudo-gradients of its
+  // participants over the quorum's own Gloo group, and commits the round among them; a member
+  // behind (a restarted replica, one that missed a commit) first receives the state dict of one
+  // at the quorum's step over that group (broadcast_object: nothing read from disk), contributes
+  // zeros, and leaves the round with the others' bits. A failed collective (a member died during
+  // it) is not committed: the round is retried in the next quorum, up to `max_quorum_retries`
+  // times. A restarted replica calls join_quorum() before its first step. Default: null (the
+  // plain collective over `group`). Conflicts: `group`; fragments > 1, fragment_sync_delay > 0
+  // and outer_compression other than "none" (not supported with it yet).
+  std::shared_ptr<comm::QuorumClient> quorum;
+  // Quorums tried for one round before step() gives up (TORCH_CHECK with the last error). >= 1.
+  int64_t max_quorum_retries = 5;
 };
 
 // The options' own checks (the ranges and conflicts above, not the outer optimizer's options nor
@@ -185,6 +214,20 @@ class DiLoCo : public torch::optim::Optimizer {
   // if it had not stopped, also through a dict taken while an all-reduce was in flight.
   void load_state_dict(const c10::IValue& state_dict);
 
+  // With DiLoCoOptions::quorum: waits for the next quorum of the running job (a collective with
+  // the other replicas' next sync) without an update of its own, fetches the state of a healthy
+  // replica there if this one is behind, and leaves this optimizer and its parameters at the
+  // quorum's committed round, as the others leave that sync. Call it once on a replica started to
+  // replace a lost one (or on every replica at the job's start: the first quorum then only checks
+  // that all are at step 0), before its first step. TORCH_CHECK: no quorum option, inner steps
+  // taken since the last sync, or no quorum within the client's quorum_timeout (its message).
+  void join_quorum();
+  // With DiLoCoOptions::quorum: the quorum of the last synchronisation (nullptr before the
+  // first): its members, steps and participants.
+  const comm::Quorum* last_quorum() const {
+    return last_quorum_.has_value() ? &*last_quorum_ : nullptr;
+  }
+
   torch::optim::Optimizer& inner() { return *inner_; }
   FunctionalOptimizer& outer() { return *outer_; }
   // The global parameters (what the last round agreed on), one per parameter.
@@ -202,6 +245,8 @@ class DiLoCo : public torch::optim::Optimizer {
   void prepare_sync(const std::vector<int64_t>& fragment);
   at::Tensor wait_pending();
   void perform_sync(const std::vector<int64_t>& fragment);
+  void quorum_sync(bool has_update);                                   // diloco_quorum.cc
+  absl::Status quorum_round(const comm::Quorum& q, bool& has_update);  // diloco_quorum.cc
 
   std::unique_ptr<torch::optim::Optimizer> inner_;
   DiLoCoOptions options_;
@@ -218,6 +263,7 @@ class DiLoCo : public torch::optim::Optimizer {
     at::Tensor average;  // "none": the buffer being reduced; then the average
   };
   std::optional<Pending> pending_;
+  std::optional<comm::Quorum> last_quorum_;
 };
 
 }  // namespace dtrain::optim

@@ -1,0 +1,268 @@
+// Fault-tolerant DiLoCo (DiLoCoOptions::quorum) with replicas as processes: three replicas train;
+// replica 1 dies of SIGKILL in the middle of a round; the other two commit that round and the next
+// ones among themselves (after join_timeout); a new process for replica 1 joins a running quorum,
+// receives the state over the network, and all three end with the same bits, equal to PyTorch-free
+// arithmetic over the pseudo-gradients of each round's participants, every round committed once.
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+#include <torch/optim/sgd.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "comm/quorum.h"
+#include "comm/testing/replica_processes.h"
+#include "optim/diloco.h"
+#include "optim/functional/registry.h"
+#include "optim/testing/diloco_testing.h"
+#include "testing/test_util.h"
+
+namespace dtrain::optim {
+namespace {
+
+using comm::testing::ReplicaProcesses;
+using diloco_testing::fresh;
+
+constexpr int kReplicas = 3;
+constexpr int64_t kH = 4;           // inner steps per round
+constexpr int64_t kMinRounds = 6;   // the replicas stop at the first full quorum from here on
+constexpr int64_t kDieInRound = 2;  // replica 1's first life ends in this round's inner step 1
+constexpr double kLr = 0.05;
+
+std::vector<at::Tensor> init_params() {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  return {at::randn({4, 3}, gen), at::randn({3}, gen)};
+}
+
+// Inner step k of `round` on replica `replica`'s data: a least-squares loss on its own batch.
+void inner_step(const std::vector<at::Tensor>& p, torch::optim::Optimizer& opt, int64_t replica,
+                int64_t round, int64_t k) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>((replica * 1000 + round) * 100 + k);
+  const at::Tensor x = at::randn({8, 4}, gen);
+  const at::Tensor y = at::randn({8, 3}, gen);
+  opt.zero_grad();
+  ((x.mm(p[0]) + p[1]) - y).pow(2).mean().backward();
+  opt.step();
+}
+
+std::string out_path(int id) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return absl::StrCat(dir != nullptr ? dir : "/tmp", "/diloco_quorum_replica", id, ".pt");
+}
+
+// A replica's life: join, train until a full quorum has committed kMinRounds or more, save the
+// parameters and the rounds it saw ([step, participant ids...] each) for the parent.
+void run_replica(int id, int port, bool restarted) {
+  at::set_num_threads(1);
+  comm::QuorumOptions qo;
+  qo.lighthouse_port = port;
+  qo.replica_id = id;
+  qo.min_replicas = 2;
+  qo.expected_replicas = kReplicas;
+  qo.join_timeout = std::chrono::milliseconds(1000);
+  qo.quorum_timeout = std::chrono::seconds(90);
+  qo.timeout = std::chrono::seconds(30);
+  absl::StatusOr<std::unique_ptr<comm::QuorumClient>> client = comm::QuorumClient::connect(qo);
+  TORCH_CHECK(client.ok(), client.status().ToString());
+  std::vector<at::Tensor> params = fresh(init_params());
+  DiLoCoOptions options;
+  options.quorum = std::move(*client);
+  options.sync_every = kH;
+  DiLoCo opt(std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(kLr)), options);
+  opt.join_quorum();
+  std::printf("replica %d joined at step %lld in %s\n", id,
+              static_cast<long long>(opt.outer_step()), opt.last_quorum()->describe().c_str());
+  c10::List<c10::List<int64_t>> rounds;
+  for (;;) {
+    const int64_t round = opt.outer_step();
+    for (int64_t k = 0; k < kH; ++k) {
+      if (id == 1 && !restarted && round == kDieInRound && k == 1) std::raise(SIGKILL);
+      inner_step(params, opt, id, round, k);
+    }
+    const comm::Quorum& q = *opt.last_quorum();
+    c10::List<int64_t> entry({opt.outer_step() - 1});
+    std::vector<int64_t> ids;
+    for (int r : q.participants()) ids.push_back(q.members[r].replica_id);
+    for (int64_t i : ids) entry.push_back(i);
+    rounds.push_back(entry);
+    std::printf("replica %d committed step %lld participants %s\n", id,
+                static_cast<long long>(opt.outer_step() - 1), absl::StrJoin(ids, ",").c_str());
+    std::fflush(stdout);
+    if (opt.outer_step() >= kMinRounds && ids.size() == kReplicas) break;
+  }
+  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+  d.insert("params", c10::List<at::Tensor>({params[0].detach(), params[1].detach()}));
+  d.insert("outer_step", opt.outer_step());
+  d.insert("rounds", rounds);
+  const std::vector<char> bytes = torch::jit::pickle_save(d);
+  std::ofstream(out_path(id), std::ios::binary).write(bytes.data(), bytes.size());
+}
+
+c10::impl::GenericDict load_result(int id) {
+  std::ifstream in(out_path(id), std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return torch::jit::pickle_load(bytes).toGenericDict();
+}
+
+// [step, participant ids...] per round, as the replica saved them.
+std::vector<std::vector<int64_t>> rounds_of(const c10::impl::GenericDict& d) {
+  std::vector<std::vector<int64_t>> out;
+  const c10::List<c10::IValue> list = d.at("rounds").toList();
+  for (size_t i = 0; i < list.size(); ++i) out.push_back(list.get(i).toIntVector());
+  return out;
+}
+
+// DiLoCo written out over the rounds' participants: each trains kH steps of plain SGD from the
+// global parameters, the pseudo-gradients are averaged, Nesterov SGD (lr 0.7, momentum 0.9) steps.
+std::vector<at::Tensor> reference(const std::vector<std::vector<int64_t>>& rounds) {
+  std::vector<at::Tensor> global = init_params();
+  auto outer = FunctionalRegistry::global().create("SGD", global, default_outer_options());
+  for (const std::vector<int64_t>& r : rounds) {
+    const double n = static_cast<double>(r.size() - 1);
+    std::vector<at::Tensor> avg = {at::zeros_like(global[0]), at::zeros_like(global[1])};
+    for (size_t i = 1; i < r.size(); ++i) {
+      std::vector<at::Tensor> local = fresh(global);
+      torch::optim::SGD sgd(local, torch::optim::SGDOptions(kLr));
+      for (int64_t k = 0; k < kH; ++k) inner_step(local, sgd, r[i], r[0], k);
+      for (size_t j = 0; j < global.size(); ++j) avg[j] += (global[j] - local[j].detach()) / n;
+    }
+    outer->step(avg);
+  }
+  return global;
+}
+
+TEST(DiLoCoQuorumTest, SurvivesAKilledReplicaWhichRejoinsFromAPeer) {
+  if (comm::testing::in_replica_process()) {
+    int port = 0;
+    TORCH_CHECK(absl::SimpleAtoi(std::getenv("LIGHTHOUSE_PORT"), &port));
+    run_replica(comm::testing::replica_id(), port, std::getenv("RESTARTED") != nullptr);
+    std::fflush(stdout);
+    std::_Exit(::testing::Test::HasFailure() ? 1 : 0);
+  }
+  comm::Lighthouse lighthouse;
+  const std::string port = std::to_string(lighthouse.port());
+  ReplicaProcesses replicas;
+  for (int id = 0; id < kReplicas; ++id) {
+    ASSERT_TRUE(replicas.start(id, {{"LIGHTHOUSE_PORT", port}}).ok());
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(100);
+  auto dump = [&] {
+    std::string all;
+    for (int i = 0; i < replicas.size(); ++i)
+      absl::StrAppend(&all, "--- process ", i, (replicas.exited(i) ? " (exited)" : " (running)"),
+                      ":\n", replicas.output(i));
+    return all;
+  };
+  // Replica 1 dies; the two others commit a round without it.
+  ASSERT_TRUE(replicas.wait_for(
+      [&] {
+        return replicas.exited(1) &&
+               replicas.output(0).find("participants 0,2\n") != std::string::npos;
+      },
+      deadline))
+      << "replica 1 did not die, or replicas 0 and 2 did not go on without it:\n"
+      << dump();
+  EXPECT_EQ(replicas.term_signal(1), SIGKILL) << dump();
+  ASSERT_TRUE(replicas.start(1, {{"LIGHTHOUSE_PORT", port}, {"RESTARTED", "1"}}).ok());
+  ASSERT_TRUE(replicas.wait_for(
+      [&] {
+        int done = 0;
+        for (int i : {0, 2, 3}) {
+          if (!replicas.exited(i)) continue;
+          if (replicas.exit_code(i) != 0) return true;  // failed: the others would wait for it
+          ++done;
+        }
+        return done == 3;
+      },
+      deadline))
+      << "replicas still running after 100 s (hung?):\n"
+      << dump();
+  for (int i : {0, 2, 3}) ASSERT_EQ(replicas.exit_code(i), 0) << "process " << i << "\n" << dump();
+
+  const c10::impl::GenericDict r0 = load_result(0);
+  const std::vector<std::vector<int64_t>> rounds = rounds_of(r0);
+  // Every round committed once, in order, the first two by all, then some by 0 and 2 alone, the
+  // last by all again.
+  for (size_t i = 0; i < rounds.size(); ++i) ASSERT_EQ(rounds[i][0], static_cast<int64_t>(i));
+  ASSERT_GE(rounds.size(), static_cast<size_t>(kMinRounds));
+  EXPECT_EQ(rounds[0], (std::vector<int64_t>{0, 0, 1, 2}));
+  EXPECT_EQ(rounds[1], (std::vector<int64_t>{1, 0, 1, 2}));
+  EXPECT_EQ(rounds[kDieInRound], (std::vector<int64_t>{kDieInRound, 0, 2}));
+  EXPECT_EQ(std::vector<int64_t>(rounds.back().begin() + 1, rounds.back().end()),
+            (std::vector<int64_t>{0, 1, 2}));
+  EXPECT_EQ(r0.at("outer_step").toInt(), static_cast<int64_t>(rounds.size()));
+  EXPECT_EQ(rounds_of(load_result(2)), rounds);
+  // The restarted replica saw the rounds from the one it was admitted at.
+  const std::vector<std::vector<int64_t>> rejoined = rounds_of(load_result(1));
+  ASSERT_FALSE(rejoined.empty());
+  const size_t from = static_cast<size_t>(rejoined.front()[0]);
+  ASSERT_GT(from, static_cast<size_t>(kDieInRound));
+  EXPECT_EQ(rejoined, std::vector<std::vector<int64_t>>(rounds.begin() + from, rounds.end()));
+
+  std::cout << rounds.size() << " rounds; replica 1 died in round " << kDieInRound
+            << " and was back from round " << from << "\n";
+  const std::vector<at::Tensor> p0 = diloco_testing::tensors(r0.at("params"));
+  for (int id : {1, 2}) {
+    const c10::impl::GenericDict d = load_result(id);
+    EXPECT_EQ(d.at("outer_step").toInt(), r0.at("outer_step").toInt()) << "replica " << id;
+    const std::vector<at::Tensor> p = diloco_testing::tensors(d.at("params"));
+    for (size_t j = 0; j < p0.size(); ++j)
+      EXPECT_TRUE(p[j].equal(p0[j])) << "replica " << id << " parameter " << j << " differs by "
+                                     << diloco_testing::max_diff(p[j], p0[j]);
+  }
+  const std::vector<at::Tensor> ref = reference(rounds);
+  for (size_t j = 0; j < ref.size(); ++j) {
+    EXPECT_LE(diloco_testing::max_diff(p0[j], ref[j]), 1e-6) << "parameter " << j;
+  }
+}
+
+// What the fault-tolerant sync does not take, refused at construction, each naming the option.
+TEST(DiLoCoQuorumTest, RefusesWhatItDoesNotSupport) {
+  comm::Lighthouse lighthouse;
+  comm::QuorumOptions qo;
+  qo.lighthouse_port = lighthouse.port();
+  qo.replica_id = 0;
+  absl::StatusOr<std::unique_ptr<comm::QuorumClient>> client = comm::QuorumClient::connect(qo);
+  ASSERT_TRUE(client.ok()) << client.status();
+  std::shared_ptr<comm::QuorumClient> shared = std::move(*client);
+  std::vector<at::Tensor> params = fresh(init_params());
+  auto make = [&](const std::function<void(DiLoCoOptions&)>& edit) {
+    DiLoCoOptions o;
+    o.quorum = shared;
+    o.sync_every = kH;
+    edit(o);
+    DiLoCo(std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(kLr)), o);
+  };
+  using test_util::expect_error;
+  expect_error([&] { make([](DiLoCoOptions& o) { o.fragments = 2; }); },
+               "the fault-tolerant sync supports plain DiLoCo only");
+  expect_error([&] { make([](DiLoCoOptions& o) { o.outer_compression = "4bit"; }); },
+               "outer_compression '4bit'");
+  expect_error([&] { make([](DiLoCoOptions& o) { o.max_quorum_retries = 0; }); },
+               "max_quorum_retries is 0");
+  expect_error(
+      [&] {
+        DiLoCo opt(std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(kLr)), [&] {
+          DiLoCoOptions o;
+          o.sync_every = kH;
+          return o;
+        }());
+      },
+      "DiLoCoOptions::group is not set");
+}
+
+}  // namespace
+}  // namespace dtrain::optim
