@@ -1,6 +1,9 @@
 #include "comm/testing/replica_processes.h"
 
+#include <csignal>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 
 #include <gtest/gtest.h>
 
@@ -55,6 +58,18 @@ bool ReplicaProcesses::wait_for(const std::function<bool()>& pred,
     set_->poll(std::min(left, std::chrono::milliseconds(50)),
                [&](int i, Pipe, const char* data, size_t n) { output_[i].append(data, n); });
   }
+}
+
+void ReplicaProcesses::signal(int index, int sig) {
+  if (set_->running(index)) ::kill(set_->pid(index), sig);
+}
+
+bool ReplicaProcesses::stopped(int index) const {
+  if (!set_->running(index)) return false;
+  std::ifstream in(absl::StrCat("/proc/", set_->pid(index), "/stat"));
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t close = stat.rfind(')');  // "pid (comm) S ...": the state follows the name
+  return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'T';
 }
 
 bool ReplicaProcesses::exited(int index) const { return !set_->running(index); }

@@ -46,6 +46,12 @@ class ReplicaProcesses {
   // Collects output and exits until pred() holds (true) or `deadline` passes (false).
   bool wait_for(const std::function<bool()>& pred, std::chrono::steady_clock::time_point deadline);
 
+  // Sends `sig` to process `index` (SIGSTOP / SIGCONT: a replica cut off for a while), if running.
+  void signal(int index, int sig);
+
+  // Whether process `index` is stopped (SIGSTOP; /proc/PID/stat says 'T').
+  bool stopped(int index) const;
+
   const std::string& output(int index) const { return output_[index]; }
   bool exited(int index) const;
   // 128 + signal for a process killed by a signal. REQUIRES exited(index).

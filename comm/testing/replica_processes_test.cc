@@ -14,6 +14,7 @@ TEST(ReplicaProcessesTest, StartsRestartsAndReportsExits) {
     std::printf("replica %d says %s\n", replica_id(), std::getenv("WORD"));
     std::fflush(stdout);
     if (replica_id() == 1) std::raise(SIGKILL);
+    if (replica_id() == 2) std::raise(SIGSTOP);  // until the parent's SIGCONT
     std::_Exit(replica_id() + 3);
   }
   ReplicaProcesses replicas;
@@ -26,6 +27,12 @@ TEST(ReplicaProcessesTest, StartsRestartsAndReportsExits) {
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(*again, 2);
   ASSERT_TRUE(replicas.wait_for([&] { return replicas.exited(2); }, deadline));
+  ASSERT_TRUE(replicas.start(2, {{"WORD", "two"}}).ok());
+  ASSERT_TRUE(replicas.wait_for([&] { return replicas.stopped(3); }, deadline));
+  EXPECT_FALSE(replicas.exited(3));
+  replicas.signal(3, SIGCONT);
+  ASSERT_TRUE(replicas.wait_for([&] { return replicas.exited(3); }, deadline));
+  EXPECT_EQ(replicas.exit_code(3), 5);
   EXPECT_EQ(replicas.exit_code(0), 3);
   EXPECT_EQ(replicas.term_signal(1), SIGKILL);
   EXPECT_EQ(replicas.exit_code(2), 128 + SIGKILL);
