@@ -1,8 +1,9 @@
 // Fault-tolerant DiLoCo (DiLoCoOptions::quorum) with replicas as processes: three replicas train;
 // replica 1 dies of SIGKILL in the middle of a round; the other two commit that round and the next
 // ones among themselves (after join_timeout); a new process for replica 1 joins a running quorum,
-// receives the state over the network, and all three end with the same bits, equal to PyTorch-free
-// arithmetic over the pseudo-gradients of each round's participants, every round committed once.
+// receives the state over the network, and all three end with the same bits, equal to DiLoCo
+// written out over the pseudo-gradients of each round's participants, every round committed once.
+// The same with replica 1 stopped (SIGSTOP, as if cut off) and continued: it catches up from a peer.
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -65,7 +66,11 @@ std::string out_path(int id) {
 
 // A replica's life: join, train until a full quorum has committed kMinRounds or more, save the
 // parameters and the rounds it saw ([step, participant ids...] each) for the parent.
-void run_replica(int id, int port, bool restarted) {
+// kKill: replica 1 dies (SIGKILL) and a new process replaces it; kStop: it stops (SIGSTOP, as a
+// replica cut off) until the parent's SIGCONT, then goes on as the same process.
+enum class Fault { kKill, kStop };
+
+void run_replica(int id, int port, Fault fault, bool restarted) {
   at::set_num_threads(1);
   comm::QuorumOptions qo;
   qo.lighthouse_port = port;
@@ -89,7 +94,9 @@ void run_replica(int id, int port, bool restarted) {
   for (;;) {
     const int64_t round = opt.outer_step();
     for (int64_t k = 0; k < kH; ++k) {
-      if (id == 1 && !restarted && round == kDieInRound && k == 1) std::raise(SIGKILL);
+      if (id == 1 && !restarted && round == kDieInRound && k == 1) {
+        std::raise(fault == Fault::kKill ? SIGKILL : SIGSTOP);
+      }
       inner_step(params, opt, id, round, k);
     }
     const comm::Quorum& q = *opt.last_quorum();
@@ -144,11 +151,13 @@ std::vector<at::Tensor> reference(const std::vector<std::vector<int64_t>>& round
   return global;
 }
 
-TEST(DiLoCoQuorumTest, SurvivesAKilledReplicaWhichRejoinsFromAPeer) {
+// The fault on replica 1 in round kDieInRound; the others go on; replica 1 comes back (a new
+// process for kKill, the same one for kStop) and every replica ends with the same bits.
+void run_fault_test(Fault fault) {
   if (comm::testing::in_replica_process()) {
     int port = 0;
     TORCH_CHECK(absl::SimpleAtoi(std::getenv("LIGHTHOUSE_PORT"), &port));
-    run_replica(comm::testing::replica_id(), port, std::getenv("RESTARTED") != nullptr);
+    run_replica(comm::testing::replica_id(), port, fault, std::getenv("RESTARTED") != nullptr);
     std::fflush(stdout);
     std::_Exit(::testing::Test::HasFailure() ? 1 : 0);
   }
@@ -166,21 +175,28 @@ TEST(DiLoCoQuorumTest, SurvivesAKilledReplicaWhichRejoinsFromAPeer) {
                       ":\n", replicas.output(i));
     return all;
   };
-  // Replica 1 dies; the two others commit a round without it.
+  // Replica 1 dies or stops; the two others commit a round without it.
+  const bool kill = fault == Fault::kKill;
   ASSERT_TRUE(replicas.wait_for(
       [&] {
-        return replicas.exited(1) &&
+        return (!kill || replicas.exited(1)) &&
                replicas.output(0).find("participants 0,2\n") != std::string::npos;
       },
       deadline))
-      << "replica 1 did not die, or replicas 0 and 2 did not go on without it:\n"
+      << "replica 1 did not die or stop, or replicas 0 and 2 did not go on without it:\n"
       << dump();
-  EXPECT_EQ(replicas.term_signal(1), SIGKILL) << dump();
-  ASSERT_TRUE(replicas.start(1, {{"LIGHTHOUSE_PORT", port}, {"RESTARTED", "1"}}).ok());
+  if (kill) {
+    EXPECT_EQ(replicas.term_signal(1), SIGKILL) << dump();
+    ASSERT_TRUE(replicas.start(1, {{"LIGHTHOUSE_PORT", port}, {"RESTARTED", "1"}}).ok());
+  } else {
+    ASSERT_FALSE(replicas.exited(1)) << dump();
+    replicas.signal(1, SIGCONT);
+  }
+  const std::vector<int> last = {0, 2, kill ? 3 : 1};  // the processes that must end well
   ASSERT_TRUE(replicas.wait_for(
       [&] {
         int done = 0;
-        for (int i : {0, 2, 3}) {
+        for (int i : last) {
           if (!replicas.exited(i)) continue;
           if (replicas.exit_code(i) != 0) return true;  // failed: the others would wait for it
           ++done;
@@ -190,7 +206,7 @@ TEST(DiLoCoQuorumTest, SurvivesAKilledReplicaWhichRejoinsFromAPeer) {
       deadline))
       << "replicas still running after 100 s (hung?):\n"
       << dump();
-  for (int i : {0, 2, 3}) ASSERT_EQ(replicas.exit_code(i), 0) << "process " << i << "\n" << dump();
+  for (int i : last) ASSERT_EQ(replicas.exit_code(i), 0) << "process " << i << "\n" << dump();
 
   const c10::impl::GenericDict r0 = load_result(0);
   const std::vector<std::vector<int64_t>> rounds = rounds_of(r0);
@@ -205,15 +221,18 @@ TEST(DiLoCoQuorumTest, SurvivesAKilledReplicaWhichRejoinsFromAPeer) {
             (std::vector<int64_t>{0, 1, 2}));
   EXPECT_EQ(r0.at("outer_step").toInt(), static_cast<int64_t>(rounds.size()));
   EXPECT_EQ(rounds_of(load_result(2)), rounds);
-  // The restarted replica saw the rounds from the one it was admitted at.
-  const std::vector<std::vector<int64_t>> rejoined = rounds_of(load_result(1));
-  ASSERT_FALSE(rejoined.empty());
-  const size_t from = static_cast<size_t>(rejoined.front()[0]);
+  // Replica 1 saw the rounds before the fault (its first life's are lost with it when killed),
+  // then those from the one it was admitted at.
+  const std::vector<std::vector<int64_t>> seen = rounds_of(load_result(1));
+  const size_t before = kill ? 0 : static_cast<size_t>(kDieInRound);
+  ASSERT_GT(seen.size(), before);
+  const size_t from = static_cast<size_t>(seen[before][0]);
   ASSERT_GT(from, static_cast<size_t>(kDieInRound));
-  EXPECT_EQ(rejoined, std::vector<std::vector<int64_t>>(rounds.begin() + from, rounds.end()));
-
-  std::cout << rounds.size() << " rounds; replica 1 died in round " << kDieInRound
-            << " and was back from round " << from << "\n";
+  std::vector<std::vector<int64_t>> expected(rounds.begin(), rounds.begin() + before);
+  expected.insert(expected.end(), rounds.begin() + from, rounds.end());
+  EXPECT_EQ(seen, expected);
+  std::cout << rounds.size() << " rounds; replica 1 " << (kill ? "died" : "stopped") << " in round "
+            << kDieInRound << " and was back from round " << from << "\n";
   const std::vector<at::Tensor> p0 = diloco_testing::tensors(r0.at("params"));
   for (int id : {1, 2}) {
     const c10::impl::GenericDict d = load_result(id);
@@ -227,6 +246,14 @@ TEST(DiLoCoQuorumTest, SurvivesAKilledReplicaWhichRejoinsFromAPeer) {
   for (size_t j = 0; j < ref.size(); ++j) {
     EXPECT_LE(diloco_testing::max_diff(p0[j], ref[j]), 1e-6) << "parameter " << j;
   }
+}
+
+TEST(DiLoCoQuorumTest, SurvivesAKilledReplicaWhichRejoinsFromAPeer) {
+  run_fault_test(Fault::kKill);
+}
+
+TEST(DiLoCoQuorumTest, DropsAStoppedReplicaWhichCatchesUpFromAPeer) {
+  run_fault_test(Fault::kStop);
 }
 
 // What the fault-tolerant sync does not take, refused at construction, each naming the option.
