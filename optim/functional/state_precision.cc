@@ -185,14 +185,15 @@ uint64_t rounding_key(int64_t seed, int64_t step, uint64_t param_index, size_t s
   uint64_t k = static_cast<uint64_t>(seed) * 0x9E3779B97F4A7C15ULL;
   k ^= static_cast<uint64_t>(step) * 0xD1B54A32D192ED03ULL;
   k ^= param_index * 0xAEF17502108EF2D9ULL;
-  k ^= static_cast<uint64_t>(slot + 1) * 0x94D049BB133111EBULL;
-  return k;
+  k ^= static_cast<uint64_t>(slot / 2 + 1) * 0x94D049BB133111EBULL;
+  return (k & ~uint64_t{1}) | (slot & 1u);  // bit 0: the slot's half of the pair's hash
 }
 
 namespace {
 
 // rounding_bits as ATen operations over element indices (devices other than the CPU).
-at::Tensor rounding_bits_aten(uint32_t salt, int64_t n, const at::TensorOptions& options) {
+at::Tensor rounding_bits_aten(uint32_t salt, unsigned shift, int64_t n,
+                              const at::TensorOptions& options) {
   const int64_t mask = 0xffffffffLL;
   at::Tensor x = at::arange(n, options.dtype(at::kLong));
   x = at::bitwise_xor(at::bitwise_and(x, mask), static_cast<int64_t>(salt));
@@ -201,7 +202,7 @@ at::Tensor rounding_bits_aten(uint32_t salt, int64_t n, const at::TensorOptions&
   x = at::bitwise_xor(x, at::bitwise_right_shift(x, 15));
   x = at::bitwise_and(x.mul(static_cast<int64_t>(0x846ca68bu)), mask);
   x = at::bitwise_xor(x, at::bitwise_right_shift(x, 16));
-  return at::bitwise_and(x, 0xffff);
+  return at::bitwise_and(at::bitwise_right_shift(x, static_cast<int64_t>(shift)), 0xffff);
 }
 
 }  // namespace
@@ -212,8 +213,9 @@ at::Tensor to_bfloat16_aten(const at::Tensor& x, bool stochastic, uint64_t key) 
   const at::Tensor f = x.to(at::kFloat).contiguous();
   const int64_t n = f.numel();
   at::Tensor bits = at::bitwise_and(f.view(at::kInt).reshape({n}).to(at::kLong), 0xffffffffLL);
-  at::Tensor add = stochastic ? rounding_bits_aten(rounding_salt(key), n, f.options())
-                              : at::bitwise_and(at::bitwise_right_shift(bits, 16), 1).add(0x7fff);
+  at::Tensor add = stochastic
+                       ? rounding_bits_aten(rounding_salt(key), rounding_shift(key), n, f.options())
+                       : at::bitwise_and(at::bitwise_right_shift(bits, 16), 1).add(0x7fff);
   at::Tensor upper = at::bitwise_and(at::bitwise_right_shift(bits.add(add), 16), 0xffff);
   upper = at::where(f.reshape({n}).isnan(), at::full({}, 0x7fc0, upper.options()), upper);
   // The 16-bit patterns as int16 (two's complement), then read as bfloat16.
@@ -230,9 +232,10 @@ at::Tensor to_bfloat16(const at::Tensor& x, bool stochastic, uint64_t key) {
   const float* in = f.data_ptr<float>();
   auto* o = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
   const uint32_t salt = rounding_salt(key);
+  const unsigned shift = rounding_shift(key);
   at::parallel_for(0, f.numel(), 1 << 16, [&](int64_t lo, int64_t hi) {
     for (int64_t k = lo; k < hi; ++k) {
-      o[k] = bf16_bits(in[k], stochastic, stochastic ? rounding_bits(salt, k) : 0);
+      o[k] = bf16_bits(in[k], stochastic, stochastic ? rounding_bits(salt, shift, k) : 0);
     }
   });
   return out;

@@ -6,8 +6,9 @@
 //   state_dtype=None (the default)  the parameter's dtype: PyTorch's behaviour, bit for bit.
 //   state_dtype="bfloat16"          2 bytes per element. Rounded stochastically (the default:
 //                                   state_stochastic_rounding=True) with counter-based random bits
-//                                   keyed by (state_seed, step, parameter, slot, element), so a
-//                                   run is reproducible and resumes bit for bit with no generator
+//                                   keyed by (state_seed, step, parameter, slot, element): 16 bits
+//                                   of a 32-bit hash of the element per pair of slots; so a run is
+//                                   reproducible and resumes bit for bit with no generator
 //                                   state to save; or to nearest (False), which biases an EMA of
 //                                   small increments (Adam's exp_avg_sq) towards its past.
 //   state_dtype="8bit"              1 byte per element + one float32 scale per block of 256:
@@ -137,10 +138,14 @@ class Encoder8 {
   std::array<uint32_t, kBuckets> buckets_;
 };
 
-// Stochastic rounding's random bits: 16 per element, a counter-based hash of (key, element
-// index), so any split of the elements among threads gives the same result.
+// Stochastic rounding's random bits: 16 per element and slot, from a counter-based hash of (key,
+// element index), so any split of the elements among threads gives the same result. One 32-bit
+// hash per element (lowbias32: two multiplies) serves a pair of slots (0 and 1, 2 and 3): a key's
+// bit 0 is the slot's half of it (rounding_shift), its other bits key the hash (rounding_salt),
+// so Adam's exp_avg and exp_avg_sq share one hash per element and take its two halves.
 uint64_t rounding_key(int64_t seed, int64_t step, uint64_t param_index, size_t slot);
 inline uint32_t rounding_salt(uint64_t key) {
+  key >>= 1;
   key ^= key >> 33;
   key *= 0xff51afd7ed558ccdULL;
   key ^= key >> 33;
@@ -148,14 +153,18 @@ inline uint32_t rounding_salt(uint64_t key) {
   key ^= key >> 33;
   return static_cast<uint32_t>(key);
 }
-inline uint32_t rounding_bits(uint32_t salt, int64_t index) {
-  uint32_t x = static_cast<uint32_t>(index) ^ salt;  // lowbias32 of it (two multiplies)
+inline unsigned rounding_shift(uint64_t key) { return (key & 1u) ? 16u : 0u; }
+inline uint32_t rounding_hash(uint32_t salt, int64_t index) {
+  uint32_t x = static_cast<uint32_t>(index) ^ salt;
   x ^= x >> 16;
   x *= 0x7feb352du;
   x ^= x >> 15;
   x *= 0x846ca68bu;
   x ^= x >> 16;
-  return x & 0xFFFFu;
+  return x;
+}
+inline uint32_t rounding_bits(uint32_t salt, unsigned shift, int64_t index) {
+  return (rounding_hash(salt, index) >> shift) & 0xFFFFu;
 }
 
 // float32 -> bfloat16 bits: stochastically (the magnitude rounded up with probability equal to

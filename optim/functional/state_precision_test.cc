@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <utility>
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -138,9 +139,12 @@ TEST(BFloat16, ReproducibleKeyedAndEqualToAtenForm) {
   at::Tensor bits_a = a.view(at::kShort), bits_b = b.view(at::kShort), bits_c = c.view(at::kShort);
   EXPECT_TRUE(at::equal(bits_a, bits_b));
   EXPECT_FALSE(at::equal(bits_a, bits_c));
-  for (bool stochastic : {true, false}) {
-    at::Tensor loop = to_bfloat16(x, stochastic, 99).view(at::kShort);
-    at::Tensor aten = internal::to_bfloat16_aten(x, stochastic, 99).view(at::kShort);
+  // Slots 0 and 1 share a hash per element and take its two halves: different bits.
+  at::Tensor slot1 = to_bfloat16(x, true, rounding_key(1, 2, 3, 1)).view(at::kShort);
+  EXPECT_FALSE(at::equal(bits_a, slot1));
+  for (auto [stochastic, key] : {std::pair{true, 98}, std::pair{true, 99}, std::pair{false, 99}}) {
+    at::Tensor loop = to_bfloat16(x, stochastic, key).view(at::kShort);
+    at::Tensor aten = internal::to_bfloat16_aten(x, stochastic, key).view(at::kShort);
     const at::Tensor differ = (loop != aten).nonzero();
     EXPECT_EQ(differ.numel(), 0) << stochastic << " first at " << differ[0].item<int64_t>() << ": "
                                  << x[differ[0].item<int64_t>()].item<float>() << " "

@@ -17,7 +17,9 @@
 
 namespace dtrain::optim::internal {
 
-// bfloat16 state: m, v (and vmax) rounded stochastically (with each slot's salt) or to nearest.
+// bfloat16 state: m, v (and vmax) rounded stochastically or to nearest. m and v take the two
+// halves of one hash per element (their salts are equal: rounding_key's slot pair), vmax the
+// low half of its own.
 template <typename D, bool kAmsgrad, bool kDecoupled, bool kStochastic, typename Options>
 void adam_bf16(const LowPrecisionTensor& t, int64_t lo, int64_t hi, const Options& o) {
   float* __restrict p = t.p;
@@ -25,16 +27,17 @@ void adam_bf16(const LowPrecisionTensor& t, int64_t lo, int64_t hi, const Option
   auto* __restrict m = static_cast<uint16_t*>(t.s[0]);
   auto* __restrict v = static_cast<uint16_t*>(t.s[1]);
   auto* __restrict vmax = static_cast<uint16_t*>(t.s[2]);
-  const uint32_t salt_m = t.salt[0], salt_v = t.salt[1], salt_vmax = t.salt[2];
+  const uint32_t salt_mv = t.salt[0], salt_vmax = t.salt[2];
   const typename D::template Constants<float> c(o, t.c);
   for (int64_t k = lo; k < hi; ++k) {
     float mk = bf16_value(m[k]), vk = bf16_value(v[k]);
     float vmk = kAmsgrad ? bf16_value(vmax[k]) : 0.0f;
     p[k] = D::template element<float, kAmsgrad, kDecoupled>(c, p[k], g[k], mk, vk, vmk);
-    m[k] = bf16_bits(mk, kStochastic, kStochastic ? rounding_bits(salt_m, k) : 0);
-    v[k] = bf16_bits(vk, kStochastic, kStochastic ? rounding_bits(salt_v, k) : 0);
+    const uint32_t r = kStochastic ? rounding_hash(salt_mv, k) : 0;
+    m[k] = bf16_bits(mk, kStochastic, r & 0xFFFFu);
+    v[k] = bf16_bits(vk, kStochastic, r >> 16);
     if (kAmsgrad)
-      vmax[k] = bf16_bits(vmk, kStochastic, kStochastic ? rounding_bits(salt_vmax, k) : 0);
+      vmax[k] = bf16_bits(vmk, kStochastic, kStochastic ? rounding_bits(salt_vmax, 0, k) : 0);
   }
 }
 

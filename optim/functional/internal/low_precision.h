@@ -30,7 +30,7 @@ void drive_fused(std::vector<at::Tensor>& params, std::vector<ParamState>& state
 
 // One float32 CPU tensor's part in a low-precision fused update: parameter, gradient, the slots
 // (bfloat16 bits or 8-bit codes) with their block scales, the per-tensor scalars and each slot's
-// rounding salt (rounding_salt of its rounding_key).
+// rounding salt (rounding_salt of its rounding_key: slots 0 and 1 share one, as do 2 and 3).
 struct LowPrecisionTensor {
   float* p = nullptr;
   const float* g = nullptr;
