@@ -83,38 +83,65 @@ std::unique_ptr<torch::optim::Optimizer> adamw(CharLM& model) {
   return std::make_unique<optim::FunctionalOptimizerAdapter>(model->parameters(), "AdamW", o);
 }
 
-// The optimizer of `mode` over `model` (DDP's is plain AdamW; `ddp` is then set).
+// A row: its mode and the step count after '@' (0: none, the flags decide).
+struct RowSpec {
+  std::string mode;
+  int64_t every = 0;
+};
+
+RowSpec parse_row(const std::string& row) {
+  const std::vector<std::string> parts = absl::StrSplit(row, absl::MaxSplits('@', 1));
+  RowSpec spec{parts[0], 0};
+  TORCH_CHECK(parts.size() == 1 || (absl::SimpleAtoi(parts[1], &spec.every) && spec.every > 0),
+              "lm_cluster_bench: '", row, "': what follows '@' must be a positive step count");
+  TORCH_CHECK(spec.mode == "ddp" || spec.mode == "localsgd" || spec.mode == "diloco" ||
+                  spec.mode == "streaming",
+              "lm_cluster_bench: unknown mode '", spec.mode,
+              "'; use ddp, localsgd, diloco or streaming");
+  return spec;
+}
+
+// DiLoCo's options of a diloco or streaming row.
+optim::DiLoCoOptions diloco_options(const RowSpec& spec, const comm::Group& g) {
+  optim::DiLoCoOptions o;
+  o.group = g;
+  o.sync_every = spec.every > 0 ? spec.every : absl::GetFlag(FLAGS_sync_every);
+  if (spec.mode == "streaming") {
+    o.fragments = absl::GetFlag(FLAGS_fragments);
+    o.fragment_sync_delay = absl::GetFlag(FLAGS_fragment_sync_delay);
+    o.outer_compression = absl::GetFlag(FLAGS_outer_compression);
+  }
+  return o;
+}
+
+// Every row's options checked before the first trains (a bad one would end the run late).
+void check_rows(const std::vector<std::string>& rows, const comm::Group& g, size_t num_params) {
+  for (const std::string& row : rows) {
+    const RowSpec spec = parse_row(row);
+    if (spec.mode == "diloco" || spec.mode == "streaming") {
+      optim::check_diloco_options(diloco_options(spec, g), num_params);
+    }
+  }
+}
+
+// The optimizer of `row` over `model` (DDP's is plain AdamW; `ddp` is then set).
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(
     const std::string& row, CharLM& model, const comm::Group& g,
     std::unique_ptr<ddp_hooks::DistributedDataParallel>* ddp) {
-  const std::vector<std::string> parts = absl::StrSplit(row, absl::MaxSplits('@', 1));
-  const std::string& mode = parts[0];
-  int64_t every = 0;  // from the mode's "@N", else the flag
-  TORCH_CHECK(parts.size() == 1 || (absl::SimpleAtoi(parts[1], &every) && every > 0),
-              "lm_cluster_bench: '", row, "': what follows '@' must be a positive step count");
-  if (mode == "ddp") {
+  const RowSpec spec = parse_row(row);
+  if (spec.mode == "ddp") {
     ddp_hooks::DDPOptions o;
     o.group = g;
     *ddp = std::make_unique<ddp_hooks::DistributedDataParallel>(model.ptr(), o);
     return adamw(model);
   }
-  if (mode == "localsgd") {
+  if (spec.mode == "localsgd") {
     return std::make_unique<optim::PostLocalSGDOptimizer>(
         adamw(model), std::make_shared<optim::PeriodicModelAverager>(
-                          every > 0 ? every : absl::GetFlag(FLAGS_localsgd_period),
+                          spec.every > 0 ? spec.every : absl::GetFlag(FLAGS_localsgd_period),
                           /*warmup_steps=*/0, g));
   }
-  TORCH_CHECK(mode == "diloco" || mode == "streaming", "lm_cluster_bench: unknown mode '", mode,
-              "'; use ddp, localsgd, diloco or streaming");
-  optim::DiLoCoOptions o;
-  o.group = g;
-  o.sync_every = every > 0 ? every : absl::GetFlag(FLAGS_sync_every);
-  if (mode == "streaming") {
-    o.fragments = absl::GetFlag(FLAGS_fragments);
-    o.fragment_sync_delay = absl::GetFlag(FLAGS_fragment_sync_delay);
-    o.outer_compression = absl::GetFlag(FLAGS_outer_compression);
-  }
-  return std::make_unique<optim::DiLoCo>(adamw(model), o);
+  return std::make_unique<optim::DiLoCo>(adamw(model), diloco_options(spec, g));
 }
 
 Row run_mode(const std::string& mode, const comm::Group& g, const TextData& text,
@@ -187,6 +214,7 @@ int main_impl(int argc, char** argv) {
   }
   const std::vector<std::string> modes =
       absl::StrSplit(absl::GetFlag(FLAGS_modes), ',', absl::SkipEmpty());
+  check_rows(modes, *g, CharLM(mo)->parameters().size());
   for (const std::string& mode : modes) {
     const Row r = run_mode(mode, *g, *text, mo);
     if (g->rank() != 0) continue;
