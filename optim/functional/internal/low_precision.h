@@ -54,13 +54,28 @@ StatePrecision precision_of(const std::string& name, const Options& o, bool allo
 }
 
 // Calls kernel(tensor, begin, end) over block-aligned element ranges (kQuantBlock) that cover every
-// element of every tensor once, in parallel.
+// element of every tensor once, in parallel, split as for_each_range splits the float kernels'
+// (fused_split(): by default every thread takes its share of every tensor, in whole blocks).
 template <typename Kernel>
 void for_each_block_range(const std::vector<LowPrecisionTensor>& tensors, const Kernel& kernel) {
   if (tensors.empty()) return;
   std::vector<int64_t> start(tensors.size() + 1, 0);
   for (size_t i = 0; i < tensors.size(); ++i) start[i + 1] = start[i] + quant_blocks(tensors[i].n);
   const int64_t grain = std::max<int64_t>(1, kFusedGrain / kQuantBlock);
+  const int64_t threads = std::max<int64_t>(
+      1, std::min<int64_t>(at::get_num_threads(), (start.back() + grain - 1) / grain));
+  if (fused_split().load(std::memory_order_relaxed) == FusedSplit::kEachTensor && threads > 1) {
+    at::parallel_for(0, threads, 1, [&](int64_t first, int64_t last) {
+      for (int64_t part = first; part < last; ++part) {
+        for (const LowPrecisionTensor& t : tensors) {
+          const int64_t share = (quant_blocks(t.n) + threads - 1) / threads * kQuantBlock;
+          const int64_t lo = std::min(t.n, part * share), hi = std::min(t.n, lo + share);
+          if (hi > lo) kernel(t, lo, hi);
+        }
+      }
+    });
+    return;
+  }
   at::parallel_for(0, start.back(), grain, [&](int64_t begin, int64_t end) {
     size_t t =
         static_cast<size_t>(std::upper_bound(start.begin(), start.end(), begin) - start.begin()) -
