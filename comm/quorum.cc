@@ -67,6 +67,16 @@ std::string ids_text(const std::vector<QuorumMember>& ms) {
   return ids.empty() ? "none" : absl::StrJoin(ids, ", ");
 }
 
+// A client connection to the lighthouse's store.
+c10::intrusive_ptr<c10d::Store> lighthouse_store(const QuorumOptions& o) {
+  c10d::TCPStoreOptions so = tcp_store_options();
+  so.port = static_cast<uint16_t>(o.lighthouse_port);
+  so.isServer = false;
+  so.waitWorkers = false;
+  so.timeout = o.timeout;
+  return c10::make_intrusive<c10d::TCPStore>(o.lighthouse_host, so);
+}
+
 }  // namespace
 
 bool Quorum::healing(int r) const { return members.at(r).step < max_step; }
@@ -150,14 +160,8 @@ absl::StatusOr<std::unique_ptr<QuorumClient>> QuorumClient::connect(const Quorum
                      o.quorum_timeout.count(), " ms, timeout ", o.timeout.count(),
                      " ms; need 0 <= join_timeout < quorum_timeout and timeout > 0"));
   }
-  c10d::TCPStoreOptions so = tcp_store_options();
-  so.port = static_cast<uint16_t>(o.lighthouse_port);
-  so.isServer = false;
-  so.waitWorkers = false;
-  so.timeout = o.timeout;
   try {
-    auto store = c10::make_intrusive<c10d::TCPStore>(o.lighthouse_host, so);
-    return std::unique_ptr<QuorumClient>(new QuorumClient(o, store));
+    return std::unique_ptr<QuorumClient>(new QuorumClient(o, lighthouse_store(o)));
   } catch (...) {
     return current_exception_status(
         absl::StatusCode::kUnavailable,
@@ -274,17 +278,18 @@ absl::StatusOr<Quorum> QuorumClient::try_quorum(int64_t q, int64_t step, bool ha
   if (out.rank < 0) return absl::NotFoundError("left out");
   InitOptions io;
   io.backend = "gloo";
-  io.store = c10::make_intrusive<c10d::PrefixStore>(key(q, "pg"), store_);
+  // A connection of its own: a rendezvous that times out leaves its connection expecting a reply
+  // that may come later, which must not reach the quorum protocol's.
+  io.store = c10::make_intrusive<c10d::PrefixStore>(key(q, "pg"), lighthouse_store(options_));
   io.rank = out.rank;
   io.world_size = static_cast<int>(out.members.size());
   io.timeout = options_.timeout;
   io.gloo_hostname = options_.gloo_hostname;
   absl::StatusOr<Group> g = init_process_group(io);
   if (!g.ok()) {
-    return absl::Status(g.status().code(),
-                        absl::StrCat("replica ", options_.replica_id, ": the group of ",
-                                     out.describe(), " did not form: ", g.status().message(),
-                                     "; a member may have died since: call quorum() again"));
+    return absl::AbortedError(absl::StrCat("replica ", options_.replica_id, ": the group of ",
+                                           out.describe(), " did not form: ", g.status().message(),
+                                           "; a member may have died since: call quorum() again"));
   }
   out.group = *g;
   group_ = *g;

@@ -126,8 +126,9 @@ class QuorumClient {
   // for round `step`. Returns once this replica is a member of a decided quorum and its group is
   // made. The previous quorum's group is destroyed first. Errors: DeadlineExceeded when no quorum
   // admits this replica within quorum_timeout (the message says who registered and what was
-  // missing), Unavailable when the lighthouse fails, or a group's rendezvous error (a member died
-  // after the decision: call quorum() again).
+  // missing), Unavailable when the lighthouse fails, Aborted when the quorum's group did not form
+  // within `timeout` (a member died after the decision: call quorum() again; the next quorum
+  // drops it after join_timeout).
   absl::StatusOr<Quorum> quorum(int64_t step, bool has_update);
 
   const QuorumOptions& options() const { return options_; }

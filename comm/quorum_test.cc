@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -112,6 +113,52 @@ TEST(QuorumTest, DropsALateReplicaAndReadmitsItBehind) {
     });
   }
   for (std::thread& t : threads) t.join();
+  for (int id = 0; id < 3; ++id) EXPECT_EQ(errors[id], "") << "replica " << id;
+}
+
+// A member that registered and died before its group formed: the others' quorum() is Aborted
+// after `timeout`, and the next quorum drops it after join_timeout. (Its registration is written
+// here as a replica would write it, so that nobody behind it makes the group.)
+TEST(QuorumTest, AMemberLostBeforeItsGroupFormedIsDroppedNext) {
+  Lighthouse lighthouse;
+  std::vector<std::unique_ptr<QuorumClient>> clients;
+  for (int id = 0; id < 3; ++id) {
+    QuorumOptions o = options_for(lighthouse, id);
+    o.timeout = std::chrono::seconds(1);
+    clients.push_back(connected(o));
+  }
+  ASSERT_TRUE(clients[0] && clients[1] && clients[2]);
+  std::vector<std::string> errors(3);
+  auto run = [&](int n, const std::function<void(int)>& fn) {
+    std::vector<std::thread> threads;
+    for (int id = 0; id < n; ++id) threads.emplace_back(fn, id);
+    for (std::thread& t : threads) t.join();
+  };
+  run(3, [&](int id) {
+    absl::StatusOr<Quorum> q = clients[id]->quorum(0, false);
+    if (!q.ok()) errors[id] = q.status().ToString();
+  });
+  {
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<uint16_t>(lighthouse.port());
+    so.isServer = false;
+    so.useLibUV = false;
+    c10d::TCPStore store("127.0.0.1", so);
+    const int64_t slot = store.add("quorum/2/n", 1);
+    const std::string me = "2,0,1,0";
+    store.set("quorum/2/slot/" + std::to_string(slot), std::vector<uint8_t>(me.begin(), me.end()));
+  }
+  run(2, [&](int id) {
+    absl::StatusOr<Quorum> q = clients[id]->quorum(0, true);
+    EXPECT_EQ(q.status().code(), absl::StatusCode::kAborted) << q.status();
+    EXPECT_NE(q.status().message().find("did not form"), std::string::npos) << q.status();
+    q = clients[id]->quorum(0, true);
+    if (!q.ok()) return void(errors[id] = q.status().ToString());
+    EXPECT_EQ(q->quorum_id, 3);
+    EXPECT_EQ(q->replica_ids(), (std::vector<int64_t>{0, 1}));
+    EXPECT_EQ(q->participants(), (std::vector<int>{0, 1}));
+    EXPECT_EQ(group_sum(*q), 3.0);
+  });
   for (int id = 0; id < 3; ++id) EXPECT_EQ(errors[id], "") << "replica " << id;
 }
 
