@@ -32,6 +32,10 @@ void DiLoCo::quorum_sync(bool has_update) {
   std::string errors;
   for (int64_t attempt = 0; attempt < options_.max_quorum_retries; ++attempt) {
     absl::StatusOr<comm::Quorum> q = options_.quorum->quorum(outer_step_, has_update);
+    if (absl::IsAborted(q.status())) {  // its group did not form: a member died since
+      absl::StrAppend(&errors, "; attempt ", attempt + 1, ": ", q.status().ToString());
+      continue;
+    }
     TORCH_CHECK(q.ok(), "DiLoCo: no quorum for outer step ", outer_step_, " of replica ",
                 options_.quorum->options().replica_id, ": ", q.status().ToString(), errors);
     const absl::Status done = quorum_round(*q, has_update);
