@@ -12,6 +12,7 @@
 #include "comm/testing/counting_group.h"
 #include "comm/testing/test_harness.h"
 #include "ddp_hooks/testing/embedding_mlp.h"
+#include "ddp_hooks/testing/fill_sin.h"
 #include "ddp_hooks/zero_hook.h"
 
 namespace dtrain::ddp_hooks {
@@ -35,10 +36,7 @@ TORCH_MODULE(Net);
 
 Net make_net() {
   Net net;
-  torch::NoGradGuard no_grad;
-  int k = 0;
-  for (auto& p : net->parameters())
-    p.copy_(torch::sin(torch::arange(p.numel()).view(p.sizes()) * 0.3 + k++) * 0.5);
+  fill_sin(*net, 0.5);
   return net;
 }
 

@@ -12,6 +12,8 @@
 #include "comm/object_collectives.h"
 #include "comm/testing/test_harness.h"
 #include "ddp_hooks/default_hooks.h"
+#include "ddp_hooks/testing/fill_sin.h"
+#include "ddp_hooks/testing/three_layer_mlp.h"
 #include "ddp_hooks/zero_hook.h"
 #include "optim/functional/state_precision.h"
 
@@ -25,25 +27,14 @@ using optim::ZeroOptions;
 using optim::ZeroRedundancyOptimizer;
 
 // Parameters of 300 and 600 elements: 8-bit state in whole and partial blocks of 256.
-struct NetImpl : torch::nn::Module {
-  NetImpl() {
-    fc1 = register_module("fc1", torch::nn::Linear(10, 30));
-    fc2 = register_module("fc2", torch::nn::Linear(30, 20));
-    fc3 = register_module("fc3", torch::nn::Linear(20, 3));
-  }
-  torch::Tensor forward(const torch::Tensor& x) {
-    return fc3(torch::tanh(fc2(torch::relu(fc1(x)))));
-  }
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
+struct NetImpl : ThreeLayerMlpImpl {
+  NetImpl() : ThreeLayerMlpImpl(/*in=*/10, /*h1=*/30, /*h2=*/20, /*out=*/3) {}
 };
 TORCH_MODULE(Net);
 
 Net make_net() {
   Net net;
-  torch::NoGradGuard no_grad;
-  int k = 0;
-  for (auto& p : net->parameters())
-    p.copy_(torch::sin(torch::arange(p.numel()).view(p.sizes()) * 0.3 + k++) * 0.3);
+  fill_sin(*net, 0.3);
   return net;
 }
 

@@ -8,6 +8,8 @@
 #include "comm/object_collectives.h"
 #include "comm/testing/test_harness.h"
 #include "ddp_hooks/default_hooks.h"
+#include "ddp_hooks/testing/fill_sin.h"
+#include "ddp_hooks/testing/three_layer_mlp.h"
 
 namespace dtrain::ddp_hooks {
 namespace {
@@ -19,25 +21,14 @@ using optim::ZeroOptions;
 using optim::ZeroRedundancyOptimizer;
 using ::testing::HasSubstr;
 
-struct NetImpl : torch::nn::Module {
-  NetImpl() {
-    fc1 = register_module("fc1", torch::nn::Linear(4, 8));
-    fc2 = register_module("fc2", torch::nn::Linear(8, 6));
-    fc3 = register_module("fc3", torch::nn::Linear(6, 3));
-  }
-  torch::Tensor forward(const torch::Tensor& x) {
-    return fc3(torch::tanh(fc2(torch::relu(fc1(x)))));
-  }
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
+struct NetImpl : ThreeLayerMlpImpl {
+  NetImpl() : ThreeLayerMlpImpl(/*in=*/4, /*h1=*/8, /*h2=*/6, /*out=*/3) {}
 };
 TORCH_MODULE(Net);
 
 Net make_net() {
   Net net;
-  torch::NoGradGuard no_grad;
-  int k = 0;
-  for (auto& p : net->parameters())
-    p.copy_(torch::sin(torch::arange(p.numel()).view(p.sizes()) * 0.3 + k++) * 0.5);
+  fill_sin(*net, 0.5);
   return net;
 }
 
