@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "comm/exception_status.h"
 #include "comm/libtorch_compat.h"
 
@@ -22,9 +23,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr auto kPoll = std::chrono::milliseconds(5);
 
-std::string key(int64_t q, std::string_view what) { return absl::StrCat("quorum/", q, "/", what); }
+std::string key(int64_t q, absl::string_view what) { return absl::StrCat("quorum/", q, "/", what); }
 
-std::vector<uint8_t> bytes(std::string_view s) { return {s.begin(), s.end()}; }
+std::vector<uint8_t> bytes(absl::string_view s) { return {s.begin(), s.end()}; }
 std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
 
 std::string encode(const QuorumMember& m) {
@@ -32,8 +33,8 @@ std::string encode(const QuorumMember& m) {
 }
 
 // A member as encode() wrote it; anything else is DataLoss (the store is shared with the job).
-absl::StatusOr<QuorumMember> decode(std::string_view s) {
-  std::vector<std::string_view> f = absl::StrSplit(s, ',');
+absl::StatusOr<QuorumMember> decode(absl::string_view s) {
+  std::vector<absl::string_view> f = absl::StrSplit(s, ',');
   QuorumMember m;
   int upd = -1;
   int fresh = -1;
@@ -50,9 +51,9 @@ absl::StatusOr<QuorumMember> decode(std::string_view s) {
   return m;
 }
 
-absl::StatusOr<std::vector<QuorumMember>> decode_list(std::string_view s) {
+absl::StatusOr<std::vector<QuorumMember>> decode_list(absl::string_view s) {
   std::vector<QuorumMember> out;
-  for (std::string_view part : absl::StrSplit(s, ';', absl::SkipEmpty())) {
+  for (absl::string_view part : absl::StrSplit(s, ';', absl::SkipEmpty())) {
     absl::StatusOr<QuorumMember> m = decode(part);
     if (!m.ok()) return m.status();
     out.push_back(*m);
