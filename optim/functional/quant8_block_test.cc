@@ -74,8 +74,9 @@ TEST(Quant8Block, Avx2EqualsBaselineAndQuantize8) {
       for (int64_t j = 0; j < kQuantBlock; ++j) {
         ASSERT_EQ(avx2[j], base[j]) << "value " << block[j] << " scale " << a;
         // The baseline is quantize8's encoder (Encoder8::encode_fast), itself the reference's.
-        if (std::fabs(block[j] / a) <= 1)
+        if (std::fabs(block[j] / a) <= 1) {
           ASSERT_EQ(base[j], encode8_reference(block[j] / a, is_signed)) << block[j] / a;
+        }
       }
       float back_base[kQuantBlock], back_avx2[kQuantBlock];
       Baseline::decode(base, kQuantBlock, enc, a, back_base);
