@@ -15,6 +15,7 @@
 #include "optim/functional/registry.h"
 #include "optim/functional/torch_state.h"
 #include "optim/internal/wrapper_groups.h"
+#include "optim/zero/zero_redundancy_optimizer.h"
 
 namespace dtrain::optim {
 namespace {
@@ -161,6 +162,11 @@ DiLoCo::DiLoCo(std::unique_ptr<torch::optim::Optimizer> inner, DiLoCoOptions opt
   TORCH_CHECK(options_.quorum == nullptr || !options_.group,
               "DiLoCo: both DiLoCoOptions::group and quorum are set; with quorum every sync "
               "averages over its quorum's own group: leave group unset");
+  TORCH_CHECK(
+      options_.quorum == nullptr || dynamic_cast<ZeroRedundancyOptimizer*>(inner_.get()) == nullptr,
+      "DiLoCo: DiLoCoOptions::quorum with a ZeroRedundancyOptimizer inside is not "
+      "supported (a rejoining replica takes a peer's whole state, which ZeRO shards); "
+      "use an unsharded inner optimizer with quorum, or leave quorum unset");
   TORCH_CHECK(options_.quorum != nullptr || options_.group.is_member(),
               "DiLoCo: DiLoCoOptions::group is not set or this rank is not in it; pass the group "
               "whose ranks average pseudo-gradients (for all ranks, the world group that "
@@ -305,9 +311,28 @@ void DiLoCo::perform_sync(const std::vector<int64_t>& fragment) {
   }
 }
 
+namespace {
+
+// The inner optimizer's state dict: a ZeroRedundancyOptimizer's global one (consolidated first),
+// any other's through optimizer_state_dict.
+c10::IValue inner_state_dict(torch::optim::Optimizer& inner) {
+  if (auto* zero = dynamic_cast<ZeroRedundancyOptimizer*>(&inner)) return zero->state_dict();
+  return optimizer_state_dict(inner);
+}
+
+void load_inner_state_dict(torch::optim::Optimizer& inner, const c10::IValue& state_dict) {
+  if (auto* zero = dynamic_cast<ZeroRedundancyOptimizer*>(&inner)) {
+    zero->load_state_dict(state_dict);
+  } else {
+    load_optimizer_state_dict(inner, state_dict);
+  }
+}
+
+}  // namespace
+
 c10::IValue DiLoCo::state_dict() {
   sync_options(/*to_inner=*/true);
-  c10::IValue sd = optimizer_state_dict(*inner_);
+  c10::IValue sd = inner_state_dict(*inner_);
   c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
   d.insert("local_step", local_step_);
   d.insert("outer_step", outer_step_);
@@ -429,7 +454,7 @@ void DiLoCo::load_state_dict(const c10::IValue& state_dict) {
     TORCH_CHECK(false, kLoad, "diloco.outer_optimizer: ", ok.message());
   }
   try {
-    load_optimizer_state_dict(*inner_, state_dict);
+    load_inner_state_dict(*inner_, state_dict);
   } catch (const c10::Error& e) {
     TORCH_CHECK(false, kLoad, "the inner optimizer's state: ", e.what_without_backtrace());
   }

@@ -195,7 +195,11 @@ class DiLoCo : public torch::optim::Optimizer {
   // issued it already, so this is no new collective and needs nothing from the other ranks but
   // that they go on stepping; the run then continues as it would have (the result is the same
   // bits). Tensors are the live ones, as every state dict here: save or copy it before stepping
-  // again.
+  // again. With a ZeroRedundancyOptimizer inside (ZeRO within a replica, DiLoCo across replicas),
+  // the inner part is ZeRO's global state dict: call inner()'s consolidate_state_dict(to) first
+  // (a collective over ZeRO's group) and take state_dict() on rank `to` of that group (elsewhere
+  // ZeRO's error); load_state_dict on every rank of the replica loads that rank's part. (Not with
+  // DiLoCoOptions::quorum: the constructor refuses a ZeRO inside then.)
   c10::IValue state_dict();
   // Loads such a dict. Everything of the "diloco" entry is checked before anything changes: the
   // entry present, the counters whole numbers in range, sync_every, fragments,
