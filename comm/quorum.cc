@@ -265,6 +265,11 @@ absl::StatusOr<Quorum> QuorumClient::try_quorum(int64_t q, int64_t step, bool ha
     std::this_thread::sleep_for(kPoll);
   }
   store_->set("quorum/latest", bytes(absl::StrCat(q)));
+  return join_decided(q, decision, me);
+}
+
+absl::StatusOr<Quorum> QuorumClient::join_decided(int64_t q, const std::string& decision,
+                                                  const QuorumMember& me) {
   absl::StatusOr<std::vector<QuorumMember>> members = decode_list(decision);
   if (!members.ok()) return members.status();
   Quorum out;

@@ -137,6 +137,9 @@ class QuorumClient {
   explicit QuorumClient(QuorumOptions options, c10::intrusive_ptr<c10d::Store> store);
   absl::StatusOr<Quorum> try_quorum(int64_t q, int64_t step, bool has_update,
                                     std::chrono::steady_clock::time_point deadline);
+  // After quorum q's decision (its members, encoded): this replica's place in it and its group.
+  absl::StatusOr<Quorum> join_decided(int64_t q, const std::string& decision,
+                                      const QuorumMember& me);
 
   QuorumOptions options_;
   c10::intrusive_ptr<c10d::Store> store_;
