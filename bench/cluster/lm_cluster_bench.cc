@@ -16,6 +16,12 @@
 //
 //   lm_cluster_bench [--modes=ddp,localsgd,diloco,streaming] [--steps=400] [--sync_every=100] ...
 //
+// With --lighthouse=HOST:PORT a process is one replica of fault-tolerant DiLoCo instead
+// (DiLoCoOptions::quorum, comm/quorum.h): no world group; it joins the running job (healing from a
+// peer when restarted), prints a JSON line per round (members, participants, wall clock, losses,
+// a hash of the global parameters); --serve_lighthouse=PORT runs only the Lighthouse.
+// bench/cluster/lm_faults drives these: a replica killed, cut off, brought back.
+//
 // "diloco@H" and "streaming@H" take H from the mode instead of --sync_every (a sweep in one run);
 // "localsgd@P" the averaging period instead of --localsgd_period.
 //
@@ -26,8 +32,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <absl/flags/flag.h>
@@ -42,6 +50,7 @@
 #include "bench/lm/char_lm.h"
 #include "bench/lm/lm_trainer.h"
 #include "comm/process_group.h"
+#include "comm/quorum.h"
 #include "ddp_hooks/distributed_data_parallel.h"
 #include "optim/diloco.h"
 #include "optim/functional/adapter.h"
@@ -65,6 +74,19 @@ ABSL_FLAG(int64_t, d_model, 64, "Model width.");
 ABSL_FLAG(int64_t, n_layers, 2, "Transformer blocks.");
 ABSL_FLAG(int64_t, n_heads, 2, "Attention heads.");
 ABSL_FLAG(int64_t, context, 64, "Sequence length (bytes).");
+ABSL_FLAG(double, outer_lr, 0.7, "DiLoCo's outer Nesterov SGD: learning rate.");
+ABSL_FLAG(double, outer_momentum, 0.9, "DiLoCo's outer Nesterov SGD: momentum.");
+// Fault-tolerant replicas (bench/cluster/lm_faults; lm_ft_replica.cc).
+ABSL_FLAG(int32_t, serve_lighthouse, 0, "Only run a comm::Lighthouse on this port, until killed.");
+ABSL_FLAG(std::string, lighthouse, "",
+          "HOST:PORT of a Lighthouse: run as fault-tolerant DiLoCo replica --replica_id "
+          "(DiLoCoOptions::quorum; --modes=diloco@H only), one JSON line per round.");
+ABSL_FLAG(int64_t, replica_id, 0, "With --lighthouse: this replica's id (its batches' index).");
+ABSL_FLAG(int64_t, replicas, 2, "With --lighthouse: the job's replicas (the first quorum's).");
+ABSL_FLAG(int64_t, join_timeout_ms, 5000, "With --lighthouse: a lost replica is dropped after it.");
+ABSL_FLAG(bool, round_lines, false,
+          "diloco rows: a JSON line per round on stderr (round, wall clock), for lm_faults.");
+ABSL_FLAG(int64_t, group_timeout_ms, 10000, "With --lighthouse: each quorum's Gloo timeout.");
 
 namespace dtrain::bench {
 namespace {
@@ -106,6 +128,9 @@ optim::DiLoCoOptions diloco_options(const RowSpec& spec, const comm::Group& g) {
   optim::DiLoCoOptions o;
   o.group = g;
   o.sync_every = spec.every > 0 ? spec.every : absl::GetFlag(FLAGS_sync_every);
+  o.outer_options = optim::default_outer_options();
+  o.outer_options.insert_or_assign("lr", absl::GetFlag(FLAGS_outer_lr));
+  o.outer_options.insert_or_assign("momentum", absl::GetFlag(FLAGS_outer_momentum));
   if (spec.mode == "streaming") {
     o.fragments = absl::GetFlag(FLAGS_fragments);
     o.fragment_sync_delay = absl::GetFlag(FLAGS_fragment_sync_delay);
@@ -144,6 +169,19 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(
   return std::make_unique<optim::DiLoCo>(adamw(model), diloco_options(spec, g));
 }
 
+double wall_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// --round_lines: after a DiLoCo row's sync, its round and the wall clock on stderr.
+void print_round_line(torch::optim::Optimizer* opt, int rank) {
+  auto* diloco = dynamic_cast<optim::DiLoCo*>(opt);
+  if (!absl::GetFlag(FLAGS_round_lines) || diloco == nullptr || diloco->local_step() != 0) return;
+  std::fprintf(stderr, "{\"event\": \"round\", \"replica\": %d, \"t\": %.3f, \"round\": %lld}\n",
+               rank, wall_seconds(), static_cast<long long>(diloco->outer_step()));
+  std::fflush(stderr);
+}
+
 Row run_mode(const std::string& mode, const comm::Group& g, const TextData& text,
              const CharLMOptions& mo) {
   CharLM model(mo);  // the same weights on every rank
@@ -174,6 +212,7 @@ Row run_mode(const std::string& mode, const comm::Group& g, const TextData& text
     loss.backward();
     opt->step();
     losses.push_back(loss.item<double>());
+    print_round_line(opt.get(), g.rank());
     const int64_t sent = tx_bytes() - tx0;
     r.peak_tx = std::max(r.peak_tx, sent);
     r.total_tx += sent;
@@ -193,6 +232,116 @@ Row run_mode(const std::string& mode, const comm::Group& g, const TextData& text
   return r;
 }
 
+// --- Fault-tolerant replicas (--lighthouse; bench/cluster/lm_faults) ---------------------------
+
+// FNV-1a over the bytes of the global parameters: equal on replicas that agree bit for bit.
+uint64_t params_hash(const std::vector<at::Tensor>& params) {
+  uint64_t h = 1469598103934665603ULL;
+  for (const at::Tensor& p : params) {
+    const at::Tensor c = p.contiguous();
+    const auto* b = static_cast<const unsigned char*>(c.data_ptr());
+    for (size_t i = 0; i < c.nbytes(); ++i) h = (h ^ b[i]) * 1099511628211ULL;
+  }
+  return h;
+}
+
+std::string ids(const std::vector<int64_t>& v) { return "[" + absl::StrJoin(v, ", ") + "]"; }
+
+// One line per sync: the committed round, the quorum's members and participants (replica ids),
+// the wall clock (seconds since the epoch: the driver lines it up with its faults), losses.
+void print_round(const char* event, optim::DiLoCo& opt, CharLM& model, const TextData& text,
+                 double train_loss) {
+  const comm::Quorum* q = opt.last_quorum();
+  std::vector<int64_t> members = q ? q->replica_ids() : std::vector<int64_t>{}, parts;
+  if (q) {
+    for (int r : q->participants()) parts.push_back(q->members[r].replica_id);
+  }
+  const double val = validation_loss(model, text.val, absl::GetFlag(FLAGS_batch_size),
+                                     absl::GetFlag(FLAGS_eval_batches), 0);
+  std::printf(
+      "{\"event\": \"%s\", \"replica\": %lld, \"t\": %.3f, \"round\": %lld, \"quorum\": %lld, "
+      "\"members\": %s, \"participants\": %s, \"train_loss\": %.6g, \"val_loss\": %.6g, "
+      "\"hash\": \"%016llx\"}\n",
+      event, static_cast<long long>(absl::GetFlag(FLAGS_replica_id)), wall_seconds(),
+      static_cast<long long>(opt.outer_step()), static_cast<long long>(q ? q->quorum_id : 0),
+      ids(members).c_str(), ids(parts).c_str(), train_loss, val,
+      static_cast<unsigned long long>(params_hash(opt.global_params())));
+  std::fflush(stdout);
+}
+
+absl::StatusOr<std::shared_ptr<comm::QuorumClient>> connect_quorum() {
+  comm::QuorumOptions q;
+  const std::string lh = absl::GetFlag(FLAGS_lighthouse);
+  const size_t colon = lh.rfind(':');
+  if (colon == std::string::npos || !absl::SimpleAtoi(lh.substr(colon + 1), &q.lighthouse_port)) {
+    return absl::InvalidArgumentError("--lighthouse='" + lh + "': give HOST:PORT");
+  }
+  q.lighthouse_host = lh.substr(0, colon);
+  q.replica_id = absl::GetFlag(FLAGS_replica_id);
+  q.min_replicas = 1;  // the lighthouse decides alone: a cut replica cannot form its own quorum
+  q.expected_replicas = static_cast<int>(absl::GetFlag(FLAGS_replicas));
+  q.join_timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_join_timeout_ms));
+  q.quorum_timeout = std::chrono::minutes(10);
+  q.timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_group_timeout_ms));
+  if (const char* addr = std::getenv("DTRAIN_HOST_ADDR")) q.gloo_hostname = addr;
+  absl::StatusOr<std::unique_ptr<comm::QuorumClient>> c = comm::QuorumClient::connect(q);
+  if (!c.ok()) return c.status();
+  return std::shared_ptr<comm::QuorumClient>(std::move(*c));
+}
+
+// A replica of fault-tolerant DiLoCo: joins the running job (healing from a peer when it is a
+// restarted one), then trains to --steps, step s taking the batch of (s - 1) * replicas + id + 1.
+int run_replica(const TextData& text, const CharLMOptions& mo) {
+  const RowSpec spec = parse_row(absl::GetFlag(FLAGS_modes));
+  TORCH_CHECK(spec.mode == "diloco", "lm_cluster_bench: --lighthouse runs --modes=diloco@H only");
+  absl::StatusOr<std::shared_ptr<comm::QuorumClient>> client = connect_quorum();
+  if (!client.ok()) {
+    std::fprintf(stderr, "lm_cluster_bench: %s\n", std::string(client.status().message()).c_str());
+    return 1;
+  }
+  CharLM model(mo);
+  optim::DiLoCoOptions o = diloco_options(spec, comm::Group());
+  o.quorum = *client;
+  optim::DiLoCo opt(adamw(model), o);
+  std::printf("{\"event\": \"start\", \"replica\": %lld, \"t\": %.3f}\n",
+              static_cast<long long>(absl::GetFlag(FLAGS_replica_id)), wall_seconds());
+  std::fflush(stdout);
+  opt.join_quorum();
+  print_round("join", opt, model, text, 0);
+  const int64_t steps = absl::GetFlag(FLAGS_steps), batch = absl::GetFlag(FLAGS_batch_size);
+  const int64_t warmup = absl::GetFlag(FLAGS_warmup), world = absl::GetFlag(FLAGS_replicas);
+  const double lr = absl::GetFlag(FLAGS_lr);
+  double loss_sum = 0;
+  for (int64_t s = opt.outer_step() * o.sync_every + 1; s <= steps; ++s) {
+    const Batch b =
+        sample_batch(text.train, batch, mo.context, /*seed=*/0, kTrainStream,
+                     static_cast<uint64_t>((s - 1) * world + absl::GetFlag(FLAGS_replica_id) + 1));
+    for (auto& group : opt.param_groups()) {
+      group.options().set_lr(warmup > 0 ? lr * std::min<double>(1.0, double(s) / warmup) : lr);
+    }
+    opt.zero_grad();
+    at::Tensor loss = model->loss(b.inputs, b.targets);
+    loss.backward();
+    opt.step();
+    loss_sum += loss.item<double>();
+    if (opt.local_step() == 0) {  // a sync: the round may have healed this replica forwards
+      print_round("round", opt, model, text, loss_sum / o.sync_every);
+      loss_sum = 0;
+      s = opt.outer_step() * o.sync_every;
+    }
+  }
+  return 0;
+}
+
+int serve_lighthouse() {
+  comm::LighthouseOptions lo;
+  lo.port = absl::GetFlag(FLAGS_serve_lighthouse);
+  comm::Lighthouse lighthouse(lo);
+  std::printf("{\"event\": \"lighthouse\", \"port\": %d}\n", lighthouse.port());
+  std::fflush(stdout);
+  for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+}
+
 int main_impl(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   torch::set_num_threads(1);  // one core per host: the cluster runs every host on this machine
@@ -202,8 +351,16 @@ int main_impl(int argc, char** argv) {
   mo.n_heads = absl::GetFlag(FLAGS_n_heads);
   mo.context = absl::GetFlag(FLAGS_context);
   mo.check();
+  if (absl::GetFlag(FLAGS_serve_lighthouse) > 0) return serve_lighthouse();
   const std::vector<std::string> paths = absl::StrSplit(absl::GetFlag(FLAGS_text), ',');
   absl::StatusOr<TextData> text = load_text(paths);
+  if (!absl::GetFlag(FLAGS_lighthouse).empty()) {
+    if (!text.ok()) {
+      std::fprintf(stderr, "lm_cluster_bench: %s\n", std::string(text.status().message()).c_str());
+      return 1;
+    }
+    return run_replica(*text, mo);
+  }
   comm::InitOptions init;
   init.timeout = std::chrono::seconds(300);
   absl::StatusOr<comm::Group> g = comm::init_process_group(init);
