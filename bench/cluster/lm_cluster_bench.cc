@@ -76,7 +76,7 @@ ABSL_FLAG(int64_t, n_heads, 2, "Attention heads.");
 ABSL_FLAG(int64_t, context, 64, "Sequence length (bytes).");
 ABSL_FLAG(double, outer_lr, 0.7, "DiLoCo's outer Nesterov SGD: learning rate.");
 ABSL_FLAG(double, outer_momentum, 0.9, "DiLoCo's outer Nesterov SGD: momentum.");
-// Fault-tolerant replicas (bench/cluster/lm_faults; lm_ft_replica.cc).
+// Fault-tolerant replicas (bench/cluster/lm_faults; run_replica below).
 ABSL_FLAG(int32_t, serve_lighthouse, 0, "Only run a comm::Lighthouse on this port, until killed.");
 ABSL_FLAG(std::string, lighthouse, "",
           "HOST:PORT of a Lighthouse: run as fault-tolerant DiLoCo replica --replica_id "
