@@ -5,6 +5,7 @@
 #include <thread>
 #include <utility>
 
+#include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -16,6 +17,7 @@
 #include "absl/strings/string_view.h"
 #include "comm/exception_status.h"
 #include "comm/libtorch_compat.h"
+#include "comm/object_collectives.h"
 
 namespace dtrain::comm {
 namespace {
@@ -76,6 +78,17 @@ c10::intrusive_ptr<c10d::Store> lighthouse_store(const QuorumOptions& o) {
   so.waitWorkers = false;
   so.timeout = o.timeout;
   return c10::make_intrusive<c10d::TCPStore>(o.lighthouse_host, so);
+}
+
+// Whether `decision` (members, encoded) admits `me`.
+bool admits(const std::string& decision, const QuorumMember& me) {
+  absl::StatusOr<std::vector<QuorumMember>> members = decode_list(decision);
+  if (!members.ok()) return true;  // join_decided reports it
+  for (const QuorumMember& m : *members) {
+    if (m.replica_id == me.replica_id && m.step == me.step && m.has_update == me.has_update)
+      return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -177,6 +190,17 @@ absl::StatusOr<Quorum> QuorumClient::quorum(int64_t step, bool has_update) {
     destroy_process_group(group_);
     group_ = Group();
   }
+  const QuorumMember me{options_.replica_id, step, has_update, fresh_};
+  absl::StatusOr<std::pair<int64_t, std::string>> decided =
+      !grouped() || options_.replica_group.rank() == 0
+          ? decide(me)
+          : absl::UnknownError("not decided here: rank 0 of the replica group decides");
+  if (grouped()) decided = share_decision(std::move(decided));
+  if (!decided.ok()) return decided.status();
+  return join_decided(decided->first, decided->second, me);
+}
+
+absl::StatusOr<std::pair<int64_t, std::string>> QuorumClient::decide(const QuorumMember& me) {
   const Clock::time_point deadline = Clock::now() + options_.quorum_timeout;
   try {
     if (next_id_ == 0) {  // a new process: the first undecided quorum id
@@ -189,10 +213,11 @@ absl::StatusOr<Quorum> QuorumClient::quorum(int64_t step, bool has_update) {
       next_id_ = q;
     }
     for (;;) {
-      absl::StatusOr<Quorum> got = try_quorum(next_id_, step, has_update, deadline);
-      ++next_id_;
-      if (got.ok() || !absl::IsNotFound(got.status())) return got;
-      // NotFound: decided without this replica (it came too late); register for the next one.
+      const int64_t q = next_id_++;
+      absl::StatusOr<std::string> got = try_quorum(q, me, deadline);
+      if (!got.ok()) return got.status();
+      if (admits(*got, me)) return std::make_pair(q, *std::move(got));
+      // Decided without this replica (it came too late): register for the next one.
     }
   } catch (...) {
     return current_exception_status(
@@ -202,9 +227,33 @@ absl::StatusOr<Quorum> QuorumClient::quorum(int64_t step, bool has_update) {
   }
 }
 
-absl::StatusOr<Quorum> QuorumClient::try_quorum(int64_t q, int64_t step, bool has_update,
-                                                Clock::time_point deadline) {
-  const QuorumMember me{options_.replica_id, step, has_update, fresh_};
+absl::StatusOr<std::pair<int64_t, std::string>> QuorumClient::share_decision(
+    absl::StatusOr<std::pair<int64_t, std::string>> decided) {
+  // "ok <q> <decision>" or "error <code> <message>", from the replica group's rank 0.
+  c10::IValue msg;
+  if (options_.replica_group.rank() == 0) {
+    msg = decided.ok() ? absl::StrCat("ok ", decided->first, " ", decided->second)
+                       : absl::StrCat("error ", static_cast<int>(decided.status().code()), " ",
+                                      decided.status().message());
+  }
+  if (absl::Status s = broadcast_object(options_.replica_group, msg, 0); !s.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        "QuorumClient (replica ", options_.replica_id, ", rank ", options_.replica_group.rank(),
+        " of its replica group): the replica group's ranks could not share the quorum: ",
+        s.message(), "; a rank of this replica group was lost: restart the replica group"));
+  }
+  const std::vector<std::string> f =
+      absl::StrSplit(msg.isString() ? msg.toStringRef() : "", absl::MaxSplits(' ', 2));
+  int64_t number = 0;
+  if (f.size() != 3 || !absl::SimpleAtoi(f[1], &number)) {
+    return absl::DataLossError("QuorumClient: the replica group's rank 0 sent no quorum");
+  }
+  if (f[0] == "error") return absl::Status(static_cast<absl::StatusCode>(number), f[2]);
+  return std::make_pair(number, f[2]);
+}
+
+absl::StatusOr<std::string> QuorumClient::try_quorum(int64_t q, const QuorumMember& me,
+                                                     Clock::time_point deadline) {
   const int64_t slot = store_->add(key(q, "n"), 1);
   store_->set(key(q, absl::StrCat("slot/", slot)), bytes(encode(me)));
   const Clock::time_point registered = Clock::now();
@@ -265,7 +314,7 @@ absl::StatusOr<Quorum> QuorumClient::try_quorum(int64_t q, int64_t step, bool ha
     std::this_thread::sleep_for(kPoll);
   }
   store_->set("quorum/latest", bytes(absl::StrCat(q)));
-  return join_decided(q, decision, me);
+  return decision;
 }
 
 absl::StatusOr<Quorum> QuorumClient::join_decided(int64_t q, const std::string& decision,
@@ -286,12 +335,35 @@ absl::StatusOr<Quorum> QuorumClient::join_decided(int64_t q, const std::string& 
   io.backend = "gloo";
   // A connection of its own: a rendezvous that times out leaves its connection expecting a reply
   // that may come later, which must not reach the quorum protocol's.
-  io.store = c10::make_intrusive<c10d::PrefixStore>(key(q, "pg"), lighthouse_store(options_));
+  // With a replica group of several ranks, rank i of each member replica group meets under its own
+  // prefix.
+  io.store = c10::make_intrusive<c10d::PrefixStore>(
+      grouped() ? key(q, absl::StrCat("pg/", options_.replica_group.rank())) : key(q, "pg"),
+      lighthouse_store(options_));
   io.rank = out.rank;
   io.world_size = static_cast<int>(out.members.size());
   io.timeout = options_.timeout;
   io.gloo_hostname = options_.gloo_hostname;
   absl::StatusOr<Group> g = init_process_group(io);
+  if (grouped()) {  // every rank of the replica group formed its group, or none goes on
+    at::Tensor formed = at::full({1}, g.ok() ? 0 : 1, at::kInt);
+    std::vector<at::Tensor> bufs = {formed};
+    try {
+      options_.replica_group->allreduce(bufs)->wait();
+    } catch (...) {
+      if (g.ok()) destroy_process_group(*g);
+      return current_exception_status(
+          absl::StatusCode::kUnavailable,
+          absl::StrCat("QuorumClient (replica ", options_.replica_id,
+                       "): the replica group's ranks could not agree on the quorum's groups; a "
+                       "rank of this replica group was lost: restart the replica group"));
+    }
+    if (g.ok() && formed.item<int>() > 0) {
+      destroy_process_group(*g);
+      g = absl::AbortedError(
+          absl::StrCat(formed.item<int>(), " rank(s) of this replica group could not form theirs"));
+    }
+  }
   if (!g.ok()) {
     return absl::AbortedError(absl::StrCat("replica ", options_.replica_id, ": the group of ",
                                            out.describe(), " did not form: ", g.status().message(),

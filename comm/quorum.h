@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -84,6 +85,16 @@ struct QuorumOptions {
   std::chrono::milliseconds timeout = std::chrono::seconds(60);
   // Address the quorum groups' Gloo binds to (InitOptions::gloo_hostname); empty: its default.
   std::string gloo_hostname;
+  // The ranks of this replica group when it has more than one (a node's ranks, say, training as one
+  // replica: DDP within it); unset or of size 1: a replica group of one process. Every rank of it
+  // connects a QuorumClient with the same replica_id and calls quorum() at the same time with the
+  // same arguments: its rank 0 alone talks to the lighthouse and hands the decision (or the error)
+  // to the others over this group; then rank i of every member replica group forms the quorum's
+  // `group` with the others' rank i (torchft's process group per replica rank), and the ranks
+  // agree over this group that every one of them formed it (else all return Aborted). Every
+  // replica group of the job must have the same size. A failure of this group (a rank of the
+  // replica group lost) is Unavailable: restart the replica group (it rejoins as a new one).
+  Group replica_group;
 };
 
 struct QuorumMember {
@@ -135,11 +146,21 @@ class QuorumClient {
 
  private:
   explicit QuorumClient(QuorumOptions options, c10::intrusive_ptr<c10d::Store> store);
-  absl::StatusOr<Quorum> try_quorum(int64_t q, int64_t step, bool has_update,
-                                    std::chrono::steady_clock::time_point deadline);
+  // The lighthouse part (a replica group's rank 0): the first decided quorum that admits `me`,
+  // as its id and its members, encoded.
+  absl::StatusOr<std::pair<int64_t, std::string>> decide(const QuorumMember& me);
+  // Registers `me` for quorum q and waits for q's decision (its members, encoded).
+  absl::StatusOr<std::string> try_quorum(int64_t q, const QuorumMember& me,
+                                         std::chrono::steady_clock::time_point deadline);
+  // With a replica group of several ranks: rank 0's decision (or error) on every rank.
+  absl::StatusOr<std::pair<int64_t, std::string>> share_decision(
+      absl::StatusOr<std::pair<int64_t, std::string>> decided);
   // After quorum q's decision (its members, encoded): this replica's place in it and its group.
   absl::StatusOr<Quorum> join_decided(int64_t q, const std::string& decision,
                                       const QuorumMember& me);
+  bool grouped() const {
+    return options_.replica_group.is_member() && options_.replica_group.size() > 1;
+  }
 
   QuorumOptions options_;
   c10::intrusive_ptr<c10d::Store> store_;

@@ -251,6 +251,8 @@ class DiLoCo : public torch::optim::Optimizer {
   void perform_sync(const std::vector<int64_t>& fragment);
   void quorum_sync(bool has_update);                                   // diloco_quorum.cc
   absl::Status quorum_round(const comm::Quorum& q, bool& has_update);  // diloco_quorum.cc
+  absl::Status quorum_exchange(const comm::Quorum& q, bool& has_update,
+                               at::Tensor& average);  // diloco_quorum.cc
 
   std::unique_ptr<torch::optim::Optimizer> inner_;
   DiLoCoOptions options_;
