@@ -32,8 +32,11 @@ struct AdamDescriptor : DescriptorDefaults {
         .check_order({"lr", "eps", "betas", "weight_decay"});
   }
   static constexpr StepKind kStep = StepKind::kFloatTensor;
+  // Slot 3: param_remainders' int16 remainder (internal/param_remainders.h), which the update
+  // itself never sees.
   static constexpr std::array<const char*, 4> kSlots = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq",
-                                                        ""};
+                                                        kParamRemainderKey};
+  static constexpr size_t kRemainderSlot = 3;
 
   static void require_state(const std::string& name, const ParamState& s, const at::Tensor&,
                             size_t index, const Options& o) {
@@ -189,7 +192,7 @@ struct Descriptor<AdamOptions> : AdamDescriptor<false, AdamOptions> {
                     "record it); use AdamW");
       });
     }
-    return table;
+    return table.dtrain_flag(DTRAIN_OPTION(param_remainders));
   }
 };
 
@@ -200,7 +203,7 @@ struct Descriptor<AdamWOptions> : AdamDescriptor<true, AdamWOptions> {
     auto table =
         AdamDescriptor::options("AdamW").fixed("capturable", false).differentiable().fused();
     if constexpr (kAdamHasDecoupledWeightDecay) table.fixed("decoupled_weight_decay", true);
-    return table;
+    return table.dtrain_flag(DTRAIN_OPTION(param_remainders));
   }
 };
 

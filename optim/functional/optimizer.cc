@@ -245,10 +245,7 @@ absl::Status FunctionalOptimizer::loaded_options(
   // dtrain's: a group without them (PyTorch's) keeps this optimizer's precision.
   for (const auto& kv : known) {
     const std::string& key = kv.key().toStringRef();
-    if (group_options.contains(key) || key == kStateDtypeKey ||
-        key == kStateStochasticRoundingKey || key == kStateSeedKey) {
-      continue;
-    }
+    if (group_options.contains(key) || is_dtrain_option(key)) continue;
     std::optional<c10::IValue> fallback = torch_load_default(name(), key);
     if (!fallback.has_value()) {
       return invalid(absl::StrCat(
@@ -395,11 +392,16 @@ absl::StatusOr<ParamState> FunctionalOptimizer::entry_state(const checkpoint::St
                                 name(), " counts the steps of every parameter with state); ",
                                 kLoadAdvice));
   }
+  const at::ScalarType dtype = update_dtype(param, merged);  // float32 with param_remainders
+  const at::Tensor like =
+      dtype == param.scalar_type() ? param : at::empty_like(param, param.options().dtype(dtype));
   for (size_t n = 0; n < found.size(); ++n) {
     const LoadedSlot& f = found[n];
     if (f.value == nullptr && f.codes == nullptr && f.absmax == nullptr) continue;
     absl::Status ok =
-        load_slot(f.value, f.codes, f.absmax, n, param, file_index, precision, copy, &s);
+        std::string(names[n]) == kParamRemainderKey
+            ? load_param_remainder(f.value, param, name(), file_index, copy, &s.slots[n])
+            : load_slot(f.value, f.codes, f.absmax, n, like, file_index, precision, copy, &s);
     if (!ok.ok()) return ok;
   }
   const std::array<bool, 4> fresh = required_slots(param, merged);

@@ -181,6 +181,12 @@ class FunctionalOptimizer {
   virtual std::vector<int64_t> slot_shape(size_t slot, const at::Tensor& param) const {
     return param.sizes().vec();
   }
+  // The dtype the update of `param` runs in under the full options `merged`, which state kept
+  // at state_dtype=None is loaded as: the parameter's, or float32 for a bfloat16 parameter of
+  // Adam or AdamW with param_remainders (its float32 master weight).
+  virtual at::ScalarType update_dtype(const at::Tensor& param, const OptionsDict& merged) const {
+    return param.scalar_type();
+  }
   // The slots a loaded entry for `param` must have under the full options `merged`
   // (all_options()'s keys): those the update takes as there once a parameter has state. The
   // default (a user's optimizer): none.

@@ -154,6 +154,15 @@ class OptionTable {
   // optimizers with ATen fused kernels take (see FunctionalOptimizer::set_options).
   OptionTable& fused() { return option(DTRAIN_OPTION(fused)); }
   OptionTable& differentiable() { return fixed("differentiable", false); }
+  // A dtrain-only bool option (Adam's param_remainders): in to_dict() only while true (or `all`),
+  // so a default optimizer's param_group has PyTorch's keys exactly; a loaded group without it
+  // keeps the loading optimizer's value (state_precision.h's is_dtrain_option).
+  template <typename Accessor>
+  OptionTable& dtrain_flag(const char* key, Accessor accessor) {
+    option(key, accessor);
+    rows_.back().omit_false = true;
+    return *this;
+  }
   // The three state-precision rows (DTRAIN_STATE_PRECISION_ARGS) and their check; `allow_8bit`:
   // whether the optimizer has 8-bit state. TypedFunctionalOptimizer appends them to every
   // built-in's table; state_dict() leaves them out while state_dtype is None, so a default
@@ -196,7 +205,10 @@ class OptionTable {
     OptionsDict d = new_options_dict();
     const bool omit = !all && default_precision_ && default_precision_(o);
     for (const Row& row : rows_) {
-      if (!(omit && row.precision)) d.insert(row.key, row.get ? row.get(o) : row.fixed);
+      if (omit && row.precision) continue;
+      const c10::IValue v = row.get ? row.get(o) : row.fixed;
+      if (row.omit_false && !all && !v.toBool()) continue;
+      d.insert(row.key, v);
     }
     return d;
   }
@@ -228,7 +240,8 @@ class OptionTable {
     std::function<void(Options&, const OptionsDict&)> set;  // null for a fixed key
     std::function<void(const Options&)> check;              // null when unchecked
     c10::IValue fixed;
-    bool precision = false;  // a state-precision key (see to_dict)
+    bool precision = false;   // a state-precision key (see to_dict)
+    bool omit_false = false;  // a dtrain_flag (see to_dict)
   };
 
   std::string name_;
@@ -297,6 +310,7 @@ class TypedFunctionalOptimizer : public FunctionalOptimizer {
   // hold.
   std::array<bool, 4> required_slots(const at::Tensor& param,
                                      const OptionsDict& merged) const override;
+  at::ScalarType update_dtype(const at::Tensor& param, const OptionsDict& merged) const override;
   void check_options(const OptionsDict& merged) const override {
     option_table().validate(option_table().from_dict(merged, options_));
   }

@@ -147,6 +147,36 @@ absl::Status check_state_tensor(const at::Tensor& t, const at::Tensor& param,
   return absl::OkStatus();
 }
 
+absl::Status load_param_remainder(const c10::IValue* value, const at::Tensor& param,
+                                  const std::string& optimizer, int64_t file_index, bool copy,
+                                  at::Tensor* slot) {
+  auto fail = [&](const std::string& problem) {
+    return state_error(optimizer + ".load_state_dict", kParamRemainderKey, file_index,
+                       invalid(problem));
+  };
+  if (value == nullptr) return fail("is there as 8-bit codes; a remainder is one int16 tensor");
+  if (value->isNone()) return absl::OkStatus();  // none yet: the next step starts from 0
+  if (!value->isTensor()) return fail(absl::StrCat("is a ", value->tagKind(), ", not a tensor"));
+  const at::Tensor& t = value->toTensor();
+  if (param.scalar_type() != at::kBFloat16) {
+    return fail(absl::StrCat("is there, but the parameter is ", c10::toString(param.scalar_type()),
+                             "; only a bfloat16 parameter keeps a 16-bit remainder"));
+  }
+  if (t.layout() != at::kStrided || t.scalar_type() != at::kShort) {
+    return fail(absl::StrCat(
+        "is a ", c10::toString(t.scalar_type()),
+        " tensor; a remainder is a dense int16 tensor (PyTorch's load_state_dict casts it to the "
+        "parameter's bfloat16, which loses it: save it from dtrain, not through PyTorch)"));
+  }
+  if (!t.sizes().equals(param.sizes())) {
+    return fail(absl::StrCat("has shape [", absl::StrJoin(t.sizes(), ", "),
+                             "], the parameter has shape [", absl::StrJoin(param.sizes(), ", "),
+                             "]"));
+  }
+  if (copy) *slot = t.to(param.device()).contiguous().clone();
+  return absl::OkStatus();
+}
+
 absl::Status state_error(const std::string& what, const std::string& key, int64_t file_index,
                          const absl::Status& problem) {
   return invalid(absl::StrCat(what, ": state '", key, "' of parameter ", file_index, " ",

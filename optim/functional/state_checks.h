@@ -60,6 +60,14 @@ absl::Status check_state_tensor(const at::Tensor& t, const at::Tensor& param,
 absl::Status check_8bit_slot(const at::Tensor& codes, const at::Tensor& absmax,
                              c10::IntArrayRef shape);
 
+// A loaded param_remainder (Adam's and AdamW's param_remainders, state_precision.h) for `param`:
+// `value` a dense int16 tensor of the parameter's shape, the parameter bfloat16. With `copy`, kept
+// in *slot (on the parameter's device) as saved. InvalidArgument naming the key (state_error's
+// message, `optimizer`.load_state_dict's), saying what to do.
+absl::Status load_param_remainder(const c10::IValue* value, const at::Tensor& param,
+                                  const std::string& optimizer, int64_t file_index, bool copy,
+                                  at::Tensor* slot);
+
 // "<what>: state '<key>' of parameter <file_index> " + problem's message + "; " + kLoadAdvice.
 absl::Status state_error(const std::string& what, const std::string& key, int64_t file_index,
                          const absl::Status& problem);

@@ -241,6 +241,56 @@ at::Tensor to_bfloat16(const at::Tensor& x, bool stochastic, uint64_t key) {
   return out;
 }
 
+at::Tensor master_weight(const at::Tensor& param, const at::Tensor& remainder) {
+  TORCH_CHECK(param.scalar_type() == at::kBFloat16 && remainder.scalar_type() == at::kShort &&
+                  param.sizes().equals(remainder.sizes()),
+              "master_weight: takes a bfloat16 parameter and an int16 remainder of its shape, got ",
+              param.scalar_type(), " ", param.sizes(), " and ", remainder.scalar_type(), " ",
+              remainder.sizes());
+  if (!param.is_cpu() || !param.is_contiguous() || !remainder.is_contiguous()) {
+    const at::Tensor rem = remainder.to(at::kInt);
+    const at::Tensor high = param.view(at::kShort).to(at::kInt) - rem.lt(0).to(at::kInt);
+    return high.bitwise_left_shift(16).bitwise_or(rem.bitwise_and(0xffff)).view(at::kFloat);
+  }
+  at::Tensor out = at::empty(param.sizes(), param.options().dtype(at::kFloat));
+  const auto* p = reinterpret_cast<const uint16_t*>(param.data_ptr<at::BFloat16>());
+  const int16_t* r = remainder.data_ptr<int16_t>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, param.numel(), 1 << 16, [&](int64_t lo, int64_t hi) {
+    for (int64_t k = lo; k < hi; ++k) o[k] = join_master(p[k], r[k]);
+  });
+  return out;
+}
+
+void split_master_weight(const at::Tensor& master, const at::Tensor& param,
+                         const at::Tensor& remainder) {
+  TORCH_CHECK(master.scalar_type() == at::kFloat && param.scalar_type() == at::kBFloat16 &&
+                  remainder.scalar_type() == at::kShort && master.sizes().equals(param.sizes()) &&
+                  remainder.sizes().equals(param.sizes()),
+              "split_master_weight: takes a float32 master, a bfloat16 parameter and an int16 "
+              "remainder of one shape, got ",
+              master.scalar_type(), " ", master.sizes(), ", ", param.scalar_type(), " ",
+              param.sizes(), " and ", remainder.scalar_type(), " ", remainder.sizes());
+  if (!param.is_cpu() || !master.is_contiguous() || !param.is_contiguous() ||
+      !remainder.is_contiguous()) {
+    const at::Tensor bits = master.contiguous().view(at::kInt);
+    const at::Tensor low = bits.bitwise_and(0xffff);
+    const at::Tensor nan = master.isnan();
+    at::Tensor high =
+        bits.bitwise_right_shift(16).bitwise_and(0xffff) + low.ge(0x8000).to(at::kInt);
+    high = at::where(nan, bits.lt(0).to(at::kInt) * 0x8000 + 0x7fc0, high);
+    param.copy_(high.to(at::kShort).view(at::kBFloat16));  // int32 -> int16 keeps the low bits
+    remainder.copy_(at::where(nan, at::zeros_like(low), low).to(at::kShort));
+    return;
+  }
+  const float* m = master.data_ptr<float>();
+  auto* p = reinterpret_cast<uint16_t*>(param.data_ptr<at::BFloat16>());
+  int16_t* r = remainder.data_ptr<int16_t>();
+  at::parallel_for(0, master.numel(), 1 << 16, [&](int64_t lo, int64_t hi) {
+    for (int64_t k = lo; k < hi; ++k) split_master(m[k], &p[k], &r[k]);
+  });
+}
+
 namespace internal {
 
 Quantized8 quantize8_aten(const at::Tensor& x, bool is_signed) {

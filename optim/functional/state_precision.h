@@ -54,6 +54,16 @@ inline constexpr char kStateSeedKey[] = "state_seed";
 // The option values of state_dtype.
 inline constexpr char kStateBFloat16[] = "bfloat16";
 inline constexpr char kState8Bit[] = "8bit";
+// Adam's and AdamW's param_remainders option and its state key (an int16 tensor of the
+// parameter's shape): see split_master below.
+inline constexpr char kParamRemaindersKey[] = "param_remainders";
+inline constexpr char kParamRemainderKey[] = "param_remainder";
+// Whether `key` is one of dtrain's own options (the state-precision keys, param_remainders): a
+// loaded param group without it (PyTorch's) keeps the loading optimizer's value.
+inline bool is_dtrain_option(const std::string& key) {
+  return key == kStateDtypeKey || key == kStateStochasticRoundingKey || key == kStateSeedKey ||
+         key == kParamRemaindersKey;
+}
 
 // The state-dict keys of an 8-bit slot: "<slot>_codes" and "<slot>_absmax".
 inline constexpr char kCodesSuffix[] = "_codes";
@@ -182,6 +192,44 @@ inline float bf16_value(uint16_t h) {
   std::memcpy(&x, &bits, sizeof x);
   return x;
 }
+
+// bfloat16 parameters with a 16-bit remainder (Adam's and AdamW's param_remainders option:
+// Megatron-Core's store_param_remainders, TransformerEngine FusedAdam's scheme, followed as its
+// multi_tensor_adam's AdamFunctorMasterParamRemainder does it): the float32 master weight's top 16
+// bits, rounded, are the bfloat16 parameter; its low 16 bits, as an int16, are the remainder.
+// Split: rem = int16(low 16 bits); bf16 = high 16 bits, plus 1 when rem < 0 (low bits >= 0x8000:
+// the magnitude rounded half up, so the parameter is the master rounded to nearest, ties away from
+// zero; a finite master above bfloat16's largest value rounds to +-inf and still reconstructs).
+// Join: when rem < 0, bf16 bits - 1 first; then (bf16 << 16) | uint16(rem). inf splits exactly
+// (low bits 0). NaN, where dtrain differs from TE: TE adds the 1 to a NaN's high half too, so
+// the NaN 0x7FFFFFFF shows as the parameter -0.0 (0x7FFF + 1 wraps to 0x8000); dtrain stores a NaN
+// master as bfloat16's quiet NaN of its sign (0x7FC0 / 0xFFC0) with remainder 0, so the parameter
+// shows the NaN and the master reconstructs as a NaN (its payload is not kept).
+inline void split_master(float master, uint16_t* bf16, int16_t* remainder) {
+  uint32_t bits;
+  std::memcpy(&bits, &master, sizeof bits);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) {  // NaN
+    *bf16 = static_cast<uint16_t>((bits >> 16) & 0x8000u) | 0x7fc0u;
+    *remainder = 0;
+    return;
+  }
+  const uint16_t low = static_cast<uint16_t>(bits & 0xffffu);
+  *remainder = static_cast<int16_t>(low);
+  *bf16 = static_cast<uint16_t>((bits >> 16) + (low >= 0x8000u ? 1u : 0u));
+}
+inline float join_master(uint16_t bf16, int16_t remainder) {
+  const uint32_t high = static_cast<uint16_t>(bf16 - (remainder < 0 ? 1u : 0u));
+  const uint32_t bits = (high << 16) | static_cast<uint16_t>(remainder);
+  float x;
+  std::memcpy(&x, &bits, sizeof x);
+  return x;
+}
+// The float32 master weights of a bfloat16 `param` and its int16 `remainder` (same shape, any
+// device): a new contiguous tensor.
+at::Tensor master_weight(const at::Tensor& param, const at::Tensor& remainder);
+// `master` (float32, param's shape) split into `param` (bfloat16) and `remainder` (int16), in place.
+void split_master_weight(const at::Tensor& master, const at::Tensor& param,
+                         const at::Tensor& remainder);
 
 // A tensor of any floating dtype and device to bfloat16, rounded as above (`key` from
 // rounding_key; ignored when !stochastic). CPU tensors take a loop; others ATen operations with

@@ -35,6 +35,7 @@
 
 #include "optim/functional/internal/fused.h"
 #include "optim/functional/internal/low_precision.h"
+#include "optim/functional/internal/param_remainders.h"
 #include "optim/functional/options.h"
 
 namespace dtrain::optim::internal {
@@ -315,6 +316,10 @@ void drive_fused(std::vector<at::Tensor>& params, std::vector<ParamState>& state
 template <typename Traits, typename Options>
 void drive(const std::string& name, std::vector<at::Tensor>& params, std::vector<ParamState>& state,
            const Options& o, const std::vector<std::pair<size_t, at::Tensor>>& work) {
+  if constexpr (requires { Traits::kRemainderSlot; }) {  // Adam's and AdamW's param_remainders
+    if (o.param_remainders()) return drive_with_remainders<Traits>(name, params, state, o, work);
+    for (const auto& item : work) state[item.first].slots[Traits::kRemainderSlot] = at::Tensor();
+  }
   for (const auto& [i, g] : work) Traits::require_state(name, state[i], params[i], i, o);
   const StatePrecision precision = precision_of(name, o, Traits::k8Bit);
   if (precision.dtype != StateDtype::kParam) {
@@ -347,6 +352,7 @@ TypedFunctionalOptimizer<Options>::TypedFunctionalOptimizer(std::vector<at::Tens
       "list is expected, e.g. a ZeroRedundancyOptimizer rank that owns no parameter)");
   using D = internal::Descriptor<Options>;
   D::check_params(name(), params_);
+  internal::check_remainder_params(name(), params_, options_);
   if constexpr (D::kStateAtConstruction) {
     for (size_t i = 0; i < params_.size(); ++i) D::init(state_[i], params_[i], options_);
   }
@@ -410,6 +416,18 @@ std::vector<int64_t> TypedFunctionalOptimizer<Options>::slot_shape(size_t slot,
                                                                    const at::Tensor& param) const {
   using D = internal::Descriptor<Options>;
   return D::template slot_shape_of<D>(slot, param);
+}
+
+template <typename Options>
+at::ScalarType TypedFunctionalOptimizer<Options>::update_dtype(const at::Tensor& param,
+                                                               const OptionsDict& merged) const {
+  if constexpr (requires { options_.param_remainders(); }) {
+    if (param.scalar_type() == at::kBFloat16 &&
+        option_table().from_dict(merged, options_).param_remainders()) {
+      return at::kFloat;  // the master weight's
+    }
+  }
+  return param.scalar_type();
 }
 
 template <typename Options>
