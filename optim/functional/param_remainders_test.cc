@@ -299,34 +299,35 @@ TEST(ParamRemainders, LoadRefusesARemainderThatIsNotOneOfInt16) {
 }
 
 // The split at its edges: remainders at the +-0x8000 boundary, negative values, bfloat16's and
-// float32's largest values, inf and NaN; the tensor forms (loop and ATen) agree with it.
+// float32's largest values, inf and NaN.
+struct Edge {
+  uint32_t master;
+  uint16_t bf16;
+  int16_t rem;
+};
+const Edge kEdges[] = {
+    {0x3f800000u, 0x3f80, 0},        // 1.0: exact
+    {0x3f807fffu, 0x3f80, 0x7fff},   // just below half: down
+    {0x3f808000u, 0x3f81, -0x8000},  // half: up (away from zero)
+    {0x3f80ffffu, 0x3f81, -1},       // just below the next: up
+    {0xbf808000u, 0xbf81, -0x8000},  // -1.0 and a half: the magnitude up
+    {0xbf807fffu, 0xbf80, 0x7fff},   // negative, just below half: down
+    {0x7f7f7fffu, 0x7f7f, 0x7fff},   // bfloat16's max and less than half
+    {0x7f7fffffu, 0x7f80, -1},       // float32's max: rounds to inf, kept exactly
+    {0xff7fffffu, 0xff80, -1},       // -float32's max: -inf
+    {0x7f800000u, 0x7f80, 0},        // inf
+    {0xff800000u, 0xff80, 0},        // -inf
+    {0x0000ffffu, 0x0001, -1},       // a subnormal
+    {0x80008000u, 0x8001, -0x8000},  // a negative subnormal
+    {0x00000000u, 0x0000, 0},        // 0
+    {0x80000000u, 0x8000, 0},        // -0
+    {0x7fffffffu, 0x7fc0, 0},        // NaN: TE would show -0.0 (0x7fff + 1)
+    {0xffffffffu, 0xffc0, 0},        // -NaN: TE would show 0.0
+    {0x7fc00000u, 0x7fc0, 0},        // the quiet NaN
+};
+
 TEST(ParamRemainders, SplitEdges) {
-  const struct {
-    uint32_t master;
-    uint16_t bf16;
-    int16_t rem;
-  } edges[] = {
-      {0x3f800000u, 0x3f80, 0},        // 1.0: exact
-      {0x3f807fffu, 0x3f80, 0x7fff},   // just below half: down
-      {0x3f808000u, 0x3f81, -0x8000},  // half: up (away from zero)
-      {0x3f80ffffu, 0x3f81, -1},       // just below the next: up
-      {0xbf808000u, 0xbf81, -0x8000},  // -1.0 and a half: the magnitude up
-      {0xbf807fffu, 0xbf80, 0x7fff},   // negative, just below half: down
-      {0x7f7f7fffu, 0x7f7f, 0x7fff},   // bfloat16's max and less than half
-      {0x7f7fffffu, 0x7f80, -1},       // float32's max: rounds to inf, kept exactly
-      {0xff7fffffu, 0xff80, -1},       // -float32's max: -inf
-      {0x7f800000u, 0x7f80, 0},        // inf
-      {0xff800000u, 0xff80, 0},        // -inf
-      {0x0000ffffu, 0x0001, -1},       // a subnormal
-      {0x80008000u, 0x8001, -0x8000},  // a negative subnormal
-      {0x00000000u, 0x0000, 0},        // 0
-      {0x80000000u, 0x8000, 0},        // -0
-      {0x7fffffffu, 0x7fc0, 0},        // NaN: TE would show -0.0 (0x7fff + 1)
-      {0xffffffffu, 0xffc0, 0},        // -NaN: TE would show 0.0
-      {0x7fc00000u, 0x7fc0, 0},        // the quiet NaN
-  };
-  std::vector<float> values;
-  for (const auto& e : edges) {
+  for (const Edge& e : kEdges) {
     uint16_t b;
     int16_t r;
     const float m = float_of(e.master);
@@ -339,8 +340,10 @@ TEST(ParamRemainders, SplitEdges) {
     } else {
       EXPECT_EQ(bits_of(back), e.master) << std::hex << e.master;
     }
-    values.push_back(m);
   }
+}
+
+TEST(ParamRemainders, SplitIsNearestTiesAwayAndJoinsExactly) {
   // Every high half with the low halves around the boundary: joins back exactly, and the
   // parameter is the nearest bfloat16 (ties away from zero) of every finite master.
   for (uint32_t high = 0; high < 0x10000u; ++high) {
@@ -359,7 +362,12 @@ TEST(ParamRemainders, SplitEdges) {
       }
     }
   }
-  // The tensor forms: contiguous (the loop) and strided (ATen operations) agree with the scalars.
+}
+
+// The tensor forms (loop and ATen operations) agree with the scalar split.
+TEST(ParamRemainders, TensorFormsAgree) {
+  std::vector<float> values;
+  for (const Edge& e : kEdges) values.push_back(float_of(e.master));
   const int64_t n = static_cast<int64_t>(values.size());
   const at::Tensor master = at::from_blob(values.data(), {n}, at::kFloat).clone();
   const at::Tensor strided_master = at::stack({master, master}, 1).select(1, 0);
@@ -372,13 +380,13 @@ TEST(ParamRemainders, SplitEdges) {
     const at::Tensor pc = p.contiguous();
     const auto* pb = reinterpret_cast<const uint16_t*>(pc.data_ptr<at::BFloat16>());
     for (int64_t k = 0; k < n; ++k) {
-      EXPECT_EQ(pb[k], edges[k].bf16) << k << (m.is_contiguous() ? " loop" : " ATen");
-      EXPECT_EQ(r.data_ptr<int16_t>()[k], edges[k].rem) << k;
+      EXPECT_EQ(pb[k], kEdges[k].bf16) << k << (m.is_contiguous() ? " loop" : " ATen");
+      EXPECT_EQ(r.data_ptr<int16_t>()[k], kEdges[k].rem) << k;
       const float b = back.data_ptr<float>()[k];
       if (std::isnan(values[k])) {
         EXPECT_TRUE(std::isnan(b)) << k;
       } else {
-        EXPECT_EQ(bits_of(b), edges[k].master) << k;
+        EXPECT_EQ(bits_of(b), kEdges[k].master) << k;
       }
     }
   }

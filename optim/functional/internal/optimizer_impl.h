@@ -312,7 +312,9 @@ void drive_fused(std::vector<at::Tensor>& params, std::vector<ParamState>& state
 // the fused kernel over all contiguous float/double CPU tensors in one parallel pass, ATen's fused
 // multi-tensor kernels over CUDA tensors (Traits::kCudaFused: drive_aten_fused), Traits::aten (ATen
 // operations, PyTorch's exact sequence) over the rest, or over all when !Traits::kFused; then
-// Traits::finish on each. State kept in bfloat16 or 8 bits goes through drive_low_precision.
+// Traits::finish on each. State kept in bfloat16 or 8 bits goes through drive_low_precision;
+// Adam's and AdamW's param_remainders through drive_with_remainders (internal/param_remainders.h),
+// which runs this over float32 masters.
 template <typename Traits, typename Options>
 void drive(const std::string& name, std::vector<at::Tensor>& params, std::vector<ParamState>& state,
            const Options& o, const std::vector<std::pair<size_t, at::Tensor>>& work) {
