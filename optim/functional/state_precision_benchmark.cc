@@ -9,6 +9,13 @@
 //   *_floor_ratio                                step time / the time to stream the bytes the step
 //                                                moves (parameter r/w, gradient r, state r/w) at
 //                                                this run's best streaming rate (floor_GBps)
+//   rem_bf16_ms, rem_q8_ms                       the same parameters in bfloat16 with
+//                                                param_remainders (an exact float32 master in
+//                                                parameter + int16 remainder), bfloat16 gradients,
+//                                                bfloat16 / 8-bit state
+//   rem_bf16_over_bf16, rem_q8_over_q8           against float32 parameters with that state
+//   rem_q8_bytes_per_param                       what stays in memory per parameter there:
+//                                                parameter + remainder + gradient + state
 #include <algorithm>
 #include <chrono>
 #include <vector>
@@ -63,6 +70,19 @@ double bytes_per_param(StateDtype dtype) {
   return 0;
 }
 
+// Bytes that stay in memory for `opt`'s parameters: parameters, `grads`, every state tensor but
+// "step" (for param_remainders, the remainders among them).
+double resident_bytes(const FunctionalAdamW& opt, const std::vector<at::Tensor>& grads) {
+  double bytes = 0;
+  for (size_t i = 0; i < grads.size(); ++i) bytes += opt.params()[i].nbytes() + grads[i].nbytes();
+  for (const auto& kv : opt.state_dict().toGenericDict().at("state").toGenericDict()) {
+    for (const auto& slot : kv.value().toGenericDict()) {
+      if (slot.key().toStringRef() != "step") bytes += slot.value().toTensor().nbytes();
+    }
+  }
+  return bytes;
+}
+
 void BM_AdamWStatePrecision(benchmark::State& state) {
   const int64_t count = state.range(0);
   std::vector<at::Tensor> params, grads, m, v, steps;
@@ -76,19 +96,34 @@ void BM_AdamWStatePrecision(benchmark::State& state) {
   FunctionalAdamW fp32(params, AdamWOptions());
   FunctionalAdamW bf16(params, AdamWOptions().state_dtype(std::string(kStateBFloat16)));
   FunctionalAdamW q8(params, AdamWOptions().state_dtype(std::string(kState8Bit)));
+  std::vector<at::Tensor> bf16_params, bf16_grads;
+  for (int64_t i = 0; i < count; ++i) {
+    bf16_params.push_back(params[i].to(at::kBFloat16));
+    bf16_grads.push_back(grads[i].to(at::kBFloat16));
+  }
+  std::vector<at::Tensor> bf16_params_q8 = bf16_params;
+  for (auto& p : bf16_params_q8) p = p.clone();
+  FunctionalAdamW rem_bf16(bf16_params,
+                           AdamWOptions().param_remainders(true).state_dtype(kStateBFloat16));
+  FunctionalAdamW rem_q8(bf16_params_q8,
+                         AdamWOptions().param_remainders(true).state_dtype(kState8Bit));
   auto aten = [&] {
     at::_fused_adamw_(params, grads, m, v, {}, steps, 1e-3, 0.9, 0.999, 1e-2, 1e-8, false, false);
   };
   fp32.step(grads);  // state allocated outside the timed loop
   bf16.step(grads);
   q8.step(grads);
+  rem_bf16.step(bf16_grads);
+  rem_q8.step(bf16_grads);
   aten();
-  double t_fp32 = 0, t_aten = 0, t_bf16 = 0, t_q8 = 0;
+  double t_fp32 = 0, t_aten = 0, t_bf16 = 0, t_q8 = 0, t_rem_bf16 = 0, t_rem_q8 = 0;
   for (auto _ : state) {
     t_fp32 += seconds([&] { fp32.step(grads); });
     t_aten += seconds(aten);
     t_bf16 += seconds([&] { bf16.step(grads); });
     t_q8 += seconds([&] { q8.step(grads); });
+    t_rem_bf16 += seconds([&] { rem_bf16.step(bf16_grads); });
+    t_rem_q8 += seconds([&] { rem_q8.step(bf16_grads); });
   }
   const double n = static_cast<double>(state.iterations());
   const double rate = stream_rate();
@@ -105,6 +140,11 @@ void BM_AdamWStatePrecision(benchmark::State& state) {
   state.counters["bf16_floor_ratio"] = t_bf16 / n / floor(StateDtype::kBFloat16);
   state.counters["q8_floor_ratio"] = t_q8 / n / floor(StateDtype::k8Bit);
   state.counters["floor_GBps"] = rate / 1e9;
+  state.counters["rem_bf16_ms"] = t_rem_bf16 / n * 1e3;
+  state.counters["rem_q8_ms"] = t_rem_q8 / n * 1e3;
+  state.counters["rem_bf16_over_bf16"] = t_rem_bf16 / t_bf16;
+  state.counters["rem_q8_over_q8"] = t_rem_q8 / t_q8;
+  state.counters["rem_q8_bytes_per_param"] = resident_bytes(rem_q8, bf16_grads) / kTotal;
 }
 BENCHMARK(BM_AdamWStatePrecision)->ArgName("tensors")->Arg(64)->Arg(1)->UseRealTime();
 
