@@ -75,7 +75,8 @@ ABSL_FLAG(int64_t, n_layers, 2, "Transformer blocks.");
 ABSL_FLAG(int64_t, n_heads, 2, "Attention heads.");
 ABSL_FLAG(int64_t, context, 64, "Sequence length (bytes).");
 ABSL_FLAG(double, outer_lr, 0.7, "DiLoCo's outer Nesterov SGD: learning rate.");
-ABSL_FLAG(double, outer_momentum, 0.9, "DiLoCo's outer Nesterov SGD: momentum.");
+ABSL_FLAG(double, outer_momentum, 0.9,
+          "DiLoCo's outer Nesterov SGD: momentum (0: plain SGD, no Nesterov).");
 // Fault-tolerant replicas (bench/cluster/lm_faults; run_replica below).
 ABSL_FLAG(int32_t, serve_lighthouse, 0, "Only run a comm::Lighthouse on this port, until killed.");
 ABSL_FLAG(std::string, lighthouse, "",
@@ -131,6 +132,7 @@ optim::DiLoCoOptions diloco_options(const RowSpec& spec, const comm::Group& g) {
   o.outer_options = optim::default_outer_options();
   o.outer_options.insert_or_assign("lr", absl::GetFlag(FLAGS_outer_lr));
   o.outer_options.insert_or_assign("momentum", absl::GetFlag(FLAGS_outer_momentum));
+  o.outer_options.insert_or_assign("nesterov", absl::GetFlag(FLAGS_outer_momentum) > 0);
   if (spec.mode == "streaming") {
     o.fragments = absl::GetFlag(FLAGS_fragments);
     o.fragment_sync_delay = absl::GetFlag(FLAGS_fragment_sync_delay);
