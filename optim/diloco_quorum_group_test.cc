@@ -8,9 +8,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <iostream>
-#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,7 +17,6 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
-#include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/optim/sgd.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -39,6 +36,10 @@ namespace {
 
 using comm::testing::ReplicaProcesses;
 using diloco_testing::fresh;
+using diloco_testing::rounds_of;
+
+std::string out_path(int id) { return diloco_testing::result_path("diloco_quorum_group", id); }
+c10::impl::GenericDict load_result(int id) { return diloco_testing::load_result(out_path(id)); }
 
 constexpr int kGroups = 2;
 constexpr int kRanks = 2;           // per replica group
@@ -62,11 +63,6 @@ std::vector<at::Tensor> grads(const std::vector<at::Tensor>& p, int64_t group, i
   for (const at::Tensor& t : p) t.mutable_grad() = at::Tensor();
   ((x.mm(p[0]) + p[1]) - y).pow(2).mean().backward();
   return {p[0].grad().clone(), p[1].grad().clone()};
-}
-
-std::string out_path(int process) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return absl::StrCat(dir != nullptr ? dir : "/tmp", "/diloco_quorum_group", process, ".pt");
 }
 
 // Process `id` = rank id % kRanks of replica group id / kRanks, its `life`-th start.
@@ -128,24 +124,7 @@ void run_rank(int id, int port, int life) {
     std::fflush(stdout);
     if (opt.outer_step() >= kMinRounds && ids.size() == kGroups) break;
   }
-  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
-  d.insert("params", c10::List<at::Tensor>({params[0].detach(), params[1].detach()}));
-  d.insert("rounds", rounds);
-  const std::vector<char> bytes = torch::jit::pickle_save(d);
-  std::ofstream(out_path(id), std::ios::binary).write(bytes.data(), bytes.size());
-}
-
-c10::impl::GenericDict load_result(int id) {
-  std::ifstream in(out_path(id), std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return torch::jit::pickle_load(bytes).toGenericDict();
-}
-
-std::vector<std::vector<int64_t>> rounds_of(const c10::impl::GenericDict& d) {
-  std::vector<std::vector<int64_t>> out;
-  const c10::List<c10::IValue> list = d.at("rounds").toList();
-  for (size_t i = 0; i < list.size(); ++i) out.push_back(list.get(i).toIntVector());
-  return out;
+  diloco_testing::save_result(out_path(id), params, opt.outer_step(), rounds);
 }
 
 // DiLoCo written out: each participating group trains kH steps of SGD on its ranks' mean
@@ -188,13 +167,7 @@ TEST(DiLoCoQuorumGroupTest, ReplicaGroupOfTwoRanksLostWholeRejoinsFromPeers) {
     ASSERT_TRUE(procs.start(id, {{"LIGHTHOUSE_PORT", port}, {"LIFE", "0"}}).ok());
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(100);
-  auto dump = [&] {
-    std::string all;
-    for (int i = 0; i < procs.size(); ++i)
-      absl::StrAppend(&all, "--- process ", i, (procs.exited(i) ? " (exited)" : " (running)"),
-                      ":\n", procs.output(i));
-    return all;
-  };
+  auto dump = [&] { return procs.outputs(); };
   ASSERT_TRUE(procs.wait_for(
       [&] {
         return procs.exited(2) && procs.exited(3) &&

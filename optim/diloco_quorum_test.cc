@@ -7,9 +7,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <iostream>
-#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,7 +16,6 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
-#include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/optim/sgd.h>
 
 #include "absl/strings/numbers.h"
@@ -36,6 +33,10 @@ namespace {
 
 using comm::testing::ReplicaProcesses;
 using diloco_testing::fresh;
+using diloco_testing::rounds_of;
+
+std::string out_path(int id) { return diloco_testing::result_path("diloco_quorum_replica", id); }
+c10::impl::GenericDict load_result(int id) { return diloco_testing::load_result(out_path(id)); }
 
 constexpr int kReplicas = 3;
 constexpr int64_t kH = 4;           // inner steps per round
@@ -57,11 +58,6 @@ void inner_step(const std::vector<at::Tensor>& p, torch::optim::Optimizer& opt, 
   opt.zero_grad();
   ((x.mm(p[0]) + p[1]) - y).pow(2).mean().backward();
   opt.step();
-}
-
-std::string out_path(int id) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return absl::StrCat(dir != nullptr ? dir : "/tmp", "/diloco_quorum_replica", id, ".pt");
 }
 
 // A replica's life: join, train until a full quorum has committed kMinRounds or more, save the
@@ -110,26 +106,7 @@ void run_replica(int id, int port, Fault fault, bool restarted) {
     std::fflush(stdout);
     if (opt.outer_step() >= kMinRounds && ids.size() == kReplicas) break;
   }
-  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
-  d.insert("params", c10::List<at::Tensor>({params[0].detach(), params[1].detach()}));
-  d.insert("outer_step", opt.outer_step());
-  d.insert("rounds", rounds);
-  const std::vector<char> bytes = torch::jit::pickle_save(d);
-  std::ofstream(out_path(id), std::ios::binary).write(bytes.data(), bytes.size());
-}
-
-c10::impl::GenericDict load_result(int id) {
-  std::ifstream in(out_path(id), std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return torch::jit::pickle_load(bytes).toGenericDict();
-}
-
-// [step, participant ids...] per round, as the replica saved them.
-std::vector<std::vector<int64_t>> rounds_of(const c10::impl::GenericDict& d) {
-  std::vector<std::vector<int64_t>> out;
-  const c10::List<c10::IValue> list = d.at("rounds").toList();
-  for (size_t i = 0; i < list.size(); ++i) out.push_back(list.get(i).toIntVector());
-  return out;
+  diloco_testing::save_result(out_path(id), params, opt.outer_step(), rounds);
 }
 
 // DiLoCo written out over the rounds' participants: each trains kH steps of plain SGD from the
@@ -168,13 +145,7 @@ void run_fault_test(Fault fault) {
     ASSERT_TRUE(replicas.start(id, {{"LIGHTHOUSE_PORT", port}}).ok());
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(100);
-  auto dump = [&] {
-    std::string all;
-    for (int i = 0; i < replicas.size(); ++i)
-      absl::StrAppend(&all, "--- process ", i, (replicas.exited(i) ? " (exited)" : " (running)"),
-                      ":\n", replicas.output(i));
-    return all;
-  };
+  auto dump = [&] { return replicas.outputs(); };
   // Replica 1 dies or stops; the two others commit a round without it.
   const bool kill = fault == Fault::kKill;
   ASSERT_TRUE(replicas.wait_for(

@@ -76,4 +76,13 @@ bool ReplicaProcesses::exited(int index) const { return !set_->running(index); }
 int ReplicaProcesses::exit_code(int index) const { return set_->exit_code(index); }
 int ReplicaProcesses::term_signal(int index) const { return set_->term_signal(index); }
 
+std::string ReplicaProcesses::outputs() const {
+  std::string all;
+  for (int i = 0; i < size(); ++i) {
+    absl::StrAppend(&all, "--- process ", i, exited(i) ? " (exited)" : " (running)", ":\n",
+                    output_[i]);
+  }
+  return all;
+}
+
 }  // namespace dtrain::comm::testing

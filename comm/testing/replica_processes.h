@@ -53,6 +53,8 @@ class ReplicaProcesses {
   bool stopped(int index) const;
 
   const std::string& output(int index) const { return output_[index]; }
+  // Every process's output under a "--- process I (exited|running):" line: for failure messages.
+  std::string outputs() const;
   bool exited(int index) const;
   // 128 + signal for a process killed by a signal. REQUIRES exited(index).
   int exit_code(int index) const;

@@ -1,12 +1,16 @@
-// Helpers the DiLoCo tests share (optim/diloco_test.cc, optim/diloco_streaming_test.cc): copies of
-// parameters, the largest difference, a list of tensors from a reference file, a state dict with
-// one "diloco" entry replaced or removed.
+// Helpers the DiLoCo tests share (optim/diloco_test.cc, optim/diloco_streaming_test.cc, the quorum
+// tests): copies of parameters, the largest difference, a list of tensors from a reference file, a
+// state dict with one "diloco" entry replaced or removed, and the result a replica process of a
+// quorum test hands its parent (its parameters and the rounds it saw).
 //
 //   std::vector<at::Tensor> p = dtrain::optim::diloco_testing::fresh(init);
 //   c10::IValue bad = dtrain::optim::diloco_testing::with_entry(sd, "steps", c10::IValue(-1));
 #ifndef DTRAIN_OPTIM_TESTING_DILOCO_TESTING_H_
 #define DTRAIN_OPTIM_TESTING_DILOCO_TESTING_H_
 
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <vector>
@@ -14,6 +18,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/Dict.h>
 #include <ATen/core/ivalue.h>
+#include <torch/csrc/jit/serialization/pickle.h>
 
 namespace dtrain::optim::diloco_testing {
 
@@ -47,6 +52,39 @@ inline c10::IValue with_entry(const c10::IValue& sd, const std::string& key,
   }
   top.insert_or_assign("diloco", d);
   return top;
+}
+
+// $TEST_TMPDIR/<name><id>.pt (/tmp outside Bazel): where replica process `id` leaves its result.
+inline std::string result_path(const std::string& name, int id) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return std::string(dir != nullptr ? dir : "/tmp") + "/" + name + std::to_string(id) + ".pt";
+}
+
+// Pickles {"params": detached copies' list, "outer_step", "rounds": [[step, participant ids...]]}.
+inline void save_result(const std::string& path, const std::vector<at::Tensor>& params,
+                        int64_t outer_step, const c10::List<c10::List<int64_t>>& rounds) {
+  c10::List<at::Tensor> list;
+  for (const at::Tensor& p : params) list.push_back(p.detach());
+  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+  d.insert("params", list);
+  d.insert("outer_step", outer_step);
+  d.insert("rounds", rounds);
+  const std::vector<char> bytes = torch::jit::pickle_save(d);
+  std::ofstream(path, std::ios::binary).write(bytes.data(), bytes.size());
+}
+
+inline c10::impl::GenericDict load_result(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return torch::jit::pickle_load(bytes).toGenericDict();
+}
+
+// A result's rounds, [step, participant ids...] each.
+inline std::vector<std::vector<int64_t>> rounds_of(const c10::impl::GenericDict& d) {
+  std::vector<std::vector<int64_t>> out;
+  const c10::List<c10::IValue> list = d.at("rounds").toList();
+  for (size_t i = 0; i < list.size(); ++i) out.push_back(list.get(i).toIntVector());
+  return out;
 }
 
 }  // namespace dtrain::optim::diloco_testing
