@@ -179,12 +179,13 @@ inline uint32_t rounding_bits(uint32_t salt, unsigned shift, int64_t index) {
 
 // float32 -> bfloat16 bits: stochastically (the magnitude rounded up with probability equal to
 // the dropped 16 bits / 2^16: torchao's _fp32_to_bf16_sr) or to nearest even. NaN stays NaN.
+// (Written without branches, as the two below, so that the kernels' loops vectorise.)
 inline uint16_t bf16_bits(float x, bool stochastic, uint32_t random16) {
   uint32_t bits;
   std::memcpy(&bits, &x, sizeof bits);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN
-  if (stochastic) return static_cast<uint16_t>((bits + random16) >> 16);
-  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+  const bool nan = (bits & 0x7fffffffu) > 0x7f800000u;
+  const uint32_t rounded = stochastic ? bits + random16 : bits + 0x7fffu + ((bits >> 16) & 1u);
+  return nan ? uint16_t{0x7fc0} : static_cast<uint16_t>(rounded >> 16);
 }
 inline float bf16_value(uint16_t h) {
   const uint32_t bits = static_cast<uint32_t>(h) << 16;
@@ -208,17 +209,14 @@ inline float bf16_value(uint16_t h) {
 inline void split_master(float master, uint16_t* bf16, int16_t* remainder) {
   uint32_t bits;
   std::memcpy(&bits, &master, sizeof bits);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) {  // NaN
-    *bf16 = static_cast<uint16_t>((bits >> 16) & 0x8000u) | 0x7fc0u;
-    *remainder = 0;
-    return;
-  }
-  const uint16_t low = static_cast<uint16_t>(bits & 0xffffu);
-  *remainder = static_cast<int16_t>(low);
-  *bf16 = static_cast<uint16_t>((bits >> 16) + (low >= 0x8000u ? 1u : 0u));
+  const bool nan = (bits & 0x7fffffffu) > 0x7f800000u;
+  const uint32_t low = bits & 0xffffu;
+  const uint32_t high = (bits >> 16) + (low >> 15);  // + 1 when low >= 0x8000
+  *bf16 = static_cast<uint16_t>(nan ? ((bits >> 16) & 0x8000u) | 0x7fc0u : high);
+  *remainder = static_cast<int16_t>(nan ? 0u : low);
 }
 inline float join_master(uint16_t bf16, int16_t remainder) {
-  const uint32_t high = static_cast<uint16_t>(bf16 - (remainder < 0 ? 1u : 0u));
+  const uint32_t high = static_cast<uint16_t>(bf16 - (static_cast<uint16_t>(remainder) >> 15));
   const uint32_t bits = (high << 16) | static_cast<uint16_t>(remainder);
   float x;
   std::memcpy(&x, &bits, sizeof x);
