@@ -146,8 +146,13 @@ struct AdamDescriptor : DescriptorDefaults {
                                                  const StatePrecision& precision, size_t i) {
     prepare(s, p, g, o);
     LowPrecisionTensor t;
-    t.p = p.data_ptr<float>();
-    t.g = g.data_ptr<float>();
+    if (p.scalar_type() == at::kBFloat16) {  // param_remainders (internal/param_remainders.h)
+      t.pb = reinterpret_cast<uint16_t*>(p.data_ptr<at::BFloat16>());
+      t.gb = reinterpret_cast<const uint16_t*>(g.data_ptr<at::BFloat16>());
+    } else {
+      t.p = p.data_ptr<float>();
+      t.g = g.data_ptr<float>();
+    }
     t.n = p.numel();
     bind_low_precision_slots(s, kSignedSlots, precision, i, t);
     scalars(t.c, s, o);

@@ -20,10 +20,10 @@ namespace dtrain::optim::internal {
 // bfloat16 state: m, v (and vmax) rounded stochastically or to nearest. m and v take the two
 // halves of one hash per element (their salts are equal: rounding_key's slot pair), vmax the
 // low half of its own.
-template <typename D, bool kAmsgrad, bool kDecoupled, bool kStochastic, typename Options>
+template <typename D, bool kAmsgrad, bool kDecoupled, bool kStochastic, bool kRemainders,
+          typename Options>
 void adam_bf16(const LowPrecisionTensor& t, int64_t lo, int64_t hi, const Options& o) {
-  float* __restrict p = t.p;
-  const float* __restrict g = t.g;
+  const ParamAccess<kRemainders> pa(t);
   auto* __restrict m = static_cast<uint16_t*>(t.s[0]);
   auto* __restrict v = static_cast<uint16_t*>(t.s[1]);
   auto* __restrict vmax = static_cast<uint16_t*>(t.s[2]);
@@ -32,7 +32,8 @@ void adam_bf16(const LowPrecisionTensor& t, int64_t lo, int64_t hi, const Option
   for (int64_t k = lo; k < hi; ++k) {
     float mk = bf16_value(m[k]), vk = bf16_value(v[k]);
     float vmk = kAmsgrad ? bf16_value(vmax[k]) : 0.0f;
-    p[k] = D::template element<float, kAmsgrad, kDecoupled>(c, p[k], g[k], mk, vk, vmk);
+    pa.store(k, D::template element<float, kAmsgrad, kDecoupled>(c, pa.param(k), pa.grad(k), mk, vk,
+                                                                 vmk));
     const uint32_t r = kStochastic ? rounding_hash(salt_mv, k) : 0;
     m[k] = bf16_bits(mk, kStochastic, r & 0xFFFFu);
     v[k] = bf16_bits(vk, kStochastic, r >> 16);
@@ -43,7 +44,8 @@ void adam_bf16(const LowPrecisionTensor& t, int64_t lo, int64_t hi, const Option
 
 // 8-bit state, [lo, hi) block-aligned: each block's slots decoded into float buffers, updated,
 // and re-encoded (Quant8Block: the ISA's lanes, quantize8's bits).
-template <typename D, bool kAmsgrad, bool kDecoupled, KernelIsa kIsa, typename Options>
+template <typename D, bool kAmsgrad, bool kDecoupled, KernelIsa kIsa, bool kRemainders,
+          typename Options>
 void adam_8bit(const LowPrecisionTensor& t, int64_t lo, int64_t hi, const Options& o) {
   using Q = Quant8Block<kIsa>;
   const Encoder8& signed_enc = Encoder8::get(true);
@@ -51,6 +53,7 @@ void adam_8bit(const LowPrecisionTensor& t, int64_t lo, int64_t hi, const Option
   auto* m = static_cast<uint8_t*>(t.s[0]);
   auto* v = static_cast<uint8_t*>(t.s[1]);
   auto* vmax = static_cast<uint8_t*>(t.s[2]);
+  const ParamAccess<kRemainders> pa(t);
   const typename D::template Constants<float> c(o, t.c);
   alignas(64) float mb[kQuantBlock], vb[kQuantBlock], vmb[kQuantBlock];
   for (int64_t b0 = lo; b0 < hi; b0 += kQuantBlock) {
@@ -58,14 +61,13 @@ void adam_8bit(const LowPrecisionTensor& t, int64_t lo, int64_t hi, const Option
     Q::decode(m + b0, len, signed_enc, t.absmax[0][b], mb);
     Q::decode(v + b0, len, unsigned_enc, t.absmax[1][b], vb);
     if (kAmsgrad) Q::decode(vmax + b0, len, unsigned_enc, t.absmax[2][b], vmb);
-    float* __restrict p = t.p + b0;
-    const float* __restrict g = t.g + b0;
     float* __restrict mr = mb;
     float* __restrict vr = vb;
     float* __restrict vmr = vmb;
     for (int64_t j = 0; j < len; ++j) {
       float vmj = kAmsgrad ? vmr[j] : 0.0f;
-      p[j] = D::template element<float, kAmsgrad, kDecoupled>(c, p[j], g[j], mr[j], vr[j], vmj);
+      pa.store(b0 + j, D::template element<float, kAmsgrad, kDecoupled>(
+                           c, pa.param(b0 + j), pa.grad(b0 + j), mr[j], vr[j], vmj));
       if (kAmsgrad) vmr[j] = vmj;
     }
     t.absmax[0][b] = Q::encode(mb, len, signed_enc, m + b0);
@@ -74,26 +76,37 @@ void adam_8bit(const LowPrecisionTensor& t, int64_t lo, int64_t hi, const Option
   }
 }
 
-template <typename D, bool kAmsgrad, bool kDecoupled, KernelIsa kIsa, typename Options>
+template <typename D, bool kAmsgrad, bool kDecoupled, KernelIsa kIsa, bool kRemainders,
+          typename Options>
 void adam_low_precision_typed(const LowPrecisionTensor& t, int64_t lo, int64_t hi, const Options& o,
                               const StatePrecision& precision) {
   if (precision.dtype == StateDtype::k8Bit) {
-    adam_8bit<D, kAmsgrad, kDecoupled, kIsa>(t, lo, hi, o);
+    adam_8bit<D, kAmsgrad, kDecoupled, kIsa, kRemainders>(t, lo, hi, o);
+  } else if (precision.stochastic) {
+    adam_bf16<D, kAmsgrad, kDecoupled, true, kRemainders>(t, lo, hi, o);
   } else {
-    if (precision.stochastic) return adam_bf16<D, kAmsgrad, kDecoupled, true>(t, lo, hi, o);
-    adam_bf16<D, kAmsgrad, kDecoupled, false>(t, lo, hi, o);
+    adam_bf16<D, kAmsgrad, kDecoupled, false, kRemainders>(t, lo, hi, o);
   }
+}
+
+template <typename D, bool kAmsgrad, bool kDecoupled, KernelIsa kIsa, typename Options>
+void adam_low_precision_param(const LowPrecisionTensor& t, int64_t lo, int64_t hi, const Options& o,
+                              const StatePrecision& precision) {
+  if (t.pb != nullptr) {
+    return adam_low_precision_typed<D, kAmsgrad, kDecoupled, kIsa, true>(t, lo, hi, o, precision);
+  }
+  adam_low_precision_typed<D, kAmsgrad, kDecoupled, kIsa, false>(t, lo, hi, o, precision);
 }
 
 template <typename D, KernelIsa kIsa, typename Options>
 void adam_low_precision_any(const LowPrecisionTensor& t, int64_t lo, int64_t hi, const Options& o,
                             const StatePrecision& precision, bool decoupled) {
   if (decoupled) {
-    return o.amsgrad() ? adam_low_precision_typed<D, true, true, kIsa>(t, lo, hi, o, precision)
-                       : adam_low_precision_typed<D, false, true, kIsa>(t, lo, hi, o, precision);
+    return o.amsgrad() ? adam_low_precision_param<D, true, true, kIsa>(t, lo, hi, o, precision)
+                       : adam_low_precision_param<D, false, true, kIsa>(t, lo, hi, o, precision);
   }
-  return o.amsgrad() ? adam_low_precision_typed<D, true, false, kIsa>(t, lo, hi, o, precision)
-                     : adam_low_precision_typed<D, false, false, kIsa>(t, lo, hi, o, precision);
+  return o.amsgrad() ? adam_low_precision_param<D, true, false, kIsa>(t, lo, hi, o, precision)
+                     : adam_low_precision_param<D, false, false, kIsa>(t, lo, hi, o, precision);
 }
 
 // The same, built for AVX2 (see kernel_avx2 in internal/optimizer_impl.h: bit-identical).

@@ -31,14 +31,43 @@ void drive_fused(std::vector<at::Tensor>& params, std::vector<ParamState>& state
 // One float32 CPU tensor's part in a low-precision fused update: parameter, gradient, the slots
 // (bfloat16 bits or 8-bit codes) with their block scales, the per-tensor scalars and each slot's
 // rounding salt (rounding_salt of its rounding_key: slots 0 and 1 share one, as do 2 and 3).
+// With param_remainders (internal/param_remainders.h) the parameter is a bfloat16 one with its int16
+// remainder (pb, rem) and the gradient bfloat16 (gb), and p and g are null: the kernels join the
+// float32 master per element, update it and split it back in place.
 struct LowPrecisionTensor {
   float* p = nullptr;
   const float* g = nullptr;
+  uint16_t* pb = nullptr;
+  int16_t* rem = nullptr;
+  const uint16_t* gb = nullptr;
   std::array<void*, 4> s{};
   std::array<float*, 4> absmax{};
   std::array<uint32_t, 4> salt{};
   int64_t n = 0;
   std::array<double, 4> c{};
+};
+
+// A kernel's view of a LowPrecisionTensor's parameter and gradient, per element: float32 ones
+// (kRemainders false) or param_remainders' bfloat16 parameter + remainder and bfloat16 gradient,
+// whose master is state_precision.h's join_master / split_master, bit for bit.
+template <bool kRemainders>
+struct ParamAccess {
+  explicit ParamAccess(const LowPrecisionTensor& t) : p(t.p), g(t.g) {}
+  float param(int64_t k) const { return p[k]; }
+  float grad(int64_t k) const { return g[k]; }
+  void store(int64_t k, float x) const { p[k] = x; }
+  float* __restrict p;
+  const float* __restrict g;
+};
+template <>
+struct ParamAccess<true> {
+  explicit ParamAccess(const LowPrecisionTensor& t) : p(t.pb), r(t.rem), g(t.gb) {}
+  float param(int64_t k) const { return join_master(p[k], r[k]); }
+  float grad(int64_t k) const { return bf16_value(g[k]); }
+  void store(int64_t k, float x) const { split_master(x, &p[k], &r[k]); }
+  uint16_t* __restrict p;
+  int16_t* __restrict r;
+  const uint16_t* __restrict g;
 };
 
 // Tests force the float path for every parameter, to compare it with the kernels.
