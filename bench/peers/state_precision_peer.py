@@ -26,14 +26,61 @@ ISA Inductor compiles for (INVALID_VEC_ISA: scalar loops). Prints a table per la
 one JSON object per row ("json {...}") with mean and median ms, the ratio of the means to
 aten_fused's, and the parameter, gradient and state dtypes read back from the optimizer's state.
 Without torchao the torchao rows print "<row> skipped <why>" and only the control runs.
+
+A setting for Debian's PyTorch (the sid root's python3-torch 2.14.1+dfsg-1): before torch is
+imported, the script loads SLEEF (libsleef.so.3) with RTLD_GLOBAL and puts it on LD_PRELOAD for
+its child processes (unless --no_sleef_global is given). Inductor's C++ kernels call SLEEF
+(Sleef_expf8_u10, ...) through ATen's vec headers and are linked with -ltorch -ltorch_cpu
+-ltorch_python -lgomp, no -lsleef: Inductor counts on libtorch_cpu to carry SLEEF's symbols (its
+Note [Checking for Vectorized Support in Inductor]). Debian's libtorch_cpu takes them from the
+shared libsleef.so.3, and Debian's g++ 16 links with --as-needed, so a kernel that uses no torch
+symbol records no libtorch dependency (NEEDED: libstdc++ only) and its dlopen fails with
+"undefined symbol: Sleef_expf8_u10" (linked with -Wl,--no-as-needed or -lsleef it loads);
+`import torch` loads libsleef.so.3 RTLD_LOCAL, which does not help. Inductor's ISA check
+(pick_vec_isa) compiles a probe with each ISA's flags and dlopens it in a child Python: it fails
+so on every ISA, pick_vec_isa() returns INVALID_VEC_ISA and torch.compile generates scalar loops.
+With SLEEF global here and preloaded in the children (the probe, Inductor's compile workers),
+pick_vec_isa() reads avx512 avx512_vnni on the bench machine. Inductor's FX graph cache does not
+key on the picked ISA, so the scalar kernels compiled before would still be served from
+/tmp/torchinductor_<user>: with the setting, the script also sets TORCHINDUCTOR_CACHE_DIR (unless
+given) to /tmp/torchinductor_<user>_sleef, a cache of its own. The kernels also need SLEEF's
+header (libsleef-dev: installed in the root by hand, not in bazelw's package list) and
+Python's (python3-dev, which libtorch-dev depends on).
 """
 
 import argparse
+import ctypes
+import getpass
 import json
+import os
 import statistics
+import sys
+import tempfile
 import time
 
-import torch
+SLEEF = "libsleef.so.3"
+
+
+def sleef_global():
+    """Makes SLEEF's symbols global here and preloads it in child processes, with a cache of
+    Inductor's own (see above). Returns what it did, for the header."""
+    try:
+        ctypes.CDLL(SLEEF, mode=ctypes.RTLD_GLOBAL)
+    except OSError as e:
+        return "not loaded (%s)" % e
+    preload = os.environ.get("LD_PRELOAD", "")
+    if SLEEF not in preload.replace(":", " ").split():
+        os.environ["LD_PRELOAD"] = (SLEEF + " " + preload).strip()
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(
+        tempfile.gettempdir(), "torchinductor_%s_sleef" % getpass.getuser()))
+    return "global, LD_PRELOAD=%s, TORCHINDUCTOR_CACHE_DIR=%s" % (
+        os.environ["LD_PRELOAD"], os.environ["TORCHINDUCTOR_CACHE_DIR"])
+
+
+SLEEF_STATE = (sleef_global() if "--no_sleef_global" not in sys.argv[1:]
+               else "left alone (--no_sleef_global)")
+
+import torch  # noqa: E402 -- after sleef_global(), so that every child inherits LD_PRELOAD
 
 LR, BETAS, EPS, WEIGHT_DECAY = 1e-3, (0.9, 0.999), 1e-8, 1e-2
 ROWS = ("aten_fused", "ao_8bit", "ao_bf16_sr", "ao_fp32")
@@ -48,6 +95,9 @@ def parse_args():
     p.add_argument("--warmup", type=int, default=2, help="untimed steps after the first")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no_sleef_global", action="store_true",
+                   help="leave SLEEF alone: Debian's Inductor then picks no vector ISA (the flag "
+                   "is read before torch is imported)")
     return p.parse_args()
 
 
@@ -145,8 +195,9 @@ def main():
     except Exception as e:  # noqa: BLE001
         vec_isa = "unknown (%r)" % e
     print("torch %s, torchao %s, threads %d, ATen cpu capability %s, inductor vec isa %s, "
-          "%d parameters" % (torch.__version__, ao_version, torch.get_num_threads(),
-                             torch.backends.cpu.get_cpu_capability(), vec_isa, args.total))
+          "SLEEF %s, %d parameters" % (torch.__version__, ao_version, torch.get_num_threads(),
+                                       torch.backends.cpu.get_cpu_capability(), vec_isa,
+                                       SLEEF_STATE, args.total))
     results = []
     for count in [int(c) for c in args.tensors.split(",") if c]:
         rows = run_layout(args, count, names, torchao_optim)
