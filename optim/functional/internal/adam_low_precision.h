@@ -2,13 +2,15 @@
 // update is the float kernel's (AdamDescriptor::element, float32 registers), read from and
 // written back to the narrow state in place; 8-bit blocks of kQuantBlock elements are decoded,
 // updated and re-encoded one at a time (internal/quant8_block.h: AVX2 gathers in the AVX2 build),
-// so no float copy of the state exists. Internal to optim/.
+// so no float copy of the state exists. With param_remainders (internal/param_remainders.h) they
+// also take float32 state, beside a bfloat16 parameter and its remainder. Internal to optim/.
 #ifndef DTRAIN_OPTIM_FUNCTIONAL_INTERNAL_ADAM_LOW_PRECISION_H_
 #define DTRAIN_OPTIM_FUNCTIONAL_INTERNAL_ADAM_LOW_PRECISION_H_
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "optim/functional/internal/fused.h"
 #include "optim/functional/internal/low_precision.h"
@@ -17,28 +19,46 @@
 
 namespace dtrain::optim::internal {
 
-// bfloat16 state: m, v (and vmax) rounded stochastically or to nearest. m and v take the two
-// halves of one hash per element (their salts are equal: rounding_key's slot pair), vmax the
+// State of type S: bfloat16 bits (uint16_t) rounded stochastically or to nearest, or float32 (only
+// with param_remainders: float32 state beside a bfloat16 parameter). For bfloat16, m and v take the
+// two halves of one hash per element (their salts are equal: rounding_key's slot pair), vmax the
 // low half of its own.
-template <typename D, bool kAmsgrad, bool kDecoupled, bool kStochastic, bool kRemainders,
-          typename Options>
-void adam_bf16(const LowPrecisionTensor& t, int64_t lo, int64_t hi, const Options& o) {
+template <typename S>
+inline float slot_value(S x) {
+  if constexpr (std::is_same_v<S, float>) {
+    return x;
+  } else {
+    return bf16_value(x);
+  }
+}
+template <typename S>
+inline S slot_store(float x, bool stochastic, uint32_t random16) {
+  if constexpr (std::is_same_v<S, float>) {
+    return x;
+  } else {
+    return bf16_bits(x, stochastic, random16);
+  }
+}
+
+template <typename D, typename S, bool kAmsgrad, bool kDecoupled, bool kStochastic,
+          bool kRemainders, typename Options>
+void adam_elementwise(const LowPrecisionTensor& t, int64_t lo, int64_t hi, const Options& o) {
   const ParamAccess<kRemainders> pa(t);
-  auto* __restrict m = static_cast<uint16_t*>(t.s[0]);
-  auto* __restrict v = static_cast<uint16_t*>(t.s[1]);
-  auto* __restrict vmax = static_cast<uint16_t*>(t.s[2]);
+  auto* __restrict m = static_cast<S*>(t.s[0]);
+  auto* __restrict v = static_cast<S*>(t.s[1]);
+  auto* __restrict vmax = static_cast<S*>(t.s[2]);
   const uint32_t salt_mv = t.salt[0], salt_vmax = t.salt[2];
   const typename D::template Constants<float> c(o, t.c);
   for (int64_t k = lo; k < hi; ++k) {
-    float mk = bf16_value(m[k]), vk = bf16_value(v[k]);
-    float vmk = kAmsgrad ? bf16_value(vmax[k]) : 0.0f;
+    float mk = slot_value(m[k]), vk = slot_value(v[k]);
+    float vmk = kAmsgrad ? slot_value(vmax[k]) : 0.0f;
     pa.store(k, D::template element<float, kAmsgrad, kDecoupled>(c, pa.param(k), pa.grad(k), mk, vk,
                                                                  vmk));
     const uint32_t r = kStochastic ? rounding_hash(salt_mv, k) : 0;
-    m[k] = bf16_bits(mk, kStochastic, r & 0xFFFFu);
-    v[k] = bf16_bits(vk, kStochastic, r >> 16);
+    m[k] = slot_store<S>(mk, kStochastic, r & 0xFFFFu);
+    v[k] = slot_store<S>(vk, kStochastic, r >> 16);
     if (kAmsgrad)
-      vmax[k] = bf16_bits(vmk, kStochastic, kStochastic ? rounding_bits(salt_vmax, 0, k) : 0);
+      vmax[k] = slot_store<S>(vmk, kStochastic, kStochastic ? rounding_bits(salt_vmax, 0, k) : 0);
   }
 }
 
@@ -82,10 +102,14 @@ void adam_low_precision_typed(const LowPrecisionTensor& t, int64_t lo, int64_t h
                               const StatePrecision& precision) {
   if (precision.dtype == StateDtype::k8Bit) {
     adam_8bit<D, kAmsgrad, kDecoupled, kIsa, kRemainders>(t, lo, hi, o);
+  } else if (precision.dtype == StateDtype::kParam) {
+    if constexpr (kRemainders) {  // float32 state beside param_remainders' master
+      adam_elementwise<D, float, kAmsgrad, kDecoupled, false, true>(t, lo, hi, o);
+    }
   } else if (precision.stochastic) {
-    adam_bf16<D, kAmsgrad, kDecoupled, true, kRemainders>(t, lo, hi, o);
+    adam_elementwise<D, uint16_t, kAmsgrad, kDecoupled, true, kRemainders>(t, lo, hi, o);
   } else {
-    adam_bf16<D, kAmsgrad, kDecoupled, false, kRemainders>(t, lo, hi, o);
+    adam_elementwise<D, uint16_t, kAmsgrad, kDecoupled, false, kRemainders>(t, lo, hi, o);
   }
 }
 

@@ -5,8 +5,9 @@
 // ATen, CUDA, exactly as for a float32 parameter equal to the master) and splits the masters back.
 // The remainder is hidden from the float32 update's slot handling while it runs. The masters and
 // float32 gradients are transient: 8 bytes per stepped element during the step, none after it.
-// With state in bfloat16 or 8 bits, CPU tensors and bfloat16 gradients, the descriptor's
-// low-precision kernel instead joins, updates and splits each element in place
+// With CPU tensors and bfloat16 gradients, the descriptor's low-precision kernel instead joins,
+// updates and splits each element in place (state in bfloat16 or 8 bits, or float32 unless
+// fused=True asks for ATen's fused kernel)
 // (drive_remainders_in_place): the same arithmetic on the same master, so the same bits, with no
 // transient tensors. Internal to optim/.
 #ifndef DTRAIN_OPTIM_FUNCTIONAL_INTERNAL_PARAM_REMAINDERS_H_
@@ -49,15 +50,16 @@ void check_remainder_params(const std::string& name, const std::vector<at::Tenso
 }
 
 // Whether the low-precision kernel can take every stepped parameter in place: state in bfloat16
-// or 8 bits, contiguous CPU bfloat16 parameters with dense bfloat16 gradients of their shape, and
-// remainders (where there are any yet) contiguous int16 of that shape.
-template <typename Traits>
+// or 8 bits, or float32 (the master's dtype) where fused=True does not ask for ATen's kernel;
+// contiguous CPU bfloat16 parameters with dense bfloat16 gradients of their shape; remainders
+// (where there are any yet) contiguous int16 of that shape.
+template <typename Traits, typename Options>
 bool remainders_in_place(const std::vector<at::Tensor>& params,
-                         const std::vector<ParamState>& state,
+                         const std::vector<ParamState>& state, const Options& o,
                          const std::vector<std::pair<size_t, at::Tensor>>& work,
                          const StatePrecision& precision) {
-  if (precision.dtype == StateDtype::kParam ||
-      !low_precision_kernels_enabled().load(std::memory_order_relaxed)) {
+  if (!low_precision_kernels_enabled().load(std::memory_order_relaxed) ||
+      (precision.dtype == StateDtype::kParam && o.fused().value_or(false))) {
     return false;
   }
   for (const auto& [i, g] : work) {
@@ -117,7 +119,7 @@ void drive_with_remainders(const std::string& name, std::vector<at::Tensor>& par
   for (const auto& [i, g] : work) check_remainder_param(name, params[i], i);
   if constexpr (Traits::kLowPrecisionKernel) {
     const StatePrecision precision = precision_of(name, o, Traits::k8Bit);
-    if (remainders_in_place<Traits>(params, state, work, precision)) {
+    if (remainders_in_place<Traits>(params, state, o, work, precision)) {
       return drive_remainders_in_place<Traits>(name, params, state, o, work, precision);
     }
   }
