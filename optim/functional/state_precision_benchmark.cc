@@ -9,11 +9,12 @@
 //   *_floor_ratio                                step time / the time to stream the bytes the step
 //                                                moves (parameter r/w, gradient r, state r/w) at
 //                                                this run's best streaming rate (floor_GBps)
-//   rem_bf16_ms, rem_q8_ms                       the same parameters in bfloat16 with
+//   rem_f32_ms, rem_bf16_ms, rem_q8_ms           the same parameters in bfloat16 with
 //                                                param_remainders (an exact float32 master in
 //                                                parameter + int16 remainder), bfloat16 gradients,
-//                                                bfloat16 / 8-bit state
-//   rem_bf16_over_bf16, rem_q8_over_q8           against float32 parameters with that state
+//                                                float32 / bfloat16 / 8-bit state
+//   rem_f32_over_fp32, rem_bf16_over_bf16,       against float32 parameters with that state
+//   rem_q8_over_q8
 //   rem_q8_bytes_per_param                       what stays in memory per parameter there:
 //                                                parameter + remainder + gradient + state
 #include <algorithm>
@@ -101,12 +102,14 @@ void BM_AdamWStatePrecision(benchmark::State& state) {
     bf16_params.push_back(params[i].to(at::kBFloat16));
     bf16_grads.push_back(grads[i].to(at::kBFloat16));
   }
-  std::vector<at::Tensor> bf16_params_q8 = bf16_params;
+  std::vector<at::Tensor> bf16_params_q8 = bf16_params, bf16_params_f32 = bf16_params;
   for (auto& p : bf16_params_q8) p = p.clone();
+  for (auto& p : bf16_params_f32) p = p.clone();
   FunctionalAdamW rem_bf16(bf16_params,
                            AdamWOptions().param_remainders(true).state_dtype(kStateBFloat16));
   FunctionalAdamW rem_q8(bf16_params_q8,
                          AdamWOptions().param_remainders(true).state_dtype(kState8Bit));
+  FunctionalAdamW rem_f32(bf16_params_f32, AdamWOptions().param_remainders(true));
   auto aten = [&] {
     at::_fused_adamw_(params, grads, m, v, {}, steps, 1e-3, 0.9, 0.999, 1e-2, 1e-8, false, false);
   };
@@ -115,8 +118,9 @@ void BM_AdamWStatePrecision(benchmark::State& state) {
   q8.step(grads);
   rem_bf16.step(bf16_grads);
   rem_q8.step(bf16_grads);
+  rem_f32.step(bf16_grads);
   aten();
-  double t_fp32 = 0, t_aten = 0, t_bf16 = 0, t_q8 = 0, t_rem_bf16 = 0, t_rem_q8 = 0;
+  double t_fp32 = 0, t_aten = 0, t_bf16 = 0, t_q8 = 0, t_rem_bf16 = 0, t_rem_q8 = 0, t_rem_f32 = 0;
   for (auto _ : state) {
     t_fp32 += seconds([&] { fp32.step(grads); });
     t_aten += seconds(aten);
@@ -124,6 +128,7 @@ void BM_AdamWStatePrecision(benchmark::State& state) {
     t_q8 += seconds([&] { q8.step(grads); });
     t_rem_bf16 += seconds([&] { rem_bf16.step(bf16_grads); });
     t_rem_q8 += seconds([&] { rem_q8.step(bf16_grads); });
+    t_rem_f32 += seconds([&] { rem_f32.step(bf16_grads); });
   }
   const double n = static_cast<double>(state.iterations());
   const double rate = stream_rate();
@@ -142,6 +147,8 @@ void BM_AdamWStatePrecision(benchmark::State& state) {
   state.counters["floor_GBps"] = rate / 1e9;
   state.counters["rem_bf16_ms"] = t_rem_bf16 / n * 1e3;
   state.counters["rem_q8_ms"] = t_rem_q8 / n * 1e3;
+  state.counters["rem_f32_ms"] = t_rem_f32 / n * 1e3;
+  state.counters["rem_f32_over_fp32"] = t_rem_f32 / t_fp32;
   state.counters["rem_bf16_over_bf16"] = t_rem_bf16 / t_bf16;
   state.counters["rem_q8_over_q8"] = t_rem_q8 / t_q8;
   state.counters["rem_q8_bytes_per_param"] = resident_bytes(rem_q8, bf16_grads) / kTotal;
