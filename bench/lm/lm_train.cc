@@ -51,6 +51,10 @@ ABSL_FLAG(std::string, init_out, "",
 ABSL_FLAG(std::string, init_in, "",
           "Start from these weights (from --init_out, or torch.save(model.state_dict())) "
           "instead of the seed's.");
+ABSL_FLAG(std::string, param_dtype, "float32",
+          "The model's parameters (and so its gradients and activations): float32, or bfloat16 "
+          "(converted after --init_in / --init_out; with AdamW's param_remainders=true in "
+          "--options, each keeps a float32 master in its int16 remainder).");
 ABSL_FLAG(int, threads, 2, "at::set_num_threads, at least 1.");
 ABSL_FLAG(int64_t, d_model, 192, "Model width (a multiple of --n_heads).");
 ABSL_FLAG(int64_t, n_layers, 4, "Transformer blocks.");
@@ -105,6 +109,11 @@ int run() {
   }
   if (const std::string out = absl::GetFlag(FLAGS_init_out); !out.empty()) {
     if (absl::Status s = save_weights(model, out); !s.ok()) return fail(std::string(s.message()));
+  }
+  if (const std::string dtype = absl::GetFlag(FLAGS_param_dtype); dtype == "bfloat16") {
+    model->to(at::kBFloat16);
+  } else if (dtype != "float32") {
+    return fail("--param_dtype=" + dtype + " is not float32 or bfloat16");
   }
   const TrainOptions o = train_options();
   std::printf("text: %zu files, %lld bytes (train %lld, val %lld); model: %lld parameters; %s\n",
