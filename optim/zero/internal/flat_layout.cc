@@ -92,7 +92,7 @@ at::Tensor FlatLayout::step_and_sync(torch::optim::Optimizer& local,
     if (ranges_[r].size() == 0) continue;
     c10d::BroadcastOptions bo;
     bo.rootRank = r;
-    std::vector<at::Tensor> t = {buffer_.narrow(0, ranges_[r].begin, ranges_[r].size())};
+    std::vector<at::Tensor> t = {wire_view(buffer_.narrow(0, ranges_[r].begin, ranges_[r].size()))};
     works.push_back(pg.broadcast(t, bo));
   }
   wait_all(works);

@@ -120,7 +120,8 @@ at::Tensor GradShardLayout::step_and_sync(torch::optim::Optimizer& local,
     if (seg.chunk == 0) continue;
     std::vector<std::vector<at::Tensor>> outputs(1);
     for (int r = 0; r < world_size(); ++r) {
-      outputs[0].push_back(param_buffer_.narrow(0, seg.offset + r * seg.chunk, seg.chunk));
+      outputs[0].push_back(
+          wire_view(param_buffer_.narrow(0, seg.offset + r * seg.chunk, seg.chunk)));
     }
     std::vector<at::Tensor> input = {outputs[0][static_cast<size_t>(rank())]};
     works.push_back(pg.allgather(outputs, input));

@@ -39,6 +39,11 @@ using Works = std::vector<c10::intrusive_ptr<c10d::Work>>;
 at::Tensor evaluate_closure(const torch::optim::Optimizer::LossClosure& closure);
 // Waits for every work.
 void wait_all(const Works& works);
+// What a broadcast or all-gather of parameters sends for `t`: a bfloat16 or float16 tensor as a
+// uint8 view of its bytes (every backend copies bytes; Gloo in some LibTorch builds, Debian sid's
+// 2.14, has no bfloat16 or float16 collectives), any other tensor as it is. REQUIRES: a stride-1
+// last dimension for a 2-byte floating tensor.
+at::Tensor wire_view(const at::Tensor& t);
 
 class ZeroLayout {
  public:

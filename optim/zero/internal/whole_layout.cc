@@ -123,6 +123,7 @@ void WholeParamLayout::broadcast(const std::vector<int64_t>& params, Works& work
       }
       t = {buckets_[owner].narrow(0, lo, hi - lo)};
     }
+    t[0] = wire_view(t[0]);
     works.push_back(pg.broadcast(t, bo));
   }
 }
