@@ -21,6 +21,7 @@ namespace dtrain::optim {
 namespace {
 
 constexpr char kDiLoCoKey[] = "diloco";
+constexpr char kOuterWrites[] = "copies the outer step's global parameters";
 constexpr char kLoad[] = "DiLoCo.load_state_dict: ";
 constexpr char kSameRun[] =
     "; load a state dict that DiLoCo::state_dict() wrote for the same parameters and options";
@@ -195,6 +196,7 @@ DiLoCo::DiLoCo(std::unique_ptr<torch::optim::Optimizer> inner, DiLoCoOptions opt
                 ": ", e.what_without_backtrace(),
                 "; give outer_options that optimizer's own options (the defaults are SGD's)");
   }
+  internal::check_no_param_remainders(*inner_, "DiLoCo", kOuterWrites);
   fragments_ = split_fragments(params, options_.fragments);
   // LibTorch's add_param_group may have given this side the defaults instead of options of a type
   // it does not know (the adapter's DictOptions): take the inner optimizer's own.
@@ -225,6 +227,8 @@ void DiLoCo::sync_options(bool to_inner) {
 
 at::Tensor DiLoCo::step(LossClosure closure) {
   sync_options(/*to_inner=*/true);  // LR schedulers act on this optimizer's groups
+  // Also here: a loaded state dict's options may ask for it.
+  internal::check_no_param_remainders(*inner_, "DiLoCo", kOuterWrites);
   at::Tensor loss = inner_->step(std::move(closure));
   sync_options(/*to_inner=*/false);
   const int64_t interval = options_.sync_every / options_.fragments;

@@ -8,6 +8,10 @@ namespace dtrain::optim {
 using internal::copy_group_options;
 using internal::copy_param_groups;
 
+namespace {
+constexpr char kAveragerWrites[] = "writes the model averager's averages";
+}  // namespace
+
 PostLocalSGDOptimizer::PostLocalSGDOptimizer(std::unique_ptr<torch::optim::Optimizer> optim,
                                              std::shared_ptr<ModelAverager> averager)
     : torch::optim::Optimizer(copy_param_groups(*optim), optim->defaults().clone()),
@@ -15,6 +19,7 @@ PostLocalSGDOptimizer::PostLocalSGDOptimizer(std::unique_ptr<torch::optim::Optim
       averager_(std::move(averager)),
       synced_(optim_->param_groups().size()) {
   TORCH_CHECK(averager_ != nullptr, "PostLocalSGDOptimizer needs a model averager");
+  internal::check_no_param_remainders(*optim_, "PostLocalSGDOptimizer", kAveragerWrites);
 }
 
 void PostLocalSGDOptimizer::sync_options(bool to_local) {
@@ -44,6 +49,8 @@ void PostLocalSGDOptimizer::sync_options(bool to_local) {
 
 at::Tensor PostLocalSGDOptimizer::step(LossClosure closure) {
   sync_options(/*to_local=*/true);  // LR schedulers act on this optimizer's groups
+  // Also here: a group added since, or a loaded state dict's options, may ask for it.
+  internal::check_no_param_remainders(*optim_, "PostLocalSGDOptimizer", kAveragerWrites);
   at::Tensor loss = optim_->step(std::move(closure));
   sync_options(/*to_local=*/false);
   averager_->average_parameters(optim_->param_groups());
