@@ -113,7 +113,9 @@ at::Tensor CharLMImpl::forward(const at::Tensor& tokens) {
 at::Tensor CharLMImpl::loss(const at::Tensor& inputs, const at::Tensor& targets) {
   TORCH_CHECK(targets.sizes() == inputs.sizes(), "CharLM::loss: targets ", targets.sizes(),
               " must have the shape of inputs ", inputs.sizes());
-  const at::Tensor logits = forward(inputs);
+  // In float32 whatever the model's dtype (a bfloat16 model's logits widened, as autocast does):
+  // the loss of a bfloat16 model is not rounded to bfloat16's 8 bits.
+  const at::Tensor logits = forward(inputs).to(at::kFloat);
   return F::cross_entropy(logits.reshape({-1, options_.vocab_size}), targets.reshape({-1}));
 }
 

@@ -93,7 +93,7 @@ class CharLMImpl : public torch::nn::Module {
   explicit CharLMImpl(const CharLMOptions& options);
   // tokens: int64 [B, T], T <= context, values < vocab_size. Returns logits [B, T, vocab_size].
   at::Tensor forward(const at::Tensor& tokens);
-  // Mean cross-entropy of forward(inputs) against targets (int64 [B, T]).
+  // Mean cross-entropy of forward(inputs) against targets (int64 [B, T]), in float32.
   at::Tensor loss(const at::Tensor& inputs, const at::Tensor& targets);
   // Re-draws every parameter from `seed` (what the constructor does with options.seed): Linear and
   // embedding weights N(0, init_std), the residual projections (attn.proj, mlp.proj) N(0,
