@@ -127,7 +127,8 @@ struct Model {
   static std::vector<torch::Tensor> grads(const std::vector<torch::Tensor>& params, int step) {
     std::vector<torch::Tensor> p;
     for (const auto& t : params) p.push_back(t.detach().clone().requires_grad_(true));
-    const torch::Tensor x = torch::cos(torch::arange(8, torch::kDouble).view({2, 4}) + step);
+    const torch::Tensor x =
+        torch::cos(torch::arange(8, torch::kDouble).view({2, 4}) + step).to(p[0].scalar_type());
     (torch::tanh(x.matmul(p[0])).matmul(p[1]) + p[2]).pow(2).sum().backward();
     std::vector<torch::Tensor> g;
     for (auto& t : p) g.push_back(t.grad());
@@ -135,9 +136,11 @@ struct Model {
   }
 };
 
-void check_parity(const std::string& name, optim::OptionsDict options) {
+void check_parity(const std::string& name, optim::OptionsDict options,
+                  torch::Dtype dtype = torch::kDouble) {
   constexpr int kSteps = 4;
   Model model;
+  for (auto& t : model.init) t = t.to(dtype);
   // Local reference: the same functional optimizer, in this process.
   std::vector<torch::Tensor> local;
   for (const auto& t : model.init) local.push_back(t.clone());
@@ -198,6 +201,11 @@ TEST(RpcTest, DistributedOptimizerMatchesTheLocalOptimizer) {
                               {"state_dtype", std::string("bfloat16")},
                               {"state_stochastic_rounding", false}}));
   check_parity("Adam", dict({{"lr", 0.05}, {"state_dtype", std::string("8bit")}}));
+  // bfloat16 parameters whose remainders (the float32 masters' low bits) stay on the owners.
+  check_parity(
+      "AdamW",
+      dict({{"lr", 0.05}, {"param_remainders", true}, {"state_dtype", std::string("8bit")}}),
+      torch::kBFloat16);
   // A user optimizer (QHM) registered by name and built on the owners through the registry.
   optim::testing::register_qhm();
   check_parity("QHM", dict({{"lr", 0.05}, {"momentum", 0.9}, {"nu", 0.7}, {"weight_decay", 0.01}}));
