@@ -73,9 +73,8 @@ void set_grads(std::vector<at::Tensor>& params, int step) {
     params[i].mutable_grad() = grad_for(params[i], 0, step, i).to(at::kBFloat16);
 }
 
-// An unsharded FunctionalAdamW with param_remainders over `params`, stepped from `from` to `to`.
-void reference_steps(FunctionalOptimizerAdapter& opt, std::vector<at::Tensor>& params, int from,
-                     int to) {
+// `opt` over `params` (the unsharded reference or a rank's ZeRO), stepped from `from` to `to`.
+void take_steps(torch::optim::Optimizer& opt, std::vector<at::Tensor>& params, int from, int to) {
   for (int step = from; step < to; ++step) {
     set_grads(params, step);
     opt.step();
@@ -109,9 +108,8 @@ TEST(ZeroParamRemaindersTest, StepsEqualUnshardedBitForBitAndRemaindersStayWithT
             options_for(g, c));
         FunctionalOptimizerAdapter reference(rp, "AdamW", adamw(c.state_dtype));
         for (int step = 0; step < 4; ++step) {
-          set_grads(zp, step);
-          zero.step();
-          reference_steps(reference, rp, step, step + 1);
+          take_steps(zero, zp, step, step + 1);
+          take_steps(reference, rp, step, step + 1);
           expect_bits_equal(zp, rp, what + " step " + std::to_string(step));
         }
         // This rank's shard holds a remainder for exactly the elements it owns.
@@ -144,10 +142,7 @@ TEST(ZeroParamRemaindersTest, ConsolidatedStateCarriesRemaindersAndResumesBitExa
       ZeroRedundancyOptimizer zero(
           zp, local_optimizer<FunctionalOptimizerAdapter>("AdamW", adamw(kStateBFloat16)),
           options_for(g, from));
-      for (int step = 0; step < 3; ++step) {
-        set_grads(zp, step);
-        zero.step();
-      }
+      take_steps(zero, zp, 0, 3);
       zero.consolidate_state_dict(0);
       if (g.rank() == 0) {
         consolidated = zero.state_dict();
@@ -156,7 +151,7 @@ TEST(ZeroParamRemaindersTest, ConsolidatedStateCarriesRemaindersAndResumesBitExa
     });
     std::vector<at::Tensor> rp = bf16_params();
     FunctionalOptimizerAdapter straight(rp, "AdamW", adamw(kStateBFloat16));
-    reference_steps(straight, rp, 0, 3);
+    take_steps(straight, rp, 0, 3);
     const c10::IValue expected = straight.state_dict();
     for (int64_t i = 0; i < static_cast<int64_t>(kRemSizes.size()); ++i) {
       const at::Tensor rem = entry_of(consolidated, i).at(kParamRemainderKey).toTensor();
@@ -165,7 +160,7 @@ TEST(ZeroParamRemaindersTest, ConsolidatedStateCarriesRemaindersAndResumesBitExa
     }
     const auto group = consolidated.toGenericDict().at("param_groups").toList().get(0);
     EXPECT_TRUE(group.toGenericDict().at(kParamRemaindersKey).toBool());
-    reference_steps(straight, rp, 3, 6);
+    take_steps(straight, rp, 3, 6);
     run_ranks_as_threads(3, [&](comm::Group& g) {
       std::vector<at::Tensor> zp = clone_params(after);
       // Built without param_remainders: the consolidated param group brings it back.
@@ -174,10 +169,7 @@ TEST(ZeroParamRemaindersTest, ConsolidatedStateCarriesRemaindersAndResumesBitExa
       ZeroRedundancyOptimizer zero(zp, local_optimizer<FunctionalOptimizerAdapter>("AdamW", plain),
                                    options_for(g, to));
       zero.load_state_dict(consolidated);
-      for (int step = 3; step < 6; ++step) {
-        set_grads(zp, step);
-        zero.step();
-      }
+      take_steps(zero, zp, 3, 6);
       expect_bits_equal(zp, rp, what);
     });
   }
@@ -204,16 +196,13 @@ TEST(ZeroParamRemaindersTest, ShardedSaveResumesBitExactAtAnotherWorldSize) {
       ZeroRedundancyOptimizer zero(
           zp, local_optimizer<FunctionalOptimizerAdapter>("AdamW", adamw(nullptr)),
           options_for(g, from));
-      for (int step = 0; step < 3; ++step) {
-        set_grads(zp, step);
-        zero.step();
-      }
+      take_steps(zero, zp, 0, 3);
       ASSERT_TRUE(zero.save_sharded(dir).ok());
       if (g.rank() == 0) after = clone_params(zp);
     });
     std::vector<at::Tensor> rp = bf16_params();
     FunctionalOptimizerAdapter straight(rp, "AdamW", adamw(nullptr));
-    reference_steps(straight, rp, 0, 6);
+    take_steps(straight, rp, 0, 6);
     run_ranks_as_threads(2, [&](comm::Group& g) {
       std::vector<at::Tensor> zp = clone_params(after);
       ZeroRedundancyOptimizer zero(
@@ -221,10 +210,7 @@ TEST(ZeroParamRemaindersTest, ShardedSaveResumesBitExactAtAnotherWorldSize) {
           options_for(g, to));
       absl::StatusOr<c10::IValue> extra = zero.load_sharded(dir);
       ASSERT_TRUE(extra.ok()) << extra.status();
-      for (int step = 3; step < 6; ++step) {
-        set_grads(zp, step);
-        zero.step();
-      }
+      take_steps(zero, zp, 3, 6);
       expect_bits_equal(zp, rp, what);
     });
   }
