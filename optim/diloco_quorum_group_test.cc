@@ -23,7 +23,6 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "comm/process_group.h"
 #include "comm/quorum.h"
 #include "comm/testing/replica_processes.h"
@@ -113,15 +112,8 @@ void run_rank(int id, int port, int life) {
       }
       opt.step();
     }
-    const comm::Quorum& q = *opt.last_quorum();
-    c10::List<int64_t> entry({opt.outer_step() - 1});
-    std::vector<int64_t> ids;
-    for (int r : q.participants()) ids.push_back(q.members[r].replica_id);
-    for (int64_t i : ids) entry.push_back(i);
-    rounds.push_back(entry);
-    std::printf("process %d committed step %lld participants %s\n", id,
-                static_cast<long long>(opt.outer_step() - 1), absl::StrJoin(ids, ",").c_str());
-    std::fflush(stdout);
+    const std::vector<int64_t> ids = diloco_testing::record_round(
+        *opt.last_quorum(), opt.outer_step() - 1, rounds, "process", id);
     if (opt.outer_step() >= kMinRounds && ids.size() == kGroups) break;
   }
   diloco_testing::save_result(out_path(id), params, opt.outer_step(), rounds);
@@ -132,23 +124,17 @@ void run_rank(int id, int port, int life) {
 std::vector<at::Tensor> reference(const std::vector<std::vector<int64_t>>& rounds) {
   std::vector<at::Tensor> global = init_params();
   auto outer = FunctionalRegistry::global().create("SGD", global, default_outer_options());
-  for (const std::vector<int64_t>& r : rounds) {
-    const double n = static_cast<double>(r.size() - 1);
-    std::vector<at::Tensor> avg = {at::zeros_like(global[0]), at::zeros_like(global[1])};
-    for (size_t i = 1; i < r.size(); ++i) {
-      std::vector<at::Tensor> local = fresh(global);
-      torch::optim::SGD sgd(local, torch::optim::SGDOptions(kLr));
-      for (int64_t k = 0; k < kH; ++k) {
-        std::vector<at::Tensor> g0 = grads(local, r[i], 0, r[0], k);
-        std::vector<at::Tensor> g1 = grads(local, r[i], 1, r[0], k);
-        for (size_t j = 0; j < local.size(); ++j)
-          local[j].mutable_grad() = (g0[j] + g1[j]) / kRanks;
-        sgd.step();
-      }
-      for (size_t j = 0; j < global.size(); ++j) avg[j] += (global[j] - local[j].detach()) / n;
-    }
-    outer->step(avg);
-  }
+  diloco_testing::replay_rounds(global, *outer, rounds,
+                                [](std::vector<at::Tensor>& local, int64_t group, int64_t round) {
+                                  torch::optim::SGD sgd(local, torch::optim::SGDOptions(kLr));
+                                  for (int64_t k = 0; k < kH; ++k) {
+                                    std::vector<at::Tensor> g0 = grads(local, group, 0, round, k);
+                                    std::vector<at::Tensor> g1 = grads(local, group, 1, round, k);
+                                    for (size_t j = 0; j < local.size(); ++j)
+                                      local[j].mutable_grad() = (g0[j] + g1[j]) / kRanks;
+                                    sgd.step();
+                                  }
+                                });
   return global;
 }
 

@@ -20,7 +20,6 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "comm/quorum.h"
 #include "comm/testing/replica_processes.h"
 #include "optim/diloco.h"
@@ -95,15 +94,8 @@ void run_replica(int id, int port, Fault fault, bool restarted) {
       }
       inner_step(params, opt, id, round, k);
     }
-    const comm::Quorum& q = *opt.last_quorum();
-    c10::List<int64_t> entry({opt.outer_step() - 1});
-    std::vector<int64_t> ids;
-    for (int r : q.participants()) ids.push_back(q.members[r].replica_id);
-    for (int64_t i : ids) entry.push_back(i);
-    rounds.push_back(entry);
-    std::printf("replica %d committed step %lld participants %s\n", id,
-                static_cast<long long>(opt.outer_step() - 1), absl::StrJoin(ids, ",").c_str());
-    std::fflush(stdout);
+    const std::vector<int64_t> ids = diloco_testing::record_round(
+        *opt.last_quorum(), opt.outer_step() - 1, rounds, "replica", id);
     if (opt.outer_step() >= kMinRounds && ids.size() == kReplicas) break;
   }
   diloco_testing::save_result(out_path(id), params, opt.outer_step(), rounds);
@@ -114,17 +106,12 @@ void run_replica(int id, int port, Fault fault, bool restarted) {
 std::vector<at::Tensor> reference(const std::vector<std::vector<int64_t>>& rounds) {
   std::vector<at::Tensor> global = init_params();
   auto outer = FunctionalRegistry::global().create("SGD", global, default_outer_options());
-  for (const std::vector<int64_t>& r : rounds) {
-    const double n = static_cast<double>(r.size() - 1);
-    std::vector<at::Tensor> avg = {at::zeros_like(global[0]), at::zeros_like(global[1])};
-    for (size_t i = 1; i < r.size(); ++i) {
-      std::vector<at::Tensor> local = fresh(global);
-      torch::optim::SGD sgd(local, torch::optim::SGDOptions(kLr));
-      for (int64_t k = 0; k < kH; ++k) inner_step(local, sgd, r[i], r[0], k);
-      for (size_t j = 0; j < global.size(); ++j) avg[j] += (global[j] - local[j].detach()) / n;
-    }
-    outer->step(avg);
-  }
+  diloco_testing::replay_rounds(global, *outer, rounds,
+                                [](std::vector<at::Tensor>& local, int64_t id, int64_t round) {
+                                  torch::optim::SGD sgd(local, torch::optim::SGDOptions(kLr));
+                                  for (int64_t k = 0; k < kH; ++k)
+                                    inner_step(local, sgd, id, round, k);
+                                });
   return global;
 }
 
