@@ -150,7 +150,7 @@ void expect_build_matches_baseline(
         wide->step(g);
         internal::kernel_isa_cap() = internal::KernelIsa::kBaseline;
         base->step(g);
-        internal::kernel_isa_cap() = internal::KernelIsa::kAvx2;
+        internal::kernel_isa_cap() = internal::KernelIsa::kAvx512;
       }
       for (size_t i = 0; i < params[0].size(); ++i) {
         EXPECT_TRUE(params[0][i].equal(params[1][i]))

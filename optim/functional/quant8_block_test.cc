@@ -14,6 +14,7 @@ namespace {
 
 using Baseline = Quant8Block<KernelIsa::kBaseline>;
 using Avx2 = Quant8Block<KernelIsa::kAvx2>;
+using Avx512 = Quant8Block<KernelIsa::kAvx512>;
 
 float from_bits(uint32_t bits) {
   float f;
@@ -63,7 +64,7 @@ std::vector<std::vector<float>> hard_blocks(bool is_signed) {
 }
 
 TEST(Quant8Block, Avx2EqualsBaselineAndQuantize8) {
-  if (cpu_kernel_isa() != KernelIsa::kAvx2) GTEST_SKIP() << "this CPU has no AVX2";
+  if (cpu_kernel_isa() < KernelIsa::kAvx2) GTEST_SKIP() << "this CPU has no AVX2";
   for (bool is_signed : {true, false}) {
     const Encoder8& enc = Encoder8::get(is_signed);
     for (const std::vector<float>& block : hard_blocks(is_signed)) {
@@ -86,9 +87,52 @@ TEST(Quant8Block, Avx2EqualsBaselineAndQuantize8) {
   }
 }
 
+// The AVX-512 build: encode as the AVX2 one, decode through VBMI byte look-ups where the CPU has
+// VBMI (checked here directly, byte-plane interleave and code reordering included, on every
+// code in every position) and through the AVX2 gathers where it has not.
+TEST(Quant8Block, Avx512EqualsBaseline) {
+  if (cpu_kernel_isa() < KernelIsa::kAvx512) GTEST_SKIP() << "this CPU has no AVX-512";
+  for (bool is_signed : {true, false}) {
+    const Encoder8& enc = Encoder8::get(is_signed);
+    for (const std::vector<float>& block : hard_blocks(is_signed)) {
+      uint8_t base[kQuantBlock], wide[kQuantBlock];
+      const float a = Baseline::encode(block.data(), kQuantBlock, enc, base);
+      const float b = Avx512::encode(block.data(), kQuantBlock, enc, wide);
+      ASSERT_EQ(std::memcmp(&a, &b, sizeof a), 0) << a << " " << b;
+      ASSERT_EQ(std::memcmp(base, wide, kQuantBlock), 0);
+      float back_base[kQuantBlock], back_wide[kQuantBlock];
+      Baseline::decode(base, kQuantBlock, enc, a, back_base);
+      Avx512::decode(base, kQuantBlock, enc, a, back_wide);
+      ASSERT_EQ(std::memcmp(back_base, back_wide, sizeof back_base), 0);
+    }
+  }
+}
+
+TEST(Quant8Block, VbmiDecodeEqualsBaselineForEveryCode) {
+  if (cpu_kernel_isa() < KernelIsa::kAvx512 || !cpu_has_vbmi())
+    GTEST_SKIP() << "this CPU has no AVX-512 VBMI";
+  for (bool is_signed : {true, false}) {
+    const Encoder8& enc = Encoder8::get(is_signed);
+    for (int shift = 0; shift < 256; shift += 37) {
+      uint8_t codes[kQuantBlock];
+      for (int j = 0; j < kQuantBlock; ++j) codes[j] = static_cast<uint8_t>((j * 7 + shift) & 0xff);
+      for (float scale : {1.0f, 0.37f, 3e-30f, 1e30f}) {
+        float base[kQuantBlock], vbmi[kQuantBlock];
+        Baseline::decode(codes, kQuantBlock, enc, scale, base);
+        Avx512::decode_vbmi(codes, enc, scale, vbmi);
+        for (int j = 0; j < kQuantBlock; ++j) {
+          ASSERT_EQ(std::memcmp(&base[j], &vbmi[j], sizeof(float)), 0)
+              << "position " << j << " code " << int{codes[j]} << " scale " << scale << ": "
+              << base[j] << " != " << vbmi[j];
+        }
+      }
+    }
+  }
+}
+
 // A partial block (a tensor's last) takes the plain loops in either build.
 TEST(Quant8Block, PartialBlockEqualsBaseline) {
-  if (cpu_kernel_isa() != KernelIsa::kAvx2) GTEST_SKIP() << "this CPU has no AVX2";
+  if (cpu_kernel_isa() < KernelIsa::kAvx2) GTEST_SKIP() << "this CPU has no AVX2";
   const Encoder8& enc = Encoder8::get(true);
   std::vector<float> values = hard_blocks(true).back();
   uint8_t base[kQuantBlock], avx2[kQuantBlock];

@@ -159,7 +159,8 @@ TEST(StatePrecisionOptimizers, ResumesBitForBitAtEveryPrecision) {
 }
 
 // The fused kernels against the float path (decode, float kernel, encode): the same bits, for
-// bfloat16 (stochastic and nearest) and 8-bit, with and without amsgrad, AVX2 and baseline builds,
+// bfloat16 (stochastic and nearest) and 8-bit, with and without amsgrad, AVX-512 (where the CPU
+// has it: otherwise that variant runs the AVX2 build again), AVX2 and baseline builds,
 // tensors one block, partial blocks and large enough to be split among threads.
 TEST(StatePrecisionOptimizers, AdamKernelsEqualTheFloatPath) {
   struct Case {
@@ -173,10 +174,11 @@ TEST(StatePrecisionOptimizers, AdamKernelsEqualTheFloatPath) {
         Case{"Adam", kState8Bit, true, true}, Case{"AdamW", kState8Bit, true, false}}) {
     SCOPED_TRACE(std::string(c.name) + " " + c.dtype + (c.amsgrad ? " amsgrad" : ""));
     std::vector<std::vector<at::Tensor>> results;
-    for (int variant = 0; variant < 3; ++variant) {
+    for (int variant = 0; variant < 4; ++variant) {
       internal::low_precision_kernels_enabled() = variant != 0;
-      internal::kernel_isa_cap() =
-          variant == 2 ? internal::KernelIsa::kBaseline : internal::KernelIsa::kAvx2;
+      internal::kernel_isa_cap() = variant == 3   ? internal::KernelIsa::kAvx512
+                                   : variant == 2 ? internal::KernelIsa::kBaseline
+                                                  : internal::KernelIsa::kAvx2;
       at::manual_seed(2);
       std::vector<at::Tensor> params = {at::randn({256}), at::randn({5, 77}), at::randn({200000})};
       OptionsDict o = options_for(c.name, c.dtype, c.stochastic);
@@ -193,8 +195,8 @@ TEST(StatePrecisionOptimizers, AdamKernelsEqualTheFloatPath) {
       results.push_back(out);
     }
     internal::low_precision_kernels_enabled() = true;
-    internal::kernel_isa_cap() = internal::KernelIsa::kAvx2;
-    for (int variant = 1; variant < 3; ++variant) {
+    internal::kernel_isa_cap() = internal::KernelIsa::kAvx512;
+    for (int variant = 1; variant < 4; ++variant) {
       ASSERT_EQ(results[variant].size(), results[0].size());
       for (size_t k = 0; k < results[0].size(); ++k) {
         EXPECT_TRUE(at::equal(results[variant][k], results[0][k]))

@@ -1,7 +1,8 @@
 // Adam's and AdamW's fused CPU kernels for state kept in bfloat16 or 8 bits: each element's
 // update is the float kernel's (AdamDescriptor::element, float32 registers), read from and
 // written back to the narrow state in place; 8-bit blocks of kQuantBlock elements are decoded,
-// updated and re-encoded one at a time (internal/quant8_block.h: AVX2 gathers in the AVX2 build),
+// updated and re-encoded one at a time (internal/quant8_block.h: AVX2 gathers in the AVX2 build,
+// AVX-512 VBMI byte look-ups for decoding in the AVX-512 build where the CPU has them),
 // so no float copy of the state exists. With param_remainders (internal/param_remainders.h) they
 // also take float32 state, beside a bfloat16 parameter and its remainder. Internal to optim/.
 #ifndef DTRAIN_OPTIM_FUNCTIONAL_INTERNAL_ADAM_LOW_PRECISION_H_
@@ -133,17 +134,26 @@ void adam_low_precision_any(const LowPrecisionTensor& t, int64_t lo, int64_t hi,
                      : adam_low_precision_param<D, false, false, kIsa>(t, lo, hi, o, precision);
 }
 
-// The same, built for AVX2 (see kernel_avx2 in internal/optimizer_impl.h: bit-identical).
+// The same, built for AVX2 and for AVX-512 (see kernel_avx2 in internal/optimizer_impl.h and
+// KernelIsa in internal/fused.h: bit-identical).
 template <typename D, typename Options>
 __attribute__((target("avx2"), flatten)) void adam_low_precision_avx2(
     const LowPrecisionTensor& t, int64_t lo, int64_t hi, const Options& o,
     const StatePrecision& precision, bool decoupled) {
   adam_low_precision_any<D, KernelIsa::kAvx2>(t, lo, hi, o, precision, decoupled);
 }
+template <typename D, typename Options>
+__attribute__((target(DTRAIN_AVX512_TARGET), flatten)) void adam_low_precision_avx512(
+    const LowPrecisionTensor& t, int64_t lo, int64_t hi, const Options& o,
+    const StatePrecision& precision, bool decoupled) {
+  adam_low_precision_any<D, KernelIsa::kAvx512>(t, lo, hi, o, precision, decoupled);
+}
 
 template <typename D, typename Options>
 void adam_low_precision(KernelIsa isa, const LowPrecisionTensor& t, int64_t lo, int64_t hi,
                         const Options& o, const StatePrecision& precision, bool decoupled) {
+  if (isa == KernelIsa::kAvx512)
+    return adam_low_precision_avx512<D>(t, lo, hi, o, precision, decoupled);
   if (isa == KernelIsa::kAvx2)
     return adam_low_precision_avx2<D>(t, lo, hi, o, precision, decoupled);
   adam_low_precision_any<D, KernelIsa::kBaseline>(t, lo, hi, o, precision, decoupled);

@@ -28,26 +28,35 @@ struct FusedTensor {
 };
 
 // The instruction sets the fused kernels are built for, widest last; kernel_isa() picks the widest
-// this CPU runs. Both builds give bit-identical results: IEEE operations are correctly rounded
-// whatever the vector width, and no build contracts a multiply-add (-ffp-contract=off). (An
-// AVX-512 build was measured on 2026-11-26, AMD EPYC: no faster than AVX2 for these
-// memory-bound loops, so there is none.)
-enum class KernelIsa { kBaseline, kAvx2 };
+// this CPU runs. Every build gives bit-identical results: IEEE operations are correctly rounded
+// whatever the vector width, and no build contracts a multiply-add (-ffp-contract=off).
+// kAvx512 (AVX-512 F, VL, BW and DQ) builds only the low-precision state kernels
+// (internal/adam_low_precision.h): they are compute-bound, and AVX-512's 32 vector registers,
+// masks and narrowing stores took the bfloat16-state AdamW kernel from 9.1 to 5.6 ms on 16M
+// elements (AMD EPYC, 2 threads, 2026-11-29). The float kernels keep their AVX2 build there: an
+// AVX-512 build of those memory-bound loops measured no faster (2026-11-26).
+enum class KernelIsa { kBaseline, kAvx2, kAvx512 };
+// The target attribute of kAvx512's functions.
+#define DTRAIN_AVX512_TARGET "avx2,avx512f,avx512vl,avx512bw,avx512dq"
 
 // What this CPU runs.
 inline KernelIsa cpu_kernel_isa() {
 #if defined(__x86_64__) && defined(__GNUC__)
   static const KernelIsa isa =
-      __builtin_cpu_supports("avx2") ? KernelIsa::kAvx2 : KernelIsa::kBaseline;
+      __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq")
+          ? KernelIsa::kAvx512
+      : __builtin_cpu_supports("avx2") ? KernelIsa::kAvx2
+                                       : KernelIsa::kBaseline;
   return isa;
 #else
   return KernelIsa::kBaseline;
 #endif
 }
 
-// Tests lower it to run the baseline build on an AVX2 CPU, to compare the two.
+// Tests lower it to run a narrower build on a wider CPU, to compare the builds.
 inline std::atomic<KernelIsa>& kernel_isa_cap() {
-  static std::atomic<KernelIsa> cap{KernelIsa::kAvx2};
+  static std::atomic<KernelIsa> cap{KernelIsa::kAvx512};
   return cap;
 }
 

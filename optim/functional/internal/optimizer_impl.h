@@ -173,10 +173,10 @@ __attribute__((target("avx2"), flatten)) void kernel_avx2(const FusedTensor<T>& 
   Traits::template kernel<T>(t, lo, hi, o);
 }
 
-// Traits' kernel in the build kernel_isa() names.
+// Traits' kernel in the build kernel_isa() names (AVX-512 CPUs run the AVX2 build: see KernelIsa).
 template <typename Traits, typename T, typename Options>
 void kernel_for(KernelIsa isa, const FusedTensor<T>& t, int64_t lo, int64_t hi, const Options& o) {
-  if (isa == KernelIsa::kAvx2) return kernel_avx2<Traits>(t, lo, hi, o);
+  if (isa >= KernelIsa::kAvx2) return kernel_avx2<Traits>(t, lo, hi, o);
   Traits::template kernel<T>(t, lo, hi, o);
 }
 

@@ -1,9 +1,11 @@
 // One 8-bit block (kQuantBlock elements, state_precision.h) decoded to floats and encoded back,
 // as the Adam family's low-precision kernel runs it: Quant8Block<KernelIsa::kBaseline> in plain
 // loops, Quant8Block<KernelIsa::kAvx2> with AVX2 gathers from the map and from Encoder8's bucket
-// table (for a kernel built with target("avx2")). Both give quantize8's codes and scales and
-// dequantize8's values, bit for bit: the same float operations (a code's map entry times the
-// block's scale; the block's absmax; x / absmax; Encoder8::encode_fast), only more lanes at once.
+// table (for a kernel built with target("avx2")), Quant8Block<KernelIsa::kAvx512> decoding with
+// AVX-512 VBMI byte look-ups in registers where the CPU has VBMI (otherwise, and for encoding, as
+// the AVX2 one). All give quantize8's codes and scales and dequantize8's values, bit for bit: the
+// same float operations (a code's map entry times the block's scale; the block's absmax;
+// x / absmax; Encoder8::encode_fast), only more lanes at once.
 // Internal to optim/.
 //
 //   using Q = Quant8Block<KernelIsa::kAvx2>;
@@ -15,8 +17,10 @@
 #define DTRAIN_OPTIM_FUNCTIONAL_INTERNAL_QUANT8_BLOCK_H_
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -119,6 +123,91 @@ struct Quant8Block<KernelIsa::kAvx2> {
                           _mm256_permutevar8x32_epi32(bytes, order));
     }
     return a;
+  }
+};
+
+// The map's 256 floats as four byte planes (plane b holds byte b of every entry), each in four
+// 64-byte registers' worth: what a VBMI byte permute looks codes up in.
+struct MapPlanes {
+  explicit MapPlanes(const Encoder8& enc) {
+    for (int e = 0; e < 256; ++e) {
+      uint32_t bits;
+      std::memcpy(&bits, &enc.map()[e], sizeof bits);
+      for (int b = 0; b < 4; ++b) bytes[b][e] = static_cast<uint8_t>(bits >> (8 * b));
+    }
+  }
+  static const MapPlanes& of(const Encoder8& enc) {
+    static const MapPlanes signed_planes(Encoder8::get(true));
+    static const MapPlanes unsigned_planes(Encoder8::get(false));
+    return &enc == &Encoder8::get(true) ? signed_planes : unsigned_planes;
+  }
+  alignas(64) uint8_t bytes[4][256];
+};
+
+// decode_vbmi's reordering: position 16L + 4a + k of the reordered codes holds code 16a + 4L + k.
+alignas(64) inline constexpr auto kDecodeOrder = [] {
+  std::array<uint8_t, 64> order{};
+  for (int lane = 0; lane < 4; ++lane) {
+    for (int a = 0; a < 4; ++a) {
+      for (int k = 0; k < 4; ++k) order[16 * lane + 4 * a + k] = 16 * a + 4 * lane + k;
+    }
+  }
+  return order;
+}();
+
+inline bool cpu_has_vbmi() {
+  static const bool vbmi = __builtin_cpu_supports("avx512vbmi");
+  return vbmi;
+}
+
+template <>
+struct Quant8Block<KernelIsa::kAvx512> {
+  using Base = Quant8Block<KernelIsa::kBaseline>;
+  // A whole block through decode_vbmi where the CPU has VBMI, else as the AVX2 build.
+  __attribute__((target(DTRAIN_AVX512_TARGET))) static void decode(const uint8_t* codes,
+                                                                   int64_t len, const Encoder8& enc,
+                                                                   float scale, float* values) {
+    if (len != kQuantBlock) return Base::decode(codes, len, enc, scale, values);
+    if (cpu_has_vbmi()) return decode_vbmi(codes, enc, scale, values);
+    Quant8Block<KernelIsa::kAvx2>::decode(codes, len, enc, scale, values);
+  }
+  // One whole block, 64 codes at a time: each byte of each value looked up in its plane (two
+  // 128-byte permutes, picked by the code's top bit), the four planes interleaved back into
+  // floats, times the scale. The codes are first reordered so that the interleave, which works
+  // within 128-bit lanes, leaves the floats in order.
+  __attribute__((target(DTRAIN_AVX512_TARGET ",avx512vbmi"), noinline)) static void decode_vbmi(
+      const uint8_t* codes, const Encoder8& enc, float scale, float* values) {
+    const MapPlanes& planes = MapPlanes::of(enc);
+    __m512i plane[4][4];
+    for (int b = 0; b < 4; ++b) {
+      for (int q = 0; q < 4; ++q) plane[b][q] = _mm512_load_si512(planes.bytes[b] + 64 * q);
+    }
+    const __m512i order = _mm512_load_si512(kDecodeOrder.data());
+    const __m512 s = _mm512_set1_ps(scale);
+    for (int64_t j = 0; j < kQuantBlock; j += 64) {
+      const __m512i c = _mm512_permutexvar_epi8(order, _mm512_loadu_si512(codes + j));
+      const __mmask64 high = _mm512_movepi8_mask(c);
+      __m512i p[4];
+      for (int b = 0; b < 4; ++b) {
+        p[b] = _mm512_mask_blend_epi8(high, _mm512_permutex2var_epi8(plane[b][0], c, plane[b][1]),
+                                      _mm512_permutex2var_epi8(plane[b][2], c, plane[b][3]));
+      }
+      const __m512i lo01 = _mm512_unpacklo_epi8(p[0], p[1]),
+                    hi01 = _mm512_unpackhi_epi8(p[0], p[1]);
+      const __m512i lo23 = _mm512_unpacklo_epi8(p[2], p[3]),
+                    hi23 = _mm512_unpackhi_epi8(p[2], p[3]);
+      const __m512i f[4] = {_mm512_unpacklo_epi16(lo01, lo23), _mm512_unpackhi_epi16(lo01, lo23),
+                            _mm512_unpacklo_epi16(hi01, hi23), _mm512_unpackhi_epi16(hi01, hi23)};
+      for (int a = 0; a < 4; ++a) {
+        _mm512_storeu_ps(values + j + 16 * a, _mm512_mul_ps(_mm512_castsi512_ps(f[a]), s));
+      }
+    }
+  }
+  __attribute__((target(DTRAIN_AVX512_TARGET))) static float encode(const float* values,
+                                                                    int64_t len,
+                                                                    const Encoder8& enc,
+                                                                    uint8_t* codes) {
+    return Quant8Block<KernelIsa::kAvx2>::encode(values, len, enc, codes);
   }
 };
 
