@@ -30,6 +30,16 @@ std::string describe(const std::string& name, const at::Tensor& t) {
 
 using State = DistributedDataParallel::State;
 
+// What the model broadcasts send for `t`: a bfloat16 or float16 tensor as a uint8 view of its
+// bytes (Gloo in some LibTorch builds, Debian sid's 2.14, has no bfloat16 or float16 collectives:
+// "Invalid scalar type"; optim/zero/internal/layout.h's wire_view does the same), any other (and
+// one whose last dimension is strided, which has no byte view) as it is.
+at::Tensor wire_view(const at::Tensor& t) {
+  if (t.scalar_type() != at::kBFloat16 && t.scalar_type() != at::kHalf) return t;
+  if (t.dim() == 0) return t.view({1}).view(at::kByte);
+  return t.stride(-1) == 1 ? t.view(at::kByte) : t;
+}
+
 // The parameters that require a gradient (dense, all on one device, which an NCCL group needs to
 // be CUDA) and the buffers, in registration order.
 void collect_parameters(State& s, torch::nn::Module& module) {
@@ -70,8 +80,8 @@ void agree_on_model(State& s) {
   TORCH_CHECK(same.ok(), "DistributedDataParallel construction is a collective: ", same.ToString());
   c10::NoGradGuard no_grad;
   std::vector<at::Tensor> state;
-  for (const auto& p : s.params) state.push_back(p.detach());
-  for (const auto& b : s.buffers) state.push_back(b.detach());
+  for (const auto& p : s.params) state.push_back(wire_view(p.detach()));
+  for (const auto& b : s.buffers) state.push_back(wire_view(b.detach()));
   comm::broadcast_coalesced(s.options.group, state, 0, int64_t{250} << 20).wait();
 }
 
@@ -192,7 +202,7 @@ void DistributedDataParallel::sync_buffers() {
   if (s.options.broadcast_buffers && !s.buffers.empty() && s.options.group.size() > 1) {
     c10::NoGradGuard no_grad;
     std::vector<at::Tensor> buffers;
-    for (const auto& b : s.buffers) buffers.push_back(b.detach());
+    for (const auto& b : s.buffers) buffers.push_back(wire_view(b.detach()));
     comm::broadcast_coalesced(s.options.group, buffers, 0).wait();
   }
 }
@@ -235,8 +245,8 @@ void DistributedDataParallel::sync_final_model(bool is_last_joiner) {
   s.options.group->allreduce(who, max)->wait();
   c10::NoGradGuard no_grad;
   std::vector<at::Tensor> state;
-  for (const auto& p : s.params) state.push_back(p.detach());
-  for (const auto& b : s.buffers) state.push_back(b.detach());
+  for (const auto& p : s.params) state.push_back(wire_view(p.detach()));
+  for (const auto& b : s.buffers) state.push_back(wire_view(b.detach()));
   comm::broadcast_coalesced(s.options.group, state, who[0].item<int>()).wait();
 }
 
