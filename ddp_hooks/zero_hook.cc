@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include "ddp_hooks/default_hooks.h"
 #include "ddp_hooks/internal/ordered_worker.h"
 
 #include "optim/zero/grad_shards.h"
@@ -178,6 +179,7 @@ ZeroGradShardHook::ZeroGradShardHook(const DistributedDataParallel& ddp,
   std::vector<std::vector<int64_t>> buckets =
       zero_indices_by_bucket(ddp, zero, "hook_with_zero2", nullptr);
   pending_.resize(buckets.size());
+  exchanges_.resize(buckets.size());
   optim::ZeroGradShards(zero).set_buckets(std::move(buckets));
   worker_ = internal::OrderedWorker::for_group(group_);
 }
@@ -213,15 +215,39 @@ c10::intrusive_ptr<c10::ivalue::Future> ZeroGradShardHook::run(c10d::GradBucket&
     input.narrow(0, 0, buffer.numel()).copy_(buffer);
   }
   input.div_(group_.size());  // as the all-reduce hook: each rank's share of the average
-  pending_[b] = comm::reduce_scatter_tensor(group_, shards.grad_chunk(b), input);
+  if (group_.size() > 1 && group_.backend() == "gloo" && !gloo_reduces(input.scalar_type())) {
+    exchanges_[b] = exchange_bytes(input, shards.grad_chunk(b));
+  } else {
+    pending_[b] = comm::reduce_scatter_tensor(group_, shards.grad_chunk(b), input);
+  }
   auto done = c10::make_intrusive<c10::ivalue::Future>(c10::TensorType::get());
   done->markCompleted(c10::IValue(buffer));
   return done;
 }
 
+ZeroGradShardHook::ByteExchange ZeroGradShardHook::exchange_bytes(const at::Tensor& input,
+                                                                  const at::Tensor& output) {
+  ByteExchange x;
+  x.received = at::empty_like(input);
+  std::vector<int64_t> equal_splits;  // empty: chunk r of the bytes goes to rank r
+  at::Tensor out_bytes = x.received.view(at::kByte), in_bytes = input.view(at::kByte);
+  x.work = group_.pg()->alltoall_base(out_bytes, in_bytes, equal_splits, equal_splits);
+  x.received = x.received.view({group_.size(), output.numel()});
+  x.output = output;
+  return x;
+}
+
 void ZeroGradShardHook::finish(size_t b) {
   if (pending_[b].defined()) pending_[b].wait();
   pending_[b] = comm::ReduceScatterWork();
+  ByteExchange& x = exchanges_[b];
+  if (x.work) {
+    x.work->wait();
+    at::Tensor sum = x.received[0].to(at::kFloat);  // in rank order, as reduce_scatter_tensor
+    for (int64_t r = 1; r < x.received.size(0); ++r) sum.add_(x.received[r]);
+    x.output.copy_(sum);
+    x = ByteExchange();
+  }
 }
 
 void ZeroGradShardHook::finish_backward() {

@@ -140,9 +140,20 @@ class ZeroGradShardHook : public BucketHook, public GradientConsumer {
   c10::intrusive_ptr<c10::ivalue::Future> run(c10d::GradBucket& bucket);
   void finish(size_t b);
 
+  // Where Gloo has no collectives for the gradients' dtype (gloo_reduces: bfloat16 and float16 on
+  // Debian sid's LibTorch 2.14), bucket b's chunks go to their ranks as bytes (an all-to-all, the
+  // traffic of the reduce-scatter) and finish() sums them here in float32, rounding once.
+  struct ByteExchange {
+    c10::intrusive_ptr<c10d::Work> work;
+    at::Tensor received;  // [world, chunk]: row r from rank r
+    at::Tensor output;    // this rank's gradient chunk
+  };
+  ByteExchange exchange_bytes(const at::Tensor& input, const at::Tensor& output);
+
   optim::ZeroRedundancyOptimizer& zero_;
   comm::Group group_;
   std::vector<comm::ReduceScatterWork> pending_;
+  std::vector<ByteExchange> exchanges_;
   size_t expected_ = 0;  // checked on the calling thread
   std::shared_ptr<internal::OrderedWorker> worker_;
   c10::intrusive_ptr<c10::ivalue::Future> last_;
