@@ -200,4 +200,10 @@ CoalescedWork all_gather_coalesced(const Group& group, const std::vector<at::Ten
   return w;
 }
 
+at::Tensor wire_view(const at::Tensor& t) {
+  if (t.scalar_type() != at::kBFloat16 && t.scalar_type() != at::kHalf) return t;
+  if (t.dim() == 0) return t.view({1}).view(at::kByte);
+  return t.stride(-1) == 1 ? t.view(at::kByte) : t;
+}
+
 }  // namespace dtrain::comm

@@ -82,6 +82,12 @@ CoalescedWork all_gather_coalesced(const Group& group, const std::vector<at::Ten
                                    const std::vector<std::vector<at::Tensor>>& outputs,
                                    int64_t bucket_cap_bytes = kDefaultBucketCapBytes);
 
+// What a broadcast or all-gather sends for `t`: a bfloat16 or float16 tensor as a uint8 view of
+// its bytes (every backend copies bytes; Gloo in some LibTorch builds, Debian sid's 2.14, has no
+// bfloat16 or float16 collectives: "Invalid scalar type"), any other tensor -- and a 2-byte float
+// tensor whose last dimension is strided, which has no byte view -- as it is.
+at::Tensor wire_view(const at::Tensor& t);
+
 }  // namespace dtrain::comm
 
 #endif  // DTRAIN_COMM_COALESCED_H_

@@ -102,5 +102,27 @@ TEST(CoalescedTest, NonContiguousTensorsReceiveResults) {
   });
 }
 
+// wire_view: 2-byte floats travel as their bytes (Gloo in sid's LibTorch has no bfloat16
+// collectives), so a bfloat16 broadcast arrives bit for bit; other tensors go as they are.
+TEST(CoalescedTest, WireViewSendsTwoByteFloatsAsBytes) {
+  const at::Tensor h = at::randn({3, 5}).to(at::kBFloat16);
+  EXPECT_EQ(wire_view(h).scalar_type(), at::kByte);
+  EXPECT_EQ(wire_view(h).sizes(), (std::vector<int64_t>{3, 10}));
+  EXPECT_EQ(wire_view(h.to(at::kHalf)).scalar_type(), at::kByte);
+  EXPECT_EQ(wire_view(at::ones({}, at::kBFloat16)).sizes(), (std::vector<int64_t>{2}));
+  const at::Tensor f = at::ones({4});
+  EXPECT_TRUE(wire_view(f).is_same(f));
+  const at::Tensor strided = h.t();  // no byte view: sent as it is
+  EXPECT_TRUE(wire_view(strided).is_same(strided));
+  run_ranks_as_threads(2, [](Group& g) {
+    at::manual_seed(5);
+    const at::Tensor want = at::randn({4, 7}).to(at::kBFloat16);
+    at::Tensor got = g.rank() == 0 ? want.clone() : at::zeros_like(want);
+    std::vector<at::Tensor> ts = {wire_view(got)};
+    broadcast_coalesced(g, ts, 0).wait();
+    EXPECT_TRUE(got.view(at::kShort).equal(want.view(at::kShort)));
+  });
+}
+
 }  // namespace
 }  // namespace dtrain::comm

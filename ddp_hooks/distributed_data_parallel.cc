@@ -30,15 +30,8 @@ std::string describe(const std::string& name, const at::Tensor& t) {
 
 using State = DistributedDataParallel::State;
 
-// What the model broadcasts send for `t`: a bfloat16 or float16 tensor as a uint8 view of its
-// bytes (Gloo in some LibTorch builds, Debian sid's 2.14, has no bfloat16 or float16 collectives:
-// "Invalid scalar type"; optim/zero/internal/layout.h's wire_view does the same), any other (and
-// one whose last dimension is strided, which has no byte view) as it is.
-at::Tensor wire_view(const at::Tensor& t) {
-  if (t.scalar_type() != at::kBFloat16 && t.scalar_type() != at::kHalf) return t;
-  if (t.dim() == 0) return t.view({1}).view(at::kByte);
-  return t.stride(-1) == 1 ? t.view(at::kByte) : t;
-}
+// The model broadcasts send bfloat16 and float16 tensors as bytes (comm::wire_view).
+using comm::wire_view;
 
 // The parameters that require a gradient (dense, all on one device, which an NCCL group needs to
 // be CUDA) and the buffers, in registration order.

@@ -17,11 +17,6 @@ void wait_all(const Works& works) {
   for (const auto& w : works) w->wait();
 }
 
-at::Tensor wire_view(const at::Tensor& t) {
-  if (t.scalar_type() != at::kBFloat16 && t.scalar_type() != at::kHalf) return t;
-  return (t.dim() == 0 ? t.view({1}) : t).view(at::kByte);
-}
-
 ZeroLayout::ZeroLayout(const std::vector<std::vector<at::Tensor>>& groups, comm::Group group)
     : group_(std::move(group)) {
   for (const auto& g : groups) {

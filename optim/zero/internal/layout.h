@@ -25,6 +25,7 @@
 #include <ATen/core/Tensor.h>
 #include <torch/optim/optimizer.h>
 
+#include "comm/coalesced.h"
 #include "comm/process_group.h"
 #include "optim/functional/adapter.h"
 #include "optim/zero/internal/state.h"
@@ -39,11 +40,8 @@ using Works = std::vector<c10::intrusive_ptr<c10d::Work>>;
 at::Tensor evaluate_closure(const torch::optim::Optimizer::LossClosure& closure);
 // Waits for every work.
 void wait_all(const Works& works);
-// What a broadcast or all-gather of parameters sends for `t`: a bfloat16 or float16 tensor as a
-// uint8 view of its bytes (every backend copies bytes; Gloo in some LibTorch builds, Debian sid's
-// 2.14, has no bfloat16 or float16 collectives), any other tensor as it is. REQUIRES: a stride-1
-// last dimension for a 2-byte floating tensor.
-at::Tensor wire_view(const at::Tensor& t);
+// What a broadcast or all-gather of parameters sends: comm/coalesced.h's wire_view.
+using comm::wire_view;
 
 class ZeroLayout {
  public:
